@@ -1,0 +1,377 @@
+"""Run configuration: dataclasses with a docstring per field, TOML load, ``a.b=c`` overrides.
+
+Owns the shape of a run's settings and their validation. Unknown keys are errors that name
+the key and the closest valid one; values are converted to the field's type or rejected.
+Registry-backed choices (advantage, surrogate, task, verifier, ...) are checked against their
+registries by ``validate`` when the config loads, so a typo fails before any work starts.
+This module knows nothing of torch; ``validate`` imports the registries lazily.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from reroll.registry import closest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class ModelConfig:
+    path: str = ""
+    """Local checkpoint directory (transformers `save_pretrained` layout). Empty: build a
+    tiny random-init model from the fields below (for CPU experiments and tests)."""
+    arch: str = "qwen2"
+    """Tiny-model architecture when `path` is empty: qwen2 or llama."""
+    hidden_size: int = 128
+    """Tiny model width."""
+    num_layers: int = 2
+    """Tiny model depth."""
+    num_heads: int = 4
+    """Attention heads of the tiny model."""
+    num_kv_heads: int = 2
+    """Key/value heads of the tiny model (grouped-query attention when < num_heads)."""
+    intermediate_size: int = 256
+    """MLP width of the tiny model."""
+    max_position: int = 256
+    """Context length of the tiny model."""
+    dtype: str = "float32"
+    """Weights dtype for training: float32 or bfloat16. CPU runs should keep float32."""
+
+
+@dataclass
+class TaskConfig:
+    name: str = "arithmetic"
+    """Registered task: arithmetic, countdown, jsonl, parquet."""
+    args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the task builder, checked against its signature at load."""
+    seed: int = 0
+    """Seed of the task's generator and of its train/test split."""
+
+
+@dataclass
+class RolloutConfig:
+    group_size: int = 8
+    """Samples per prompt (G). Advantages are normalised within each group."""
+    batch_groups: int = 16
+    """Groups (prompts) consumed by one training step."""
+    max_new_tokens: int = 8
+    """Response length limit; a response reaching it finishes with `length`."""
+    temperature: float = 1.0
+    """Sampling temperature for training rollouts (1.0 keeps the policy's own distribution)."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold (1.0 disables)."""
+    top_k: int = 0
+    """Top-k filter (0 disables)."""
+
+
+@dataclass
+class RewardConfig:
+    verifiers: list[dict[str, Any]] = field(default_factory=list)
+    """Reward components: a list of {name, weight, args}. Empty: the task's default verifier
+    with weight 1. The scalar reward is the weighted sum; components stay visible."""
+    workers: int = 1
+    """Scoring worker processes (0 = score in a thread of the main process)."""
+    timeout_s: float = 10.0
+    """Per-call scoring timeout; a verifier that exceeds it yields an error score."""
+
+
+@dataclass
+class AlgoConfig:
+    advantage: str = "grpo"
+    """Advantage estimator (registry `reroll.algo.ADVANTAGES`)."""
+    advantage_args: dict[str, Any] = field(default_factory=dict)
+    """Hyperparameters of the advantage estimator."""
+    surrogate: str = "ppo_clip"
+    """Per-token surrogate loss (registry `reroll.algo.SURROGATES`)."""
+    surrogate_args: dict[str, Any] = field(default_factory=dict)
+    """Hyperparameters of the surrogate (clip bounds, dual clip, ...)."""
+    aggregation: str = "token_mean"
+    """How per-token losses reduce to a scalar (registry `reroll.algo.AGGREGATIONS`)."""
+    aggregation_args: dict[str, Any] = field(default_factory=dict)
+    """Hyperparameters of the aggregation (e.g. the constant divisor of seq_mean_token_sum_norm)."""
+    kl: str = "k3"
+    """KL estimator against the reference policy (k1, k2, k3); used only when kl_coef > 0."""
+    kl_coef: float = 0.0
+    """KL penalty coefficient beta. 0 disables the reference model entirely."""
+    kl_in_reward: bool = False
+    """Fold the KL penalty into the reward instead of adding it to the loss."""
+    correction: str = "tis_token"
+    """Off-policy correction of pi_prox / mu (registry `reroll.algo.CORRECTIONS`)."""
+    correction_args: dict[str, Any] = field(default_factory=dict)
+    """Hyperparameters of the correction (truncation cap, mask bounds)."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: drop groups whose rewards are all equal and sample more."""
+    overlong_buffer: int = 0
+    """DAPO soft overlong punishment buffer L_cache in tokens (0 disables)."""
+    overlong_penalty: float = 1.0
+    """DAPO overlong penalty factor."""
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 200
+    """RL training steps (one optimiser update per step unless minibatches > 1)."""
+    lr: float = 1e-4
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip (0 disables)."""
+    minibatches: int = 1
+    """Optimiser updates per step (the batch is split; proximal log-probs fixed at the start)."""
+    micro_batch: int = 64
+    """Sequences per forward/backward pass; does not change the gradient."""
+    seed: int = 0
+    """Seed of sampling, data order and initialisation."""
+
+
+@dataclass
+class SFTConfig:
+    steps: int = 250
+    """Supervised warm-start steps on task demonstrations."""
+    lr: float = 3e-3
+    """Learning rate of the warm start."""
+    batch_size: int = 128
+    """Demonstrations per step."""
+
+
+@dataclass
+class EvalConfig:
+    n_examples: int = 500
+    """Held-out examples used by `reroll eval` and by evaluation during training."""
+    k: int = 8
+    """pass@k: samples per prompt for the unbiased pass@k estimate (1 disables)."""
+    temperature: float = 1.0
+    """Temperature of the pass@k samples (greedy accuracy always uses temperature 0)."""
+    every: int = 0
+    """Evaluate greedy accuracy every this many RL steps (0: only at the end)."""
+
+
+@dataclass
+class RuntimeConfig:
+    kind: str = "local"
+    """Where services run: local (one process) or ray."""
+    max_staleness: int = 0
+    """Bound on policy-version lag of trained tokens. 0 is synchronous RL."""
+    partial_rollouts: bool = True
+    """On a weight update, abort in-flight rollouts, keep their prefix and resume them."""
+    overprovision: float = 1.0
+    """Start this many times the groups a step needs; unfinished ones carry over (APRIL)."""
+    engine_workers: int = 1
+    """Engine replicas (Ray runtime)."""
+    threads: int = 2
+    """torch intra-op threads."""
+
+
+@dataclass
+class RunConfig:
+    out_dir: str = "runs/default"
+    """Run directory: resolved config, metrics.jsonl, TensorBoard events, checkpoints."""
+    init: str = ""
+    """Checkpoint directory to start from (e.g. the output of `reroll sft`). Empty: model."""
+    preset: str = ""
+    """Algorithm preset from configs/presets (grpo, dapo, ...); the file's own keys win."""
+    log_every: int = 10
+    """Steps between progress/metrics lines."""
+    ckpt_every: int = 100
+    """Steps between checkpoints (the last step is always saved)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+
+# ---- building dataclasses from plain dicts ---------------------------------------------
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _convert(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a table, got {value!r}")
+        return build(tp, value, prefix=key + ".")
+    if tp is Any:
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+            return value.lower() in ("true", "1")
+        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        try:
+            f = float(value)
+        except ValueError:
+            raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
+        if f != int(f):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return int(f)
+    if tp is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return str(value)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a table, got {value!r}")
+        return dict(value)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return list(value)
+    return value
+
+
+def build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
+    hints = _hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        if key not in hints:
+            raise ConfigError(f"unknown config key {prefix + key!r}"
+                              f"{closest(key, names).replace('(did you mean ', '(did you mean ' + prefix)}")
+        kwargs[key] = _convert(value, hints[key], prefix + key)
+    return cls(**kwargs)
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+# ---- overrides ---------------------------------------------------------------------------
+
+
+def parse_value(text: str) -> Any:
+    """A command-line value: TOML literal if it parses as one, else the plain string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_override(data: dict[str, Any], item: str) -> None:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like key.path=value")
+    key, text = item.split("=", 1)
+    parts = key.strip().split(".")
+    node = data
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {item!r}: {p!r} is not a table")
+    node[parts[-1]] = parse_value(text.strip())
+
+
+def _merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def preset_path(name: str) -> Path:
+    for root in (REPO_ROOT / "configs" / "presets", Path.cwd() / "configs" / "presets"):
+        if (root / f"{name}.toml").is_file():
+            return root / f"{name}.toml"
+    p = Path(name)
+    if p.is_file():
+        return p
+    raise ConfigError(f"preset {name!r} not found in configs/presets")
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist")
+    try:
+        return tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: invalid TOML: {e}") from None
+
+
+def load_config(path: str | Path | None, overrides: list[str] = (), check: bool = True) -> RunConfig:
+    data = read_toml(path) if path else {}
+    for item in overrides:
+        apply_override(data, item)
+    if data.get("preset"):
+        data = _merge(read_toml(preset_path(str(data["preset"]))), data)
+    cfg = build(RunConfig, data)
+    if check:
+        validate(cfg)
+    return cfg
+
+
+def validate(cfg: RunConfig) -> None:
+    """Check registry-backed choices and their hyperparameters (imports the registries)."""
+    from reroll.registry import RegistryError
+
+    try:
+        from reroll import algo, tasks, verifiers
+
+        a = cfg.algo
+        algo.ADVANTAGES.check_kwargs(a.advantage, a.advantage_args, "algo.advantage_args")
+        algo.SURROGATES.check_kwargs(a.surrogate, a.surrogate_args, "algo.surrogate_args")
+        algo.AGGREGATIONS.check_kwargs(a.aggregation, a.aggregation_args, "algo.aggregation_args")
+        algo.KL_ESTIMATORS.get(a.kl)
+        algo.CORRECTIONS.check_kwargs(a.correction, a.correction_args, "algo.correction_args")
+        tasks.TASKS.check_kwargs(cfg.task.name, cfg.task.args, "task.args")
+        for i, v in enumerate(cfg.reward.verifiers):
+            where = f"reward.verifiers[{i}]"
+            extra = set(v) - {"name", "weight", "args"}
+            if "name" not in v or extra:
+                raise ConfigError(f"{where}: expects keys name, weight, args; got {sorted(v)}")
+            verifiers.VERIFIERS.check_kwargs(v["name"], v.get("args", {}), where)
+    except RegistryError as e:
+        raise ConfigError(str(e)) from None
+    if cfg.runtime.kind not in ("local", "ray"):
+        raise ConfigError(f"runtime.kind must be local or ray, got {cfg.runtime.kind!r}")
+    if cfg.runtime.max_staleness < 0:
+        raise ConfigError("runtime.max_staleness must be >= 0")
+    if cfg.runtime.overprovision < 1.0:
+        raise ConfigError("runtime.overprovision must be >= 1.0")
+
+
+def dump_toml(cfg: RunConfig) -> str:
+    import tomli_w
+
+    return tomli_w.dumps(_drop_none(to_dict(cfg)))
+
+
+def _drop_none(d: Any) -> Any:
+    if isinstance(d, dict):
+        return {k: _drop_none(v) for k, v in d.items() if v is not None}
+    if isinstance(d, list):
+        return [_drop_none(v) for v in d]
+    return d

@@ -1,0 +1,87 @@
+"""Tiny models and a character tokenizer for CPU work, saved and loaded the normal way.
+
+Owns: building a random-init Llama or Qwen2 from a transformers config and a character-level
+tokenizer made with the `tokenizers` library, then `save_pretrained`, so that every later
+load goes through `AutoModelForCausalLM` / `AutoTokenizer` exactly as a real local checkpoint
+(a Qwen2.5-0.5B directory, say) would. Knows nothing of RL.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+from reroll.config import ModelConfig
+
+PAD, EOS, BOS = "<pad>", "<eos>", "<bos>"
+CHARSET = string.digits + string.ascii_letters + " +-*/=()<>[]{}.,:;!?'\"_#%&|^~@$\\\n"
+
+
+def build_tokenizer():
+    """A character-level fast tokenizer over printable ASCII plus pad/eos/bos."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {PAD: 0, EOS: 1, BOS: 2, "<unk>": 3}
+    for ch in CHARSET:
+        vocab.setdefault(ch, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=PAD, eos_token=EOS, bos_token=BOS, unk_token="<unk>"
+    )
+
+
+def build_model_config(cfg: ModelConfig, vocab_size: int, pad_id: int, eos_id: int, bos_id: int):
+    from transformers import LlamaConfig, Qwen2Config
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        intermediate_size=cfg.intermediate_size,
+        max_position_embeddings=cfg.max_position,
+        pad_token_id=pad_id,
+        eos_token_id=eos_id,
+        bos_token_id=bos_id,
+        tie_word_embeddings=True,
+    )
+    builders = {"qwen2": Qwen2Config, "llama": LlamaConfig}
+    if cfg.arch not in builders:
+        raise ValueError(f"model.arch must be one of {sorted(builders)}, got {cfg.arch!r}")
+    return builders[cfg.arch](**common)
+
+
+def build_tiny(cfg: ModelConfig, out_dir: str | Path, seed: int = 0) -> Path:
+    """Random-init model + tokenizer saved to ``out_dir``; returns the directory."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    out = Path(out_dir)
+    tok = build_tokenizer()
+    mcfg = build_model_config(cfg, len(tok), tok.pad_token_id, tok.eos_token_id,
+                              tok.bos_token_id)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(mcfg)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def load(path: str | Path, dtype: str = "float32"):
+    """(model, tokenizer) from a local directory, through the standard Auto classes."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(f"{p} is not a model directory (no config.json)")
+    tok = AutoTokenizer.from_pretrained(p)
+    model = AutoModelForCausalLM.from_pretrained(p, dtype=getattr(torch, dtype))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return model, tok

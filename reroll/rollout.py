@@ -1,0 +1,295 @@
+"""The records every stage shares: Example, SamplingParams, Score, Span, Rollout, Group.
+
+Owns the data model of DESIGN.md section 2. Plain dataclasses with a JSON round trip; this
+module must import neither torch nor ray, so that any process (a scoring worker, a Ray
+actor, a notebook reading recorded rollouts) can load records cheaply.
+
+Token layout is flat: ``tokens`` holds the whole sequence in order (prompt, sampled tokens,
+environment tokens). ``loss_mask``, ``logprobs`` and ``versions`` have one entry per token:
+``loss_mask[t]`` is True where the policy sampled token ``t``; ``logprobs[t]`` is the
+behaviour log-prob the engine sampled it with (0.0 where not sampled); ``versions[t]`` is the
+policy version that produced it (-1 where not sampled).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal
+
+Finish = Literal["stop", "length", "abort", "pruned", "error", "running"]
+Source = Literal["prompt", "sampled", "draft", "replayed", "env"]
+FINISHED = ("stop", "length", "pruned", "error")
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+@dataclass
+class Example:
+    """One task item: what the prompt is and what a verifier needs to judge an answer."""
+
+    prompt_id: str
+    prompt: str
+    answer: str
+    demo: str | None = None  # a correct completion for SFT warm start, when the task has one
+    fields: dict[str, Any] = field(default_factory=dict)  # extra columns (test cases, ...)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Example:
+        return cls(**d)
+
+
+@dataclass
+class SamplingParams:
+    """How to sample. ``top_k=0`` and ``top_p=1.0`` disable those filters; ``temperature=0``
+    is greedy. The behaviour log-prob recorded per token is under the distribution after
+    temperature, top-k and top-p (the one actually sampled from)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 32
+    stop_token_ids: list[int] = field(default_factory=list)
+    stop_strings: list[str] = field(default_factory=list)
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class Score:
+    """One verifier's verdict: a value or an error, never both; ``info`` holds the parsed
+    answer and the reason."""
+
+    name: str
+    value: float | None = None
+    error: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    latency_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if (self.value is None) == (self.error is None):
+            raise ValueError(f"Score {self.name!r} needs exactly one of value or error")
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass
+class Span:
+    """A contiguous run of tokens with one provenance and one policy version."""
+
+    start: int
+    end: int
+    source: Source
+    version: int = -1
+
+
+@dataclass
+class Rollout:
+    """One trajectory (see module docstring for the token layout)."""
+
+    prompt_id: str
+    group_id: str
+    tokens: list[int]
+    prompt_len: int
+    loss_mask: list[bool] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    sample_id: str = field(default_factory=new_id)
+    index_in_group: int = 0
+    finish: Finish = "running"
+    completion: str = ""  # decoded response text (filled by the engine when it finishes)
+    scores: list[Score] = field(default_factory=list)
+    reward: float | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    spans: list[Span] = field(default_factory=list)
+    parent_id: str | None = None
+    prefix_len: int = 0  # tokens inherited from parent_id (replay / speculative reuse)
+    resume_count: int = 0
+    start_version: int = -1  # policy version when generation of this rollout began
+    loss_exclusion: str | None = None  # why this sample is kept out of the loss, if it is
+    sample_weight: float = 1.0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        if not self.loss_mask and not self.logprobs and not self.versions:
+            self.loss_mask = [False] * n
+            self.logprobs = [0.0] * n
+            self.versions = [-1] * n
+            if self.prompt_len and not self.spans:
+                self.spans = [Span(0, self.prompt_len, "prompt")]
+        self.check()
+
+    # ---- invariants ------------------------------------------------------------------
+    def check(self) -> None:
+        n = len(self.tokens)
+        lens = {len(self.loss_mask), len(self.logprobs), len(self.versions)}
+        if lens != {n}:
+            raise ValueError(
+                f"rollout {self.sample_id}: tokens/loss_mask/logprobs/versions lengths "
+                f"{n}/{len(self.loss_mask)}/{len(self.logprobs)}/{len(self.versions)} differ"
+            )
+        if not 0 <= self.prompt_len <= n:
+            raise ValueError(f"rollout {self.sample_id}: prompt_len {self.prompt_len} > {n}")
+
+    # ---- growing a rollout (engine side) ---------------------------------------------
+    def append(self, token: int, logprob: float, version: int, source: Source = "sampled") -> None:
+        """Append one token; extends the last span when source and version match."""
+        t = len(self.tokens)
+        self.tokens.append(token)
+        sampled = source == "sampled"
+        self.loss_mask.append(sampled)
+        self.logprobs.append(float(logprob) if sampled else 0.0)
+        self.versions.append(version if sampled else -1)
+        last = self.spans[-1] if self.spans else None
+        if last is not None and last.end == t and last.source == source and last.version == version:
+            last.end = t + 1
+        else:
+            self.spans.append(Span(t, t + 1, source, version))
+
+    # ---- views -----------------------------------------------------------------------
+    @property
+    def prompt_tokens(self) -> list[int]:
+        return self.tokens[: self.prompt_len]
+
+    @property
+    def response_tokens(self) -> list[int]:
+        return self.tokens[self.prompt_len :]
+
+    @property
+    def response_len(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+    @property
+    def n_sampled(self) -> int:
+        return sum(self.loss_mask)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish in FINISHED
+
+    @property
+    def sampled_versions(self) -> list[int]:
+        return [v for v, m in zip(self.versions, self.loss_mask) if m]
+
+    @property
+    def min_version(self) -> int:
+        vs = self.sampled_versions
+        return min(vs) if vs else self.start_version
+
+    @property
+    def failed(self) -> bool:
+        """True when scoring produced an error (errors are data, never a silent 0)."""
+        return self.finish == "error" or any(not s.ok for s in self.scores)
+
+    def score(self, name: str) -> Score | None:
+        return next((s for s in self.scores if s.name == name), None)
+
+    # ---- JSON --------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Rollout:
+        d = dict(d)
+        d["sampling"] = SamplingParams(**d.get("sampling", {}))
+        d["scores"] = [Score(**s) for s in d.get("scores", [])]
+        d["spans"] = [Span(**s) for s in d.get("spans", [])]
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown Rollout fields {sorted(unknown)}")
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, s: str) -> Rollout:
+        return cls.from_dict(json.loads(s))
+
+
+@dataclass
+class Group:
+    """The rollouts of one prompt occurrence. Advantages are computed per complete group and
+    are not stored: they are a pure function of the group's rewards."""
+
+    group_id: str
+    example: Example
+    target_size: int
+    rollouts: list[Rollout] = field(default_factory=list)
+    start_version: int = -1
+    filter_reason: str | None = None  # set when a filter rejected the whole group
+
+    @property
+    def prompt_id(self) -> str:
+        return self.example.prompt_id
+
+    @property
+    def complete(self) -> bool:
+        return len(self.rollouts) == self.target_size and all(r.finished for r in self.rollouts)
+
+    @property
+    def scored(self) -> bool:
+        return self.complete and all(r.reward is not None or r.failed for r in self.rollouts)
+
+    @property
+    def rewards(self) -> list[float | None]:
+        return [r.reward for r in self.rollouts]
+
+    @property
+    def min_version(self) -> int:
+        return min((r.min_version for r in self.rollouts), default=self.start_version)
+
+    def to_dict(self) -> dict:
+        return {
+            "group_id": self.group_id,
+            "example": self.example.to_dict(),
+            "target_size": self.target_size,
+            "rollouts": [r.to_dict() for r in self.rollouts],
+            "start_version": self.start_version,
+            "filter_reason": self.filter_reason,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Group:
+        return cls(
+            group_id=d["group_id"],
+            example=Example.from_dict(d["example"]),
+            target_size=d["target_size"],
+            rollouts=[Rollout.from_dict(r) for r in d["rollouts"]],
+            start_version=d.get("start_version", -1),
+            filter_reason=d.get("filter_reason"),
+        )
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, s: str) -> Group:
+        return cls.from_dict(json.loads(s))
+
+
+def new_group(example: Example, size: int, prompt_tokens: list[int], sampling: SamplingParams,
+              version: int) -> Group:
+    """A group of ``size`` fresh rollouts that all start from ``prompt_tokens``."""
+    gid = new_id()
+    rollouts = [
+        Rollout(prompt_id=example.prompt_id, group_id=gid, tokens=list(prompt_tokens),
+                prompt_len=len(prompt_tokens), index_in_group=i,
+                sampling=SamplingParams(**asdict(sampling)), start_version=version)
+        for i in range(size)
+    ]
+    return Group(group_id=gid, example=example, target_size=size, rollouts=rollouts,
+                 start_version=version)
