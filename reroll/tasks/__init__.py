@@ -1,0 +1,10 @@
+"""Built-in verifiable tasks and dataset loaders, looked up by name in ``TASKS``.
+
+Each entry is a builder ``fn(seed, *, **hyperparameters) -> Task``: deterministic from the
+seed, with disjoint train and test splits. Importing this package registers them all.
+"""
+
+from reroll.tasks import arithmetic, countdown, files  # noqa: F401  (registration)
+from reroll.tasks.base import TASKS, Task, TaskError
+
+__all__ = ["TASKS", "Task", "TaskError"]
