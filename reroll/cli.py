@@ -1,0 +1,122 @@
+"""`reroll ...` entry point. Parses arguments only; every heavy import happens inside the
+command that needs it, so `reroll --help` is instant.
+
+Exit codes: 0 success, 2 bad input (config, data, checkpoint), 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", help="TOML config file")
+    p.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. train.lr=3e-4")
+
+
+def cmd_train(args) -> int:
+    from reroll.config import load_config
+    from reroll.loop import train
+
+    cfg = load_config(args.config, args.overrides)
+    last = train(cfg, resume=args.resume, progress=not args.no_progress)
+    print(json.dumps({k: round(v, 4) for k, v in last.items() if k.startswith(("reward", "eval"))}))
+    return 0
+
+
+def cmd_sft(args) -> int:
+    import torch
+
+    from reroll import build
+    from reroll.config import load_config
+    from reroll.runlog import RunDir
+    from reroll.trainer.sft import save_model, sft
+
+    cfg = load_config(args.config, args.overrides)
+    build.set_threads(cfg)
+    torch.manual_seed(cfg.train.seed)
+    rd = RunDir(cfg, kind="sft")
+    model, tok = build.load_model(build.model_dir(cfg, rd.path), cfg)
+    task = build.build_task(cfg)
+    losses = sft(model, tok, task.train, build.encode_prompt(tok), steps=cfg.sft.steps,
+                 lr=cfg.sft.lr, batch_size=cfg.sft.batch_size, seed=cfg.train.seed,
+                 log=lambda s, m: rd.log(s, m) if s % 10 == 0 or s == cfg.sft.steps else None)
+    out = save_model(model, tok, rd.path / "model")
+    rd.close()
+    print(f"sft: {cfg.sft.steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}; saved {out}")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from reroll import build
+    from reroll.config import load_config
+    from reroll.trainer.evaluate import evaluate
+
+    cfg = load_config(args.config, args.overrides)
+    build.set_threads(cfg)
+    ck = Path(args.checkpoint)
+    if (ck / "model" / "config.json").is_file():
+        ck = ck / "model"
+    model, tok = build.load_model(ck, cfg)
+    task = build.build_task(cfg)
+    scorer = build.build_scorer(cfg, task)
+    try:
+        m = evaluate(model, tok, task.test[: cfg.eval.n_examples], scorer,
+                     build.encode_prompt(tok), cfg)
+    finally:
+        scorer.close()
+    m["checkpoint"] = str(args.checkpoint)
+    print(json.dumps(m))
+    if args.output:
+        Path(args.output).write_text(json.dumps(m, indent=1))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from reroll.report import plot_run
+
+    print(plot_run(Path(args.run_dir)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="reroll", description="Rollout-centric RL post-training.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("train", help="RL training (GRPO family; sync or async)")
+    _common(p)
+    p.add_argument("--resume", action="store_true", help="continue the run in out_dir")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(fn=cmd_train)
+    p = sub.add_parser("sft", help="supervised warm start on task demonstrations")
+    _common(p)
+    p.set_defaults(fn=cmd_sft)
+    p = sub.add_parser("eval", help="greedy accuracy and pass@k on the held-out split")
+    _common(p)
+    p.add_argument("--checkpoint", required=True, help="model dir, sft dir or checkpoint dir")
+    p.add_argument("--output", help="also write the metrics JSON here")
+    p.set_defaults(fn=cmd_eval)
+    p = sub.add_parser("report", help="plot a run's metrics to RUN_DIR/report.png")
+    p.add_argument("run_dir")
+    p.set_defaults(fn=cmd_report)
+    args = ap.parse_args(argv)
+    from reroll.config import ConfigError
+
+    bad_input: tuple[type[BaseException], ...] = (ConfigError, FileNotFoundError)
+    try:
+        from reroll.tasks.base import TaskError
+
+        bad_input += (TaskError,)
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        return args.fn(args)
+    except bad_input as e:
+        print(f"reroll {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""The rollout scheduler: admits groups under the staleness rule, drives an engine, sends
+finished rollouts to scoring, assembles complete groups, filters them, and hands them out.
+
+A stateful service with one entry point per unit of work (`tick`) so that any runtime can drive
+it: the local runtime from a thread, the Ray runtime from an actor. It owns the counters that
+make the pipeline auditable: groups started, accepted, consumed, and dropped with a reason.
+It knows nothing of the trainer or of threads.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import asdict
+
+from reroll.control.prompts import PromptStream
+from reroll.control.staleness import capacity, is_stale
+from reroll.rollout import Group, Rollout, SamplingParams, new_group
+
+GroupFilter = Callable[[Group], "str | None"]  # returns the reason to drop, or None to keep
+
+
+class Scheduler:
+    def __init__(self, engine, scorer, prompts: PromptStream, encode: Callable[[str], list[int]],
+                 sampling: SamplingParams, *, group_size: int, batch_groups: int,
+                 max_staleness: int = 0, overprovision: float = 1.0, partial_rollouts: bool = True,
+                 filters: list[GroupFilter] = (), seed: int = 0,
+                 shape_reward: Callable[[Rollout], float] | None = None):
+        self.engine, self.scorer, self.prompts, self.encode = engine, scorer, prompts, encode
+        self.sampling, self.group_size, self.batch_groups = sampling, group_size, batch_groups
+        self.max_staleness, self.overprovision = max_staleness, overprovision
+        self.partial_rollouts, self.filters, self.seed = partial_rollouts, list(filters), seed
+        self.shape_reward = shape_reward
+        self.running: dict[str, Group] = {}  # started, not yet complete and scored
+        self.ready: list[Group] = []  # complete, scored, passed filters, not yet consumed
+        self.pending_scores: dict[str, tuple[Rollout, Future]] = {}
+        self.order: dict[str, int] = {}  # group_id -> admission sequence number
+        self.n_started = self.n_accepted = self.n_consumed = 0
+        self.dropped: Counter[str] = Counter()
+        self.score_errors: Counter[str] = Counter()
+        self.time = Counter()  # seconds spent per activity
+
+    # ---- admission -------------------------------------------------------------------
+    def version(self) -> int:
+        return self.engine.version
+
+    def free_capacity(self) -> int:
+        return capacity(self.version(), max_staleness=self.max_staleness,
+                        batch_groups=self.batch_groups, accepted=self.n_accepted,
+                        running=len(self.running), overprovision=self.overprovision)
+
+    def admit(self) -> int:
+        n = self.free_capacity()
+        for _ in range(n):
+            ex = self.prompts.next()
+            seq = self.n_started
+            g = new_group(ex, self.group_size, self.encode(ex.prompt), self.sampling,
+                          self.version())
+            for r in g.rollouts:
+                r.sampling.seed = (self.seed * 1_000_003 + seq) * 1_009 + r.index_in_group
+                r.timings["enqueue"] = time.time()
+            self.order[g.group_id] = seq
+            self.running[g.group_id] = g
+            self.n_started += 1
+            self.engine.add(g.rollouts)
+        return n
+
+    # ---- one unit of work ------------------------------------------------------------
+    def tick(self) -> bool:
+        """Admit, run one engine step, collect scores. Returns False when there was nothing
+        to do (the caller may then wait)."""
+        self.admit()
+        busy = False
+        if self.engine.pending():
+            t0 = time.perf_counter()
+            finished = self.engine.step()
+            self.time["generate"] += time.perf_counter() - t0
+            for r in finished:
+                self._submit_score(r)
+            busy = True
+        return self._collect_scores() or busy
+
+    def _submit_score(self, r: Rollout) -> None:
+        g = self.running[r.group_id]
+        r.timings["score_submit"] = time.time()
+        self.pending_scores[r.sample_id] = (r, self.scorer.submit(r, g.example))
+
+    def _collect_scores(self) -> bool:
+        done = [k for k, (_, f) in self.pending_scores.items() if f.done()]
+        for k in done:
+            r, fut = self.pending_scores.pop(k)
+            r.scores = fut.result()
+            r.timings["score_done"] = time.time()
+            if r.failed:
+                for s in r.scores:
+                    if not s.ok:
+                        self.score_errors[s.name] += 1
+            else:
+                r.reward = self.scorer.combine(r.scores)
+                if self.shape_reward is not None:
+                    r.reward += self.shape_reward(r)
+            g = self.running[r.group_id]
+            if g.complete and all(x.sample_id not in self.pending_scores for x in g.rollouts):
+                self._close_group(g)
+        return bool(done)
+
+    def _close_group(self, g: Group) -> None:
+        del self.running[g.group_id]
+        reason = "scoring_error" if any(r.failed for r in g.rollouts) else None
+        for f in self.filters if reason is None else ():
+            reason = f(g)
+            if reason:
+                break
+        if reason:
+            g.filter_reason = reason
+            self.dropped[reason] += 1
+            if reason == "scoring_error":
+                self.prompts.push_front(g.example)  # retried, never trained as a silent 0
+            return
+        self.n_accepted += 1
+        self.ready.append(g)
+
+    # ---- hand-out and weight updates -------------------------------------------------
+    def take(self, n: int, trainer_version: int) -> list[Group]:
+        """The ``n`` oldest ready groups (by admission order), dropping any that are stale."""
+        self.ready.sort(key=lambda g: self.order[g.group_id])
+        out = []
+        while self.ready and len(out) < n:
+            g = self.ready.pop(0)
+            if is_stale(trainer_version, g.start_version, max_staleness=self.max_staleness,
+                        overprovision=self.overprovision):
+                self.dropped["stale"] += 1
+                self.n_accepted -= 1  # frees its admission slot; its prompt is retried
+                self.prompts.push_front(g.example)
+                continue
+            out.append(g)
+        self.n_consumed += len(out)
+        return out
+
+    def update_weights(self, state_dict, version: int) -> None:
+        """New policy weights; with partial rollouts, in-flight sequences are aborted and
+        resumed under the new weights (their prefix, log-probs and versions kept)."""
+        aborted = self.engine.abort() if self.partial_rollouts else []
+        self.engine.update_weights(state_dict, version)
+        if aborted:
+            self.engine.add(aborted)  # the engine re-prefills prompt + prefix: a resume
+
+    # ---- checkpointing -----------------------------------------------------------------
+    def snapshot(self) -> list[Group]:
+        """All groups not yet consumed (ready first, then running with their partial
+        rollouts). Aborts in-flight requests to capture them, then resumes them."""
+        aborted = self.engine.abort()
+        for r in aborted:
+            r.finish = "running"
+        snap = [Group.from_dict(g.to_dict()) for g in self.ready + list(self.running.values())]
+        if aborted:
+            self.engine.add(aborted)
+        return snap
+
+    def restore(self, groups: list[Group], counters: dict) -> None:
+        self.n_started, self.n_accepted = counters["started"], counters["accepted"]
+        self.n_consumed = counters["consumed"]
+        self.dropped.update(counters.get("dropped", {}))
+        for g in groups:
+            self.order[g.group_id] = counters["order"][g.group_id]
+            if g.scored and g.filter_reason is None and all(r.reward is not None for r in g.rollouts):
+                self.ready.append(g)
+                continue
+            self.running[g.group_id] = g
+            todo = []
+            for r in g.rollouts:
+                if r.finished:
+                    r.scores, r.reward = [], None
+                    self._submit_score(r)
+                else:
+                    r.finish = "running"
+                    todo.append(r)
+            if todo:
+                self.engine.add(todo)
+
+    def counters(self) -> dict:
+        return {"started": self.n_started, "accepted": self.n_accepted,
+                "consumed": self.n_consumed, "dropped": dict(self.dropped),
+                "order": {gid: self.order[gid] for gid in
+                          [g.group_id for g in self.ready] + list(self.running)}}
+
+    def sampling_dict(self) -> dict:
+        return asdict(self.sampling)

@@ -1,0 +1,36 @@
+"""`reroll report RUN_DIR`: plot a run's metrics.jsonl to RUN_DIR/report.png (matplotlib is
+imported only here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from reroll.runlog import read_metrics
+
+PANELS = [("reward/mean", "reward"), ("reward/accuracy", "train accuracy"),
+          ("eval/greedy_accuracy", "held-out greedy accuracy"), ("length/mean", "response length"),
+          ("throughput/gen_tokens_per_s", "generation tokens/s"), ("time/step_s", "step time (s)")]
+
+
+def plot_run(run_dir: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(run_dir)
+    if not rows:
+        raise FileNotFoundError(f"{run_dir} has no metrics.jsonl rows")
+    fig, axes = plt.subplots(2, 3, figsize=(13, 7))
+    for ax, (key, title) in zip(axes.flat, PANELS):
+        pts = [(r["step"], r[key]) for r in rows if key in r]
+        if pts:
+            ax.plot(*zip(*pts), marker="." if len(pts) < 30 else None)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out = Path(run_dir) / "report.png"
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out

@@ -1,0 +1,97 @@
+"""The run directory: resolved config, metrics.jsonl, TensorBoard events, recorded rollouts.
+
+Owns the rules that protect finished work: a directory that already holds a run is never
+overwritten (resume it or choose another), and resuming with a config that differs in what
+shapes the run (model, task, algorithm, rollout) is refused with the differing keys named.
+TensorBoard is imported only here.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from reroll.config import ConfigError, RunConfig, dump_toml, read_toml, to_dict
+
+# Keys that may change between a run and its resume (they do not change what is learned).
+RESUMABLE = {"train.steps", "log_every", "ckpt_every", "eval", "out_dir", "runtime.threads"}
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        key = prefix + k
+        if isinstance(v, dict) and v and k not in ("args",) and not k.endswith("_args"):
+            out.update(_flat(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def config_diff(old: dict, new: dict) -> list[str]:
+    a, b = _flat(old), _flat(new)
+    diff = []
+    for k in sorted(set(a) | set(b)):
+        if any(k == r or k.startswith(r + ".") for r in RESUMABLE):
+            continue
+        if a.get(k) != b.get(k):
+            diff.append(f"{k}: {a.get(k)!r} -> {b.get(k)!r}")
+    return diff
+
+
+class RunDir:
+    def __init__(self, cfg: RunConfig, resume: bool = False, kind: str = "train"):
+        self.path = Path(cfg.out_dir)
+        self.cfg = cfg
+        cfg_file = self.path / "config.toml"
+        if cfg_file.exists():
+            if not resume:
+                raise ConfigError(
+                    f"run directory {str(self.path)!r} already holds a run ({cfg_file}); "
+                    f"pass --resume to continue it or set out_dir to a new directory")
+            diff = config_diff(read_toml(cfg_file), json.loads(json.dumps(to_dict(cfg))))
+            if diff:
+                raise ConfigError(f"cannot resume {self.path}: the config differs from the "
+                                  f"run's in: " + "; ".join(diff))
+        elif resume and kind == "train":
+            raise ConfigError(f"--resume: {str(self.path)!r} holds no run to resume")
+        self.path.mkdir(parents=True, exist_ok=True)
+        cfg_file.write_text(dump_toml(cfg))
+        self._metrics = open(self.path / "metrics.jsonl", "a")
+        self._tb = None
+        self._rollouts = None
+        self.t0 = time.time()
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        row = {"step": step, "time": round(time.time() - self.t0, 3), **metrics}
+        self._metrics.write(json.dumps(row) + "\n")
+        self._metrics.flush()
+        if self._tb is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.path / "tb"))
+        for k, v in metrics.items():
+            if isinstance(v, (int, float)):
+                self._tb.add_scalar(k, v, step)
+
+    def record(self, groups) -> None:
+        """Append consumed groups to rollouts.jsonl (replayable under another estimator)."""
+        if self._rollouts is None:
+            self._rollouts = open(self.path / "rollouts.jsonl", "a")
+        for g in groups:
+            self._rollouts.write(g.to_json() + "\n")
+        self._rollouts.flush()
+
+    def close(self) -> None:
+        self._metrics.close()
+        if self._tb is not None:
+            self._tb.close()
+        if self._rollouts is not None:
+            self._rollouts.close()
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    p = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.exists() else []

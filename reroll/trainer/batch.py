@@ -1,0 +1,82 @@
+"""Batch collation: rollouts -> padded tensors aligned on next-token positions (pure).
+
+Owns the one place where the flat token layout of `Rollout` becomes tensors. A sequence of
+L tokens gives L-1 prediction positions: position t predicts ``tokens[t+1]`` from the prefix
+``tokens[:t+1]``, so every per-token tensor here is the record's field shifted by one
+(``loss_mask[1:]``, ``logprobs[1:]``, ``versions[1:]``). Right padding; padded positions have
+mask 0. Must not know about losses or models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from reroll.rollout import Rollout
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # [B, L] long, right-padded
+    attention_mask: torch.Tensor  # [B, L] long
+    targets: torch.Tensor  # [B, L-1] long: input_ids[:, 1:]
+    mask: torch.Tensor  # [B, L-1] float: 1 where the target token was sampled by the policy
+    behav_logprobs: torch.Tensor  # [B, L-1] float: engine log-prob of each target token
+    versions: torch.Tensor  # [B, L-1] long: policy version of each target token (-1 if none)
+
+    @property
+    def n_tokens(self) -> float:
+        return float(self.mask.sum())
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def slice(self, idx: slice | torch.Tensor) -> Batch:
+        return Batch(*(getattr(self, f)[idx] for f in self.__dataclass_fields__))
+
+
+def collate(rollouts: Sequence[Rollout], pad_id: int, sample_mask: Sequence[bool] | None = None,
+            pad_to: int | None = None) -> Batch:
+    """Pad rollouts into a Batch. ``sample_mask[i] = False`` zeroes row i's loss mask (a sample
+    kept for its group statistics but excluded from the loss, e.g. an MC-GRPO pivot)."""
+    if not rollouts:
+        raise ValueError("collate: no rollouts")
+    L = max(len(r.tokens) for r in rollouts)
+    if pad_to is not None:
+        L = max(L, pad_to)
+    B = len(rollouts)
+    ids = torch.full((B, L), pad_id, dtype=torch.long)
+    att = torch.zeros((B, L), dtype=torch.long)
+    mask = torch.zeros((B, L), dtype=torch.float32)
+    behav = torch.zeros((B, L), dtype=torch.float32)
+    vers = torch.full((B, L), -1, dtype=torch.long)
+    for i, r in enumerate(rollouts):
+        n = len(r.tokens)
+        ids[i, :n] = torch.tensor(r.tokens, dtype=torch.long)
+        att[i, :n] = 1
+        keep = r.loss_exclusion is None and (sample_mask is None or sample_mask[i])
+        if keep:
+            mask[i, :n] = torch.tensor(r.loss_mask, dtype=torch.float32)
+        behav[i, :n] = torch.tensor(r.logprobs, dtype=torch.float32)
+        vers[i, :n] = torch.tensor(r.versions, dtype=torch.long)
+    return Batch(ids, att, ids[:, 1:], mask[:, 1:], behav[:, 1:], vers[:, 1:])
+
+
+def token_logprobs(model: torch.nn.Module, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
+    """Log-prob of each target token under ``model`` at ``temperature``: [B, L-1].
+
+    This is the distribution the engine samples from when top_p = 1 and top_k = 0, so it is
+    directly comparable with the recorded behaviour log-probs."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    logits = logits[:, :-1].float()  # [B, L-1, V]
+    if temperature not in (0.0, 1.0):
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, dim=-1)
+    return logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+
+
+def micro_slices(n: int, size: int) -> list[slice]:
+    size = max(1, size)
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]

@@ -1,0 +1,78 @@
+"""Checkpoints: weights (safetensors via save_pretrained), optimiser, step, RNG, data cursor,
+and the runtime's buffers (partial rollouts, ready groups), written atomically.
+
+Layout of ``RUN/checkpoints/step_000123/``: ``model/`` (a loadable model directory, so
+`reroll eval` works on any checkpoint), ``optimizer.pt``, ``rng.pt``, ``state.json`` (step,
+version, data cursor, counters) and ``buffers.jsonl`` (one Group per line). A checkpoint is
+written to a temporary directory and renamed, so a kill during the write leaves the previous
+checkpoint intact. Knows nothing of how the buffers are used.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from reroll.rollout import Group
+
+
+def rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+            "python": random.getstate()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def save(run_dir: Path, step: int, model, tokenizer, optimizer, state: dict[str, Any],
+         groups: list[Group] = (), keep: int = 2) -> Path:
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step:06d}"
+    tmp = root / f".tmp_step_{step:06d}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    model.save_pretrained(tmp / "model")
+    tokenizer.save_pretrained(tmp / "model")
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(rng_state(), tmp / "rng.pt")
+    (tmp / "state.json").write_text(json.dumps({**state, "step": step}, indent=1))
+    with open(tmp / "buffers.jsonl", "w") as f:
+        for g in groups:
+            f.write(g.to_json() + "\n")
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    (root / "latest").write_text(final.name)
+    for old in sorted(root.glob("step_*"))[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest(run_dir: Path) -> Path | None:
+    root = Path(run_dir) / "checkpoints"
+    marker = root / "latest"
+    if marker.is_file() and (root / marker.read_text().strip()).is_dir():
+        return root / marker.read_text().strip()
+    found = sorted(root.glob("step_*")) if root.is_dir() else []
+    return found[-1] if found else None
+
+
+def load_state(ckpt: Path, optimizer) -> tuple[dict[str, Any], list[Group]]:
+    """Restore optimiser and RNG; return (state.json, buffered groups)."""
+    state = json.loads((ckpt / "state.json").read_text())
+    optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=False))
+    set_rng_state(torch.load(ckpt / "rng.pt", weights_only=False))
+    groups = []
+    buf = ckpt / "buffers.jsonl"
+    if buf.is_file():
+        groups = [Group.from_json(line) for line in buf.read_text().splitlines() if line.strip()]
+    return state, groups

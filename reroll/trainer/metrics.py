@@ -1,0 +1,84 @@
+"""Per-step metrics of consumed groups (reward, accuracy, lengths, staleness, throughput and
+the wall-time split) and the rich progress bar. Pure summaries; no training logic.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from reroll.rollout import Group
+
+
+def accuracy(groups: Sequence[Group]) -> float:
+    """Share of rollouts whose first reward component is 1 (the task's correctness check)."""
+    vals = [r.scores[0].value for g in groups for r in g.rollouts if r.scores and r.scores[0].ok]
+    return sum(v >= 1.0 - 1e-9 for v in vals) / max(1, len(vals))
+
+
+def batch_metrics(groups: Sequence[Group], gen0: tuple, gen1: tuple, *, wait_s: float,
+                  train_s: float, step_s: float) -> dict[str, float]:
+    rollouts = [r for g in groups for r in g.rollouts]
+    lens = [r.response_len for r in rollouts]
+    rewards = [r.reward for r in rollouts if r.reward is not None]
+    t0, s0 = gen0[0], gen0[1]
+    t1, s1, counters, errors = gen1
+    gen_s = t1.get("generate", 0.0) - t0.get("generate", 0.0)
+    new_tok = s1.get("tokens_generated", 0) - s0.get("tokens_generated", 0)
+    out = {
+        "reward/mean": statistics.fmean(rewards) if rewards else 0.0,
+        "reward/accuracy": accuracy(groups),
+        "length/mean": statistics.fmean(lens),
+        "length/max": float(max(lens)),
+        "length/clipped_share": sum(r.finish == "length" for r in rollouts) / len(rollouts),
+        "time/step_s": step_s,
+        "time/wait_for_rollouts_s": wait_s,
+        "time/train_s": train_s,
+        "time/generate_s": gen_s,
+        "time/score_latency_s": statistics.fmean(
+            [r.timings.get("score_done", 0) - r.timings.get("score_submit", 0)
+             for r in rollouts]),
+        "throughput/gen_tokens_per_s": new_tok / gen_s if gen_s > 0 else 0.0,
+        "throughput/trajectories_per_s": len(rollouts) / step_s if step_s > 0 else 0.0,
+        "pipeline/started": counters["started"],
+        "pipeline/consumed": counters["consumed"],
+        "pipeline/resumed_share": sum(r.resume_count > 0 for r in rollouts) / len(rollouts),
+        "engine/occupancy": s1.get("mean_occupancy", 0.0),
+    }
+    for reason, n in counters["dropped"].items():
+        out[f"pipeline/dropped_{reason}"] = n
+    for name, n in errors.items():
+        out[f"score_errors/{name}"] = n
+    lags = [r.min_version for r in rollouts]
+    if lags:
+        out["staleness/oldest_version_in_batch"] = float(min(lags))
+    return out
+
+
+class _Bar:
+    def __init__(self, total: int, start: int, enabled: bool):
+        self.enabled = enabled
+        if not enabled:
+            return
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.p = Progress(TextColumn("[bold]RL[/]"), BarColumn(), TextColumn("{task.completed}/"
+                          "{task.total}"), TextColumn("{task.description}"), TimeElapsedColumn())
+        self.task = self.p.add_task("", total=total, completed=start)
+        self.p.start()
+
+    def update(self, step: int, m: dict) -> None:
+        if self.enabled:
+            desc = (f"reward {m.get('reward/mean', 0):.3f} acc {m.get('reward/accuracy', 0):.3f}"
+                    f" len {m.get('length/mean', 0):.1f}")
+            if "eval/greedy_accuracy" in m:
+                desc += f" eval {m['eval/greedy_accuracy']:.3f}"
+            self.p.update(self.task, completed=step, description=desc)
+
+    def close(self) -> None:
+        if self.enabled:
+            self.p.stop()
+
+
+def progress_bar(total: int, start: int = 0, enabled: bool = True) -> _Bar:
+    return _Bar(total, start, enabled)

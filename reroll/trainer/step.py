@@ -1,0 +1,119 @@
+"""The train step: complete, scored groups -> one policy update (decoupled objective).
+
+Owns the optimiser and the order of operations of an update: rewards -> advantages (a pure
+function of the groups, never stored) -> collate -> proximal log-probs with the weights at the
+start of the update -> mini-batches of micro-batches -> clip -> AdamW. The math is the
+`Objective` from `reroll.algo`; this file only looks it up and feeds it. Knows nothing of
+engines, scheduling or the run directory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from reroll.algo import LossInputs
+from reroll.rollout import Group, Rollout
+from reroll.trainer.batch import Batch, collate, micro_slices, token_logprobs
+
+
+def flatten(groups: Sequence[Group]) -> tuple[list[Rollout], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rollouts in group order, rewards [N], reward components [N, K], group index [N]."""
+    rollouts, rewards, comps, gidx = [], [], [], []
+    for g_i, g in enumerate(groups):
+        for r in g.rollouts:
+            if r.reward is None:
+                raise ValueError(f"rollout {r.sample_id} of group {g.group_id} has no reward "
+                                 f"(failed or unscored); failed groups must be dropped upstream")
+            rollouts.append(r)
+            rewards.append(r.reward)
+            comps.append([s.value for s in r.scores] or [r.reward])
+            gidx.append(g_i)
+    return (rollouts, torch.tensor(rewards, dtype=torch.float32),
+            torch.tensor(comps, dtype=torch.float32), torch.tensor(gidx, dtype=torch.long))
+
+
+def version_lag_metrics(batch: Batch, version: int) -> dict[str, float]:
+    """Share of trained tokens per version lag (trainer version - token version)."""
+    m = batch.mask.bool()
+    if not m.any():
+        return {}
+    lag = (version - batch.versions[m]).clamp(min=0)
+    out = {"staleness/max_lag": float(lag.max()), "staleness/mean_lag": float(lag.float().mean())}
+    for k in range(int(lag.max()) + 1):
+        out[f"staleness/token_share_lag{k}"] = float((lag == k).float().mean())
+    return out
+
+
+class Trainer:
+    def __init__(self, model: torch.nn.Module, objective, *, pad_id: int, lr: float,
+                 weight_decay: float = 0.0, grad_clip: float = 1.0, minibatches: int = 1,
+                 micro_batch: int = 64, temperature: float = 1.0,
+                 ref_model: torch.nn.Module | None = None, version: int = 0):
+        self.model, self.objective, self.ref_model = model, objective, ref_model
+        self.pad_id, self.grad_clip, self.minibatches = pad_id, grad_clip, minibatches
+        self.micro_batch, self.temperature, self.version = micro_batch, temperature, version
+        self.opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay,
+                                     betas=(0.9, 0.999))
+        if objective.needs_ref and ref_model is None:
+            raise ValueError("the objective needs a reference model (kl_coef > 0)")
+
+    @torch.no_grad()
+    def _logprobs(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        parts = [token_logprobs(model, batch.slice(s), self.temperature)
+                 for s in micro_slices(len(batch), self.micro_batch)]
+        return torch.cat(parts)
+
+    def step(self, groups: Sequence[Group]) -> dict[str, float]:
+        rollouts, rewards, comps, gidx = flatten(groups)
+        batch = collate(rollouts, self.pad_id)
+        self.model.eval()  # no dropout: proximal and current log-probs share one function
+        prox = self._logprobs(self.model, batch)  # [N, T] weights at the start of the update
+        ref = self._logprobs(self.ref_model, batch) if self.ref_model is not None else None
+        if ref is not None and self.objective.kl_in_reward:
+            # sequence-level KL folded into the reward before advantages (RLOO / REINFORCE++ style)
+            pen = self.objective.kl_reward_penalty(prox, ref, batch.mask)  # [N, T]
+            rewards = rewards - pen.sum(-1)
+        adv, include = self.objective.advantages(rewards, comps, gidx)  # [N], [N]
+        batch.mask = batch.mask * include.float()[:, None]
+        adv_tok = adv[:, None].expand_as(batch.mask).contiguous()  # [N, T]
+
+        metrics: dict[str, float] = {}
+        n = len(batch)
+        order = torch.arange(n)
+        mb_size = -(-n // self.minibatches)
+        for mb in micro_slices(n, mb_size):
+            idx = order[mb]
+            mbatch = batch.slice(idx)
+            n_tok, n_seq = max(mbatch.n_tokens, 1.0), float(len(idx))
+            self.opt.zero_grad(set_to_none=True)
+            for ms in micro_slices(len(idx), self.micro_batch):
+                sub = mbatch.slice(ms)
+                sel = idx[ms]
+                logp = token_logprobs(self.model, sub, self.temperature)
+                inp = LossInputs(logprobs=logp, prox_logprobs=prox[sel],
+                                 behav_logprobs=sub.behav_logprobs, advantages=adv_tok[sel],
+                                 mask=sub.mask, n_tokens=n_tok, n_seqs=n_seq,
+                                 ref_logprobs=None if ref is None else ref[sel])
+                loss, m = self.objective.loss(inp)
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(
+                        f"non-finite loss {float(loss)} at trainer version {self.version}; "
+                        f"weights left at the last good update")
+                loss.backward()
+                for k, v in m.items():  # metrics are per micro-batch; weight by its share
+                    metrics[k] = metrics.get(k, 0.0) + float(v) * len(sel) / n
+            gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                                self.grad_clip if self.grad_clip > 0 else 1e30)
+            if not torch.isfinite(gn):
+                self.opt.zero_grad(set_to_none=True)
+                raise FloatingPointError(f"non-finite gradient norm at version {self.version}")
+            self.opt.step()
+            metrics["grad_norm"] = float(gn)
+        self.version += 1
+        metrics.update(version_lag_metrics(batch, self.version - 1))
+        metrics["adv/mean"] = float(adv.mean())
+        metrics["adv/abs_mean"] = float(adv.abs().mean())
+        metrics["train/tokens"] = batch.n_tokens
+        return metrics
