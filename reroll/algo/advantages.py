@@ -1,0 +1,143 @@
+"""Advantage estimators: outcome rewards of complete groups -> one scalar per sample.
+
+Owns the ``ADVANTAGES`` registry. Every entry has the signature
+
+    fn(rewards [N] float, components [N, K] float, group_index [N] long, *, hyperparams)
+        -> (advantages [N], include [N] bool)
+
+``include`` is False for samples that were generated and scored but must not contribute to
+the loss (MC-GRPO's pivot). Outcome-reward methods broadcast the scalar over a sample's
+tokens; that is the caller's job. Advantages are a pure function of the groups, so a recorded
+run can be replayed under another estimator. Must not know about tokens, models or configs.
+See ALGORITHMS.md sections 1.3, 1.7, 1.8, 1.10 and 1.11.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from reroll.algo.groups import (
+    check_inputs,
+    dense_ids,
+    group_mean,
+    group_median,
+    group_std,
+    singleton,
+    whiten,
+)
+from reroll.registry import Registry
+
+ADVANTAGES = Registry("advantage estimator")
+
+
+def _all(n: int) -> Tensor:
+    return torch.ones(n, dtype=torch.bool)
+
+
+def _group_normalise(x: Tensor, ids: Tensor, n_groups: int, norm_by_std: bool,
+                     eps: float) -> Tensor:
+    """GRPO's per-group normalisation of x [N]; a singleton keeps its raw value (mean 0, std 1)."""
+    alone = singleton(ids, n_groups)  # [N]
+    mean = torch.where(alone, torch.zeros_like(x), group_mean(x, ids, n_groups))  # [N]
+    if not norm_by_std:
+        return x - mean
+    std = torch.where(alone, torch.ones_like(x), group_std(x, ids, n_groups))  # [N]
+    return (x - mean) / (std + eps)
+
+
+@ADVANTAGES.register("grpo")
+def grpo(rewards: Tensor, components: Tensor, group_index: Tensor, *,
+         norm_by_std: bool = True, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+    """A_i = (R_i - mean_g R) / (std_g R + eps), unbiased std.
+
+    ``norm_by_std=False`` gives Dr.GRPO's A_i = R_i - mean_g R. A singleton group uses mean 0
+    and std 1, so the lone sample keeps its raw reward (divided by 1 + eps).
+    """
+    check_inputs(rewards, components, group_index, "advantage 'grpo'")
+    ids, g = dense_ids(group_index)
+    return _group_normalise(rewards, ids, g, norm_by_std, eps), _all(rewards.shape[0])
+
+
+@ADVANTAGES.register("rloo")
+def rloo(rewards: Tensor, components: Tensor, group_index: Tensor) -> tuple[Tensor, Tensor]:
+    """Leave-one-out baseline: A_i = R_i - mean_{j != i} R_j = k/(k-1) (R_i - mean_g R).
+
+    A singleton group has no other sample to form a baseline: its advantage is 0 (it carries
+    no learning signal rather than its raw reward).
+    """
+    check_inputs(rewards, components, group_index, "advantage 'rloo'")
+    ids, g = dense_ids(group_index)
+    k = torch.bincount(ids, minlength=g).to(rewards.dtype)[ids]  # [N]
+    centred = rewards - group_mean(rewards, ids, g)  # [N]
+    adv = torch.where(k > 1, centred * k / (k - 1).clamp(min=1), torch.zeros_like(rewards))
+    return adv, _all(rewards.shape[0])
+
+
+@ADVANTAGES.register("reinforce_pp")
+def reinforce_pp(rewards: Tensor, components: Tensor, group_index: Tensor, *,
+                 baseline: bool = False, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+    """REINFORCE++: the return (the outcome reward, gamma = 1) whitened over the whole batch.
+
+    ``baseline=True`` subtracts the group mean first (REINFORCE++-baseline), with no per-group
+    std. Whitening is over sequences (each sample counts once), not token-weighted; any KL
+    penalty is folded into ``rewards`` by the caller before this runs.
+    """
+    check_inputs(rewards, components, group_index, "advantage 'reinforce_pp'")
+    x = rewards
+    if baseline:
+        ids, g = dense_ids(group_index)
+        x = rewards - group_mean(rewards, ids, g)
+    return whiten(x, eps), _all(rewards.shape[0])
+
+
+@ADVANTAGES.register("mc_grpo")
+def mc_grpo(rewards: Tensor, components: Tensor, group_index: Tensor, *,
+            mad_eps: float = 1e-3, zero_mad: str = "std") -> tuple[Tensor, Tensor]:
+    """Median-centred GRPO: A_i = (R_i - median_g R) / (scale_g + mad_eps).
+
+    scale_g is the median absolute deviation MAD_g = median_g |R_j - median_g R|. One median
+    member per group (the pivot, see ``groups.group_median``) has A = 0 and include = False,
+    so a group of G+1 samples trains on G. Groups should have odd size; even sizes use the
+    lower median.
+
+    With binary rewards MAD is usually 0 (e.g. rewards 1,0,0), which would give the minority
+    sample |A| = 1/mad_eps = 1000. ``zero_mad`` picks the scale used when MAD_g = 0:
+    ``"std"`` (default) the group's unbiased std, ``"one"`` a scale of 1, ``"eps"`` none
+    (the reference code's behaviour). A group with all rewards equal gets A = 0 either way.
+    """
+    check_inputs(rewards, components, group_index, "advantage 'mc_grpo'")
+    if zero_mad not in ("std", "one", "eps"):
+        raise ValueError(f"advantage 'mc_grpo': zero_mad must be std, one or eps, got {zero_mad!r}")
+    ids, g = dense_ids(group_index)
+    median, pivot = group_median(rewards, ids, g)  # [N], [N]
+    dev = rewards - median  # [N]
+    mad, _ = group_median(dev.abs(), ids, g)  # [N]
+    fallback = {"std": group_std(rewards, ids, g), "one": torch.ones_like(rewards),
+                "eps": torch.zeros_like(rewards)}[zero_mad]  # [N]
+    scale = torch.where(mad > 0, mad, fallback)  # [N]
+    adv = torch.where(pivot, torch.zeros_like(dev), dev / (scale + mad_eps))
+    return adv, ~pivot
+
+
+@ADVANTAGES.register("gdpo")
+def gdpo(rewards: Tensor, components: Tensor, group_index: Tensor, *,
+         component_weights: list[float] | None = None, eps: float = 1e-6
+         ) -> tuple[Tensor, Tensor]:
+    """Group reward-decoupled normalisation over the K reward components.
+
+    Each component is GRPO-normalised within its group (unbiased std, singleton: raw value),
+    the normalised components are summed with ``component_weights`` (default all 1), and the
+    sum is whitened over the whole batch. The scalar ``rewards`` are not used.
+    """
+    check_inputs(rewards, components, group_index, "advantage 'gdpo'")
+    k = components.shape[1]
+    w = torch.ones(k) if component_weights is None else torch.tensor(component_weights)
+    if w.shape != (k,):
+        raise ValueError(f"advantage 'gdpo': component_weights has {w.numel()} entries "
+                         f"but the batch has K={k} reward components")
+    ids, g = dense_ids(group_index)
+    normed = torch.stack([_group_normalise(components[:, j], ids, g, True, eps)
+                          for j in range(k)], dim=1)  # [N, K]
+    summed = normed @ w.to(normed.dtype)  # [N]
+    return whiten(summed, eps), _all(rewards.shape[0])

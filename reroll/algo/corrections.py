@@ -1,0 +1,152 @@
+"""Behaviour corrections: weights and masks from rho_t = pi_prox(o_t) / mu(o_t).
+
+Owns the ``CORRECTIONS`` registry. Every entry has the signature
+
+    fn(prox_logprobs [B, T], behav_logprobs [B, T], mask [B, T], *, hyperparams)
+        -> (weights [B, T] no grad, mask [B, T] float, metrics: dict[str, Tensor])
+
+``mu`` is the distribution the engine sampled from; ``pi_prox`` the trainer's weights at the
+start of the update. The weight multiplies the per-token surrogate (the decoupled objective,
+ALGORITHMS.md 2.1/2.2); the returned mask drops tokens or whole sequences (masked IS /
+rejection, 2.4). Weights are 0 wherever the returned mask is 0. Must not know about the
+surrogate, models or staleness policy.
+
+Diagnostics, all 0-d tensors over the input mask: raw ratio mean/max/min, final weight mean,
+normalised effective sample size ESS = (sum w)^2 / (N sum w^2) in (0, 1], the fraction of
+tokens truncated or masked, and the k1 / k3 estimates of KL(mu || pi_prox).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from reroll.registry import Registry
+
+CORRECTIONS = Registry("correction")
+
+
+def _log_rho(prox: Tensor, behav: Tensor, mask: Tensor, name: str) -> tuple[Tensor, Tensor]:
+    """(bool mask, log rho [B, T] clamped to [-20, 20] and 0 off the mask), no grad."""
+    if prox.shape != behav.shape or prox.shape != mask.shape or prox.dim() != 2:
+        raise ValueError(f"correction {name!r}: prox_logprobs {tuple(prox.shape)}, behav_logprobs "
+                         f"{tuple(behav.shape)} and mask {tuple(mask.shape)} must share one [B, T]")
+    m = mask > 0
+    d = torch.where(m, prox.detach() - behav.detach(), torch.zeros_like(prox))
+    return m, d.clamp(-20.0, 20.0)
+
+
+def _seq_sum(log_rho: Tensor, m: Tensor) -> Tensor:
+    """Sum of log rho over each sequence's trainable tokens, broadcast to [B, T]."""
+    return (log_rho * m).sum(-1, keepdim=True).clamp(-20.0, 20.0).expand_as(log_rho)
+
+
+def _metrics(log_rho: Tensor, weights: Tensor, m: Tensor, dropped: Tensor) -> dict[str, Tensor]:
+    fm = m.to(log_rho.dtype)
+    n = fm.sum()
+    denom = n.clamp(min=1.0)
+    rho = log_rho.exp()
+    has = n > 0
+    zero = torch.zeros((), dtype=log_rho.dtype)
+    w = weights * fm
+    ess = w.sum() ** 2 / (denom * (w * w).sum()).clamp(min=1e-30)
+    return {
+        "is/ratio_mean": (rho * fm).sum() / denom,
+        "is/ratio_max": torch.where(has, torch.where(m, rho, zero).max(), zero),
+        "is/ratio_min": torch.where(has, torch.where(m, rho, rho.new_full((), float("inf"))).min(),
+                                    zero),
+        "is/weight_mean": w.sum() / denom,
+        "is/ess": torch.where(w.sum() > 0, ess, zero),
+        "is/dropped_frac": (dropped & m).to(fm.dtype).sum() / denom,
+        "is/kl_k1": (-log_rho * fm).sum() / denom,
+        "is/kl_k3": ((rho - 1.0 - log_rho) * fm).sum() / denom,
+    }
+
+
+def _out(weights: Tensor, keep: Tensor, m: Tensor, log_rho: Tensor, dropped: Tensor
+         ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    new_mask = (m & keep).to(log_rho.dtype)
+    weights = weights * new_mask
+    return weights, new_mask, _metrics(log_rho, weights, m, dropped)
+
+
+@CORRECTIONS.register("none")
+@torch.no_grad()
+def none(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor
+         ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """w = 1: treat mu as pi_prox (diagnostics still describe their gap)."""
+    m, log_rho = _log_rho(prox_logprobs, behav_logprobs, mask, "none")
+    return _out(torch.ones_like(log_rho), m, m, log_rho, torch.zeros_like(m))
+
+
+def _check_cap(name: str, cap: float) -> None:
+    if not cap > 0:
+        raise ValueError(f"correction {name!r}: cap must be > 0, got {cap}")
+
+
+@CORRECTIONS.register("tis_token")
+@torch.no_grad()
+def tis_token(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *, cap: float = 2.0
+              ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """Truncated IS per token: w_t = min(rho_t, cap); no token is masked."""
+    _check_cap("tis_token", cap)
+    m, log_rho = _log_rho(prox_logprobs, behav_logprobs, mask, "tis_token")
+    rho = log_rho.exp()
+    return _out(rho.clamp(max=cap), m, m, log_rho, rho > cap)
+
+
+@CORRECTIONS.register("tis_seq")
+@torch.no_grad()
+def tis_seq(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *, cap: float = 2.0
+            ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """Truncated IS per sequence: w_i = min(prod_t rho_t, cap) on every token of sequence i."""
+    _check_cap("tis_seq", cap)
+    m, log_rho = _log_rho(prox_logprobs, behav_logprobs, mask, "tis_seq")
+    rho_seq = _seq_sum(log_rho, m).exp()  # [B, T]
+    return _out(rho_seq.clamp(max=cap), m, m, log_rho, rho_seq > cap)
+
+
+def _check_bounds(name: str, lower: float, upper: float) -> None:
+    if not 0.0 <= lower < upper:
+        raise ValueError(f"correction {name!r}: need 0 <= lower < upper, got lower={lower}, "
+                         f"upper={upper}")
+
+
+@CORRECTIONS.register("mis_token")
+@torch.no_grad()
+def mis_token(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *,
+              lower: float = 0.0, upper: float = 2.0) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """Masked IS per token: w_t = rho_t where lower <= rho_t <= upper, else the token is masked."""
+    _check_bounds("mis_token", lower, upper)
+    m, log_rho = _log_rho(prox_logprobs, behav_logprobs, mask, "mis_token")
+    rho = log_rho.exp()
+    keep = (rho >= lower) & (rho <= upper)
+    return _out(rho, keep, m, log_rho, ~keep)
+
+
+@CORRECTIONS.register("mis_seq")
+@torch.no_grad()
+def mis_seq(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *,
+            lower: float = 0.0, upper: float = 2.0) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """Masked IS per sequence: w_i = prod_t rho_t if it lies in [lower, upper], else the whole
+    sequence is masked."""
+    _check_bounds("mis_seq", lower, upper)
+    m, log_rho = _log_rho(prox_logprobs, behav_logprobs, mask, "mis_seq")
+    rho_seq = _seq_sum(log_rho, m).exp()  # [B, T]
+    keep = (rho_seq >= lower) & (rho_seq <= upper)
+    return _out(rho_seq, keep, m, log_rho, ~keep)
+
+
+@CORRECTIONS.register("mis_geo")
+@torch.no_grad()
+def mis_geo(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *,
+            lower: float = 0.999, upper: float = 1.001) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """Geometric-mean rejection: keep sequence i (weight 1) only if
+    (prod_t rho_t)^(1/|o_i|) lies in [lower, upper]; otherwise mask it. No IS reweighting:
+    the geometric mean is a closeness test, not an unbiased weight."""
+    _check_bounds("mis_geo", lower, upper)
+    m, log_rho = _log_rho(prox_logprobs, behav_logprobs, mask, "mis_geo")
+    n = m.sum(-1, keepdim=True).clamp(min=1)  # [B, 1]
+    geo = ((log_rho * m).sum(-1, keepdim=True) / n).exp().expand_as(log_rho)  # [B, T]
+    keep = (geo >= lower) & (geo <= upper)
+    return _out(torch.ones_like(log_rho), keep, m, log_rho, ~keep)

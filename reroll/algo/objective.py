@@ -1,0 +1,116 @@
+"""The training objective: registered pieces composed into what the trainer calls.
+
+Owns ``LossInputs`` (one micro-batch, aligned on response token positions) and
+``Objective``, built from an ``AlgoConfig`` by ``build_objective``. The per-token loss is the
+decoupled objective (ALGORITHMS.md 2.1/2.2)
+
+    l_t = w_t * surrogate(pi_theta / pi_prox, A_t),   w_t = correction(pi_prox / mu)
+
+aggregated with the global normalisers, plus ``kl_coef * agg(kl(pi_theta, pi_ref))`` when the
+KL penalty sits in the loss. The trainer never branches on component names; everything it
+needs is a method here. Must not know about models, batches or the optimiser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from reroll.algo.advantages import ADVANTAGES
+from reroll.algo.aggregation import AGGREGATIONS
+from reroll.algo.corrections import CORRECTIONS
+from reroll.algo.kl import KL_ESTIMATORS, kl_reward_penalty
+from reroll.algo.surrogates import SURROGATES, masked_mean
+
+if TYPE_CHECKING:
+    from reroll.config import AlgoConfig
+
+
+@dataclass
+class LossInputs:
+    """One micro-batch; every tensor is aligned on response token positions."""
+
+    logprobs: Tensor  # [B, T] current policy pi_theta, requires grad
+    prox_logprobs: Tensor  # [B, T] pi_prox: weights at the start of this update
+    behav_logprobs: Tensor  # [B, T] mu: recorded by the engine when it sampled
+    advantages: Tensor  # [B, T] per-sample advantage broadcast over its tokens
+    mask: Tensor  # [B, T] float, 1 on trainable tokens
+    n_tokens: float  # trainable tokens in the whole mini-batch (global normaliser)
+    n_seqs: float  # sequences in the whole mini-batch (global normaliser)
+    ref_logprobs: Tensor | None = None  # [B, T] when kl_coef > 0 and the KL is in the loss
+
+
+@dataclass
+class Objective:
+    """Advantage estimator, surrogate, aggregation, KL and correction, each already bound to
+    its hyperparameters (``Registry.bind``)."""
+
+    advantage_fn: Callable[..., tuple[Tensor, Tensor]]
+    surrogate_fn: Callable[..., tuple[Tensor, dict[str, Tensor]]]
+    aggregate_fn: Callable[..., Tensor]
+    kl_fn: Callable[[Tensor, Tensor], Tensor]
+    correction_fn: Callable[..., tuple[Tensor, Tensor, dict[str, Tensor]]]
+    kl_coef: float = 0.0
+    kl_in_reward: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kl_coef < 0:
+            raise ValueError(f"algo.kl_coef must be >= 0, got {self.kl_coef}")
+
+    @property
+    def needs_ref(self) -> bool:
+        """Whether a reference policy's log-probs are needed (in the loss or the reward)."""
+        return self.kl_coef > 0
+
+    def advantages(self, rewards: Tensor, components: Tensor, group_index: Tensor
+                   ) -> tuple[Tensor, Tensor]:
+        """rewards [N], components [N, K], group_index [N] -> (advantages [N], include [N])."""
+        return self.advantage_fn(rewards, components, group_index)
+
+    def kl_reward_penalty(self, logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) -> Tensor:
+        """kl_coef * k(t) per token [B, T] (no grad) from behaviour or proximal log-probs [B, T];
+        the caller subtracts it from the reward. Zeros when kl_coef = 0."""
+        return kl_reward_penalty(self.kl_fn, logprobs, ref_logprobs, mask, self.kl_coef)
+
+    def loss(self, inp: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:
+        """This micro-batch's share of the mini-batch loss (the shares sum to the whole) and
+        its metrics (0-d tensors, means over this micro-batch's trainable tokens)."""
+        mask = inp.mask.to(inp.logprobs.dtype)
+        weights, mask, metrics = self.correction_fn(inp.prox_logprobs, inp.behav_logprobs, mask)
+        per_tok, sur_metrics = self.surrogate_fn(inp.logprobs, inp.prox_logprobs,
+                                                 inp.advantages, mask)
+        policy = self.aggregate_fn(weights * per_tok, mask, inp.n_tokens, inp.n_seqs)
+        total = policy
+        metrics.update(sur_metrics)
+        metrics["loss/policy"] = policy.detach()
+        if self.needs_ref and not self.kl_in_reward:
+            if inp.ref_logprobs is None:
+                raise ValueError("Objective.loss: kl_coef > 0 with the KL in the loss needs "
+                                 "LossInputs.ref_logprobs")
+            m = mask > 0
+            kl = self.kl_fn(inp.logprobs, torch.where(m, inp.ref_logprobs, inp.logprobs.detach()))
+            kl_loss = self.aggregate_fn(kl, mask, inp.n_tokens, inp.n_seqs)
+            total = total + self.kl_coef * kl_loss
+            metrics["loss/kl"] = kl_loss.detach()
+            metrics["kl_ref"] = masked_mean(kl.detach(), mask)
+        logp = torch.where(mask > 0, inp.logprobs.detach(), torch.zeros_like(mask))
+        metrics["entropy_proxy"] = masked_mean(-logp, mask)  # mean -log pi of sampled tokens
+        return total, {k: v.detach() for k, v in metrics.items()}
+
+
+def build_objective(algo_cfg: AlgoConfig) -> Objective:
+    """Bind every registered piece named by ``algo_cfg`` to its hyperparameters."""
+    a = algo_cfg
+    return Objective(
+        advantage_fn=ADVANTAGES.bind(a.advantage, a.advantage_args, "algo.advantage_args"),
+        surrogate_fn=SURROGATES.bind(a.surrogate, a.surrogate_args, "algo.surrogate_args"),
+        aggregate_fn=AGGREGATIONS.bind(a.aggregation, a.aggregation_args, "algo.aggregation_args"),
+        kl_fn=KL_ESTIMATORS.bind(a.kl, {}, "algo.kl"),
+        correction_fn=CORRECTIONS.bind(a.correction, a.correction_args, "algo.correction_args"),
+        kl_coef=float(a.kl_coef),
+        kl_in_reward=bool(a.kl_in_reward),
+    )
