@@ -101,7 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("report", help="plot a run's metrics to RUN_DIR/report.png")
     p.add_argument("run_dir")
     p.set_defaults(fn=cmd_report)
-    args = ap.parse_args(argv)
+    args, extra = ap.parse_known_args(argv)
+    bad = [x for x in extra if x.startswith("-") or "=" not in x]
+    if bad or (extra and not hasattr(args, "overrides")):
+        ap.error(f"unrecognized arguments: {' '.join(bad or extra)}")
+    if extra:
+        args.overrides = list(args.overrides) + extra
     from reroll.config import ConfigError
 
     bad_input: tuple[type[BaseException], ...] = (ConfigError, FileNotFoundError)

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing, then runs the whole test suite on CPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+exec .venv/bin/python -m pytest -q -p no:cacheprovider tests "$@"

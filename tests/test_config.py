@@ -1,0 +1,65 @@
+"""Config: TOML + overrides with type conversion, and clear errors for bad input."""
+
+import pytest
+
+from reroll.config import ConfigError, RunConfig, build, dump_toml, load_config, parse_value
+
+
+def write(tmp_path, text):
+    p = tmp_path / "c.toml"
+    p.write_text(text)
+    return p
+
+
+def test_overrides_convert_types(tmp_path):
+    p = write(tmp_path, '[train]\nlr = 1e-3\n[task]\nname = "arithmetic"\n')
+    cfg = load_config(p, ["train.lr=3e-4", "train.steps=7", "runtime.partial_rollouts=false",
+                          "task.args.digits=3", "model.arch=llama", "train.grad_clip=2"])
+    assert cfg.train.lr == 3e-4 and cfg.train.steps == 7
+    assert cfg.runtime.partial_rollouts is False
+    assert cfg.task.args == {"digits": 3}
+    assert cfg.model.arch == "llama" and cfg.train.grad_clip == 2.0
+
+
+def test_unknown_key_names_key_and_closest(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown config key 'train.lrr'.*'train.lr'"):
+        load_config(write(tmp_path, "[train]\nlrr = 1\n"), check=False)
+    with pytest.raises(ConfigError, match=r"unknown config key 'rollout.grup_size'"):
+        load_config(None, ["rollout.grup_size=4"], check=False)
+
+
+def test_wrong_type_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="train.steps: expected an integer"):
+        load_config(None, ["train.steps=many"], check=False)
+    with pytest.raises(ConfigError, match="train.steps: expected an integer"):
+        load_config(None, ["train.steps=2.5"], check=False)
+    with pytest.raises(ConfigError, match="runtime.partial_rollouts: expected true/false"):
+        load_config(None, ["runtime.partial_rollouts=maybe"], check=False)
+    with pytest.raises(ConfigError, match="train: expected a table"):
+        load_config(None, ["train=3"], check=False)
+
+
+def test_missing_file_and_bad_toml(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.toml")
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_config(write(tmp_path, "[train\n"))
+
+
+def test_registry_choices_checked_at_load():
+    with pytest.raises(ConfigError, match="unknown advantage 'grp'.*did you mean 'grpo'"):
+        load_config(None, ["algo.advantage=grp"])
+    with pytest.raises(ConfigError, match="no hyperparameter 'clip'"):
+        load_config(None, ["algo.surrogate_args.clip=0.3"])
+    with pytest.raises(ConfigError, match="unknown task"):
+        load_config(None, ["task.name=chess"])
+
+
+def test_parse_value_and_dump_round_trip():
+    assert parse_value("3") == 3 and parse_value("true") is True
+    assert parse_value("[1, 2]") == [1, 2] and parse_value("hello") == "hello"
+    import tomllib
+
+    cfg = load_config(None, ["train.steps=5", "task.args.digits=1"])
+    again = build(RunConfig, tomllib.loads(dump_toml(cfg)))
+    assert again == cfg
