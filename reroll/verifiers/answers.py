@@ -61,6 +61,11 @@ class MathVerifier:
     float_rounding: int = 6
     name: str = "math"
 
+    def warmup(self) -> None:
+        """Import sympy and math-verify now (about a second), not inside the first call."""
+        _mv().verify(list(_parse_gold("1/2")), _mv().parse("$0.5$", parsing_timeout=None),
+                     timeout_seconds=None)
+
     def __call__(self, rollout: Rollout, example: Example) -> Score:
         found, how = extract(rollout.completion, self.extract)
         if found is None:

@@ -1,0 +1,71 @@
+"""The scoring worker process: ``python -m reroll.verifiers.worker`` (started by the pool).
+
+Owns one loop: build the Reward from the specs it is sent, then score jobs, sending each
+component's Score as soon as it is ready (so that when a verifier hangs or kills the
+process, the pool knows which one it was). Must not import torch, and knows nothing about
+the pool's timeouts or restarts.
+
+Protocol, pickled frames (``multiprocessing.connection.Connection``) over the process's
+original stdin/stdout; fd 1 is pointed at stderr so a verifier's prints cannot corrupt it:
+    in : ("init", sys_path, specs, default)  then  (job_id, rollout, example) ...  then None
+    out: ("ready", pid) | ("fatal", message);  per job ("score", job_id, i, Score) ...
+         ("done", job_id)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from multiprocessing.connection import Connection
+
+
+def serve(conn: Connection) -> None:
+    from reroll.verifiers.combine import build_reward, score_one
+
+    _, sys_path, specs, default = conn.recv()
+    for p in reversed(sys_path):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    try:
+        reward = build_reward(specs, default)
+        for comp in reward.components:
+            warm = getattr(comp.verifier, "warmup", None)
+            if warm is not None:
+                warm()
+    except Exception as e:
+        conn.send(("fatal", f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=-3)}"))
+        return
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        job_id, rollout, example = msg
+        for i, comp in enumerate(reward.components):
+            conn.send(("score", job_id, i, score_one(comp, rollout, example)))
+        conn.send(("done", job_id))
+
+
+def main() -> None:
+    rd, wr = os.dup(0), os.dup(1)
+    os.dup2(2, 1)  # prints from verifiers go to stderr, never into the protocol stream
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    with Connection(rd, writable=False) as cin, Connection(wr, readable=False) as cout:
+        serve(_Duplex(cin, cout))  # type: ignore[arg-type]
+
+
+class _Duplex:
+    """send on one one-way Connection, recv on another."""
+
+    def __init__(self, cin: Connection, cout: Connection):
+        self.recv, self.send = cin.recv, cout.send
+
+
+if __name__ == "__main__":
+    main()
