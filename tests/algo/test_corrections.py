@@ -1,0 +1,99 @@
+"""Behaviour corrections: truncation, masking and diagnostics against hand-computed values."""
+
+import math
+
+import pytest
+import torch
+
+from reroll.algo import CORRECTIONS
+
+# rho = pi_prox / mu: row 0 = 0.5, 3.0, 1.0 ; row 1 = 2.5, (masked: 9.0), (masked: inf gap)
+RHO = [[0.5, 3.0, 1.0], [2.5, 9.0, 1.0]]
+MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+BEHAV = torch.full((2, 3), -2.0)
+PROX = BEHAV + torch.tensor(RHO).log()
+PROX[1, 2] = float("-inf")  # garbage on a padded position must not leak
+
+
+def close(a, b, tol=1e-5):
+    assert torch.allclose(a, torch.tensor(b, dtype=a.dtype), atol=tol), (a, b)
+
+
+def run(name, **kw):
+    return CORRECTIONS.bind(name, kw)(PROX, BEHAV, MASK)
+
+
+def test_tis_token_truncates_each_ratio_at_the_cap_and_reports_diagnostics():
+    w, mask, m = run("tis_token")
+    close(w, [[0.5, 2.0, 1.0], [2.0, 0.0, 0.0]])  # min(rho, 2) on trainable tokens
+    close(mask, MASK.tolist())
+    close(m["is/ratio_mean"], 7.0 / 4)  # (0.5 + 3 + 1 + 2.5) / 4
+    close(m["is/ratio_max"], 3.0)
+    close(m["is/ratio_min"], 0.5)
+    close(m["is/weight_mean"], 5.5 / 4)  # (0.5 + 2 + 1 + 2) / 4
+    close(m["is/ess"], 5.5 ** 2 / (4 * 9.25))  # (sum w)^2 / (N sum w^2), sum w^2 = 0.25+4+1+4
+    close(m["is/dropped_frac"], 0.5)  # 3.0 and 2.5 were truncated
+    # KL(mu || pi_prox): k1 = mean(-log rho) = -(-0.693147 + 1.098612 + 0 + 0.916291) / 4
+    close(m["is/kl_k1"], -1.321756 / 4)
+    # k3 = mean(rho - 1 - log rho) = (0.193147 + 0.901388 + 0 + 0.583709) / 4
+    close(m["is/kl_k3"], 1.678244 / 4)
+    assert not w.requires_grad
+
+
+def test_tis_seq_truncates_the_product_of_ratios_per_sequence():
+    w, mask, m = run("tis_seq")
+    # row 0: 0.5 * 3 * 1 = 1.5 (kept) ; row 1: 2.5 (its masked tokens are not in the product) -> 2
+    close(w, [[1.5, 1.5, 1.5], [2.0, 0.0, 0.0]])
+    close(m["is/dropped_frac"], 1 / 4)
+
+
+def test_mis_token_masks_tokens_outside_the_bounds():
+    w, mask, m = run("mis_token")  # keep 0 <= rho <= 2
+    close(mask, [[1.0, 0.0, 1.0], [0.0, 0.0, 0.0]])  # 3.0 and 2.5 masked
+    close(w, [[0.5, 0.0, 1.0], [0.0, 0.0, 0.0]])  # kept tokens keep their IS weight
+    close(m["is/dropped_frac"], 0.5)
+    w, mask, _ = run("mis_token", lower=0.6, upper=4.0)
+    close(mask, [[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]])  # now 0.5 is below the lower bound
+
+
+def test_mis_seq_masks_whole_sequences():
+    w, mask, m = run("mis_seq")  # row products 1.5 (kept) and 2.5 (> 2, masked)
+    close(mask, [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    close(w, [[1.5, 1.5, 1.5], [0.0, 0.0, 0.0]])
+    close(m["is/dropped_frac"], 1 / 4)
+
+
+def test_mis_geo_keeps_sequences_whose_geometric_mean_ratio_is_near_one():
+    # row 0: log rho 0.001, -0.0005, 0.0011 -> mean 0.000533, geo 1.000533 in [0.999, 1.001]
+    # row 1: log rho 0.003 -> geo 1.003005 > 1.001 -> masked
+    log_rho = torch.tensor([[0.001, -0.0005, 0.0011], [0.003, 0.0, 0.0]])
+    w, mask, m = CORRECTIONS.get("mis_geo")(BEHAV + log_rho, BEHAV, MASK)
+    close(mask, [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    close(w, [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])  # rejection only, no reweighting
+    close(m["is/dropped_frac"], 1 / 4)
+
+
+def test_none_keeps_everything_with_unit_weight():
+    w, mask, m = run("none")
+    close(w, MASK.tolist())
+    close(mask, MASK.tolist())
+    close(m["is/ess"], 1.0)  # equal weights: ESS = N^2 / (N * N) = 1
+
+
+@pytest.mark.parametrize("name", CORRECTIONS.names())
+def test_equal_policies_give_unit_weights_and_full_mask(name):
+    w, mask, m = CORRECTIONS.get(name)(BEHAV, BEHAV, MASK)
+    close(w, MASK.tolist())
+    close(mask, MASK.tolist())
+    close(m["is/kl_k3"], 0.0)
+    assert all(torch.isfinite(v) for v in m.values())
+
+
+def test_bad_hyperparameters_and_shapes_are_named():
+    with pytest.raises(ValueError, match="'tis_token': cap must be > 0"):
+        run("tis_token", cap=0.0)
+    with pytest.raises(ValueError, match="'mis_seq': need 0 <= lower < upper"):
+        run("mis_seq", lower=2.0, upper=1.0)
+    with pytest.raises(ValueError, match="must share one"):
+        CORRECTIONS.get("none")(PROX, BEHAV[:, :2], MASK)
+    assert math.isfinite(float(run("tis_seq")[2]["is/ratio_max"]))
