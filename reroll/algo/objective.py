@@ -91,8 +91,11 @@ class Objective:
             if inp.ref_logprobs is None:
                 raise ValueError("Objective.loss: kl_coef > 0 with the KL in the loss needs "
                                  "LossInputs.ref_logprobs")
+            # KL on the tokens the policy loss trains on (after any masking by the correction);
+            # padded positions are zeroed first so -inf there cannot turn into NaN
             m = mask > 0
-            kl = self.kl_fn(inp.logprobs, torch.where(m, inp.ref_logprobs, inp.logprobs.detach()))
+            lp = torch.where(m, inp.logprobs, torch.zeros_like(inp.logprobs))
+            kl = self.kl_fn(lp, torch.where(m, inp.ref_logprobs, torch.zeros_like(lp)))
             kl_loss = self.aggregate_fn(kl, mask, inp.n_tokens, inp.n_seqs)
             total = total + self.kl_coef * kl_loss
             metrics["loss/kl"] = kl_loss.detach()

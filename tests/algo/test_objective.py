@@ -112,3 +112,16 @@ def test_build_objective_names_bad_hyperparameters():
         build_objective(AlgoConfig(correction="tis"))
     with pytest.raises(ValueError, match="kl_coef must be >= 0"):
         build_objective(AlgoConfig(kl_coef=-1.0))
+
+
+def test_infinite_logprobs_on_padding_leave_loss_and_gradient_finite():
+    inf = float("-inf")
+    logp = torch.tensor([[-1.0, inf]], requires_grad=True)
+    prox, behav = torch.tensor([[-1.1, inf]]), torch.tensor([[-0.9, inf]])
+    ref = torch.tensor([[-1.3, inf]])
+    obj = build_objective(AlgoConfig(kl="k3", kl_coef=0.1))
+    loss, m = obj.loss(LossInputs(logp, prox, behav, torch.ones(1, 2),
+                                  torch.tensor([[1.0, 0.0]]), 1.0, 1.0, ref))
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
+    assert all(torch.isfinite(v) for v in m.values())
