@@ -28,7 +28,7 @@ from reroll.algo.groups import (
 )
 from reroll.registry import Registry
 
-ADVANTAGES = Registry("advantage estimator")
+ADVANTAGES = Registry("advantage")
 
 
 def _all(n: int) -> Tensor:
