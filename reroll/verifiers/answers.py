@@ -71,7 +71,7 @@ class MathVerifier:
         if found is None:
             return judged(self.name, 0.0, f"no answer found (extract={self.extract})", parsed=None)
         gold = _parse_gold(example.answer)
-        if not gold:  # the reference is not mathematics (a word, a name): compare as text
+        if all(isinstance(g, str) for g in gold):  # no math in the reference: compare text
             same = _norm_text(found) == _norm_text(example.answer)
             return judged(self.name, float(same), "reference is not math; compared as text "
                           + ("(equal)" if same else "(different)"), parsed=found, how=how)

@@ -99,16 +99,16 @@ class CountdownVerifier:
         if over:
             bad = ", ".join(f"{n} x{c}" for n, c in sorted(over.items()))
             return judged(self.name, 0.0, f"uses numbers not available (extra: {bad}; "
-                          f"given {numbers})", parsed=expr, how=how, value=str(value))
+                          f"given {numbers})", parsed=expr, how=how, result=str(value))
         if self.use_all and Counter(used) != Counter(numbers):
             left = sorted((Counter(numbers) - Counter(used)).elements())
             return judged(self.name, 0.0, f"numbers left unused: {left}", parsed=expr,
-                          how=how, value=str(value))
+                          how=how, result=str(value))
         if value != target:
             return judged(self.name, 0.0, f"expression equals {value}, target is {target}",
-                          parsed=expr, how=how, value=str(value))
+                          parsed=expr, how=how, result=str(value))
         return judged(self.name, 1.0, f"reaches {target} using {used}", parsed=expr, how=how,
-                      value=str(value))
+                      result=str(value))
 
 
 @VERIFIERS.register("countdown")
