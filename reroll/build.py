@@ -81,27 +81,46 @@ def build_scorer(cfg: RunConfig, task):
                        timeout_s=cfg.reward.timeout_s)
 
 
-def build_engine(model, tok, cfg: RunConfig, version: int = 0):
+def build_engine(model, tok, cfg: RunConfig, version: int = 0, model_path: Path | None = None):
     """The engine gets its own copy of the weights: the trainer updates its copy in place,
-    and the engine takes new weights only through `update_weights`, with a version."""
+    and the engine takes new weights only through `update_weights`, with a version. With
+    `runtime.kind = "ray"` the engine is a pool of Ray actors behind the same interface."""
+    n = cfg.rollout.batch_groups * cfg.rollout.group_size
+    slots = max(8, int(n * cfg.runtime.overprovision) * (1 + min(cfg.runtime.max_staleness, 1)))
+    if cfg.runtime.kind == "ray":
+        from reroll.runtime.ray import RayEnginePool
+
+        workers = max(1, cfg.runtime.engine_workers)
+        return RayEnginePool(model_path, workers=workers, dtype=cfg.model.dtype,
+                             max_batch=-(-slots // workers), version=version,
+                             state_dict={k: v.detach().clone() for k, v in
+                                         model.state_dict().items()})
     from reroll.engine import TorchEngine
 
-    n = cfg.rollout.batch_groups * cfg.rollout.group_size
-    slots = int(n * max(cfg.runtime.overprovision, 1.0)) * (1 + min(cfg.runtime.max_staleness, 1))
-    return TorchEngine(copy.deepcopy(model).eval(), tok, max_batch=max(8, slots), version=version)
+    return TorchEngine(copy.deepcopy(model).eval(), tok, max_batch=slots, version=version)
 
 
 def build_filters(cfg: RunConfig) -> list:
     from reroll.control.filters import FILTERS
 
-    return [FILTERS.get("zero_variance")] if cfg.algo.dynamic_sampling else []
+    if not cfg.algo.dynamic_sampling:
+        return []
+    zero_var = FILTERS.get("zero_variance")
+
+    def correctness_spread(g):  # DAPO filters on correctness (first component), not shaping
+        return zero_var([[r.scores[0].value for r in g.rollouts]])[0]
+
+    return [correctness_spread]
 
 
 def build_shaping(cfg: RunConfig):
     """DAPO's soft overlong punishment as a reward-shaping term, or None."""
     if cfg.algo.overlong_buffer <= 0:
         return None
+    import torch
+
     from reroll.algo.shaping import overlong_penalty
 
     L, buf, k = cfg.rollout.max_new_tokens, cfg.algo.overlong_buffer, cfg.algo.overlong_penalty
-    return lambda r: float(overlong_penalty([r.response_len], max_len=L, buffer=buf, factor=k)[0])
+    return lambda r: float(overlong_penalty(torch.tensor([float(r.response_len)]), max_len=L,
+                                            buffer=buf, factor=k)[0])

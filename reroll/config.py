@@ -261,7 +261,7 @@ def build(cls: type, data: dict[str, Any], prefix: str = "") -> Any:
     for key, value in data.items():
         if key not in hints:
             raise ConfigError(f"unknown config key {prefix + key!r}"
-                              f"{closest(key, names).replace('(did you mean ', '(did you mean ' + prefix)}")
+                              f"{closest(prefix + key, [prefix + n for n in names])}")
         kwargs[key] = _convert(value, hints[key], prefix + key)
     return cls(**kwargs)
 

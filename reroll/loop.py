@@ -18,19 +18,10 @@ from reroll.config import RunConfig
 from reroll.control.prompts import PromptStream
 from reroll.control.scheduler import Scheduler
 from reroll.runlog import RunDir
+from reroll.runtime.local import LocalRuntime
 from reroll.trainer import checkpoint
 from reroll.trainer.metrics import batch_metrics, progress_bar
 from reroll.trainer.step import Trainer
-
-
-def make_runtime(cfg: RunConfig, sched: Scheduler):
-    if cfg.runtime.kind == "ray":
-        from reroll.runtime.ray import RayRuntime
-
-        return RayRuntime(sched, cfg).start()
-    from reroll.runtime.local import LocalRuntime
-
-    return LocalRuntime(sched).start()
 
 
 def train(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
@@ -50,11 +41,13 @@ def train(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
                       minibatches=cfg.train.minibatches, micro_batch=cfg.train.micro_batch,
                       temperature=cfg.rollout.temperature, ref_model=ref)
     state, buffered = checkpoint.load_state(ckpt, trainer.opt) if ckpt else ({}, [])
+    rd.truncate(state.get("step", 0))
     trainer.version = state.get("version", 0)
     task = build.build_task(cfg)
     prompts = PromptStream(task.train, cfg.train.seed, **state.get("prompts", {}))
     scorer = build.build_scorer(cfg, task)
-    sched = Scheduler(build.build_engine(model, tok, cfg, trainer.version), scorer, prompts,
+    engine = build.build_engine(model, tok, cfg, trainer.version, init_dir)
+    sched = Scheduler(engine, scorer, prompts,
                       build.encode_prompt(tok), build.sampling_params(cfg, tok),
                       group_size=cfg.rollout.group_size, batch_groups=cfg.rollout.batch_groups,
                       max_staleness=cfg.runtime.max_staleness,
@@ -64,7 +57,7 @@ def train(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
                       shape_reward=build.build_shaping(cfg))
     if buffered or state:
         sched.restore(buffered, state["counters"])
-    runtime = make_runtime(cfg, sched)
+    runtime = LocalRuntime(sched).start()  # drives local or Ray engines alike
     step, last = state.get("step", 0), {}
     bar = progress_bar(cfg.train.steps, step, enabled=progress)
     try:
@@ -75,14 +68,17 @@ def train(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
             t1 = time.perf_counter()
             metrics = trainer.step(groups)
             t2 = time.perf_counter()
+            step += 1
+            rd.record(step, groups)
+            if step % cfg.ckpt_every == 0 or step == cfg.train.steps:
+                # before publishing: with max_staleness = 0 nothing is in flight now
+                save_checkpoint(rd.path, step, model, tok, trainer, runtime)
             runtime.publish({k: v.detach().clone() for k, v in model.state_dict().items()},
                             trainer.version)
-            step += 1
             gen1 = runtime.call(lambda s: (dict(s.time), s.engine.stats(), s.counters(),
                                            dict(s.score_errors)))
             metrics.update(batch_metrics(groups, gen0, gen1, wait_s=t1 - t0, train_s=t2 - t1,
                                          step_s=time.perf_counter() - t0))
-            rd.record(groups)
             if cfg.eval.every and step % cfg.eval.every == 0:
                 from reroll.trainer.evaluate import evaluate
 
@@ -91,12 +87,12 @@ def train(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
             rd.log(step, metrics)
             last = metrics
             bar.update(step, metrics)
-            if step % cfg.ckpt_every == 0 or step == cfg.train.steps:
-                save_checkpoint(rd.path, step, model, tok, trainer, runtime)
     finally:
         bar.close()
         runtime.stop()
         scorer.close()
+        if hasattr(engine, "shutdown"):
+            engine.shutdown()
         rd.close()
     return last
 

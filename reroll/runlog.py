@@ -59,12 +59,24 @@ class RunDir:
             raise ConfigError(f"--resume: {str(self.path)!r} holds no run to resume")
         self.path.mkdir(parents=True, exist_ok=True)
         cfg_file.write_text(dump_toml(cfg))
-        self._metrics = open(self.path / "metrics.jsonl", "a")
+        self._metrics = None
         self._tb = None
         self._rollouts = None
         self.t0 = time.time()
 
+    def truncate(self, step: int) -> None:
+        """On resume from the checkpoint at ``step``: forget rows logged after it (they belong
+        to updates the checkpoint does not contain and will be redone)."""
+        for name in ("metrics.jsonl", "rollouts.jsonl"):
+            p = self.path / name
+            if p.exists():
+                rows = [x for x in p.read_text().splitlines() if x.strip()]
+                keep = [x for x in rows if json.loads(x)["step"] <= step]
+                p.write_text("".join(x + "\n" for x in keep))
+
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        if self._metrics is None:
+            self._metrics = open(self.path / "metrics.jsonl", "a")
         row = {"step": step, "time": round(time.time() - self.t0, 3), **metrics}
         self._metrics.write(json.dumps(row) + "\n")
         self._metrics.flush()
@@ -76,20 +88,28 @@ class RunDir:
             if isinstance(v, (int, float)):
                 self._tb.add_scalar(k, v, step)
 
-    def record(self, groups) -> None:
-        """Append consumed groups to rollouts.jsonl (replayable under another estimator)."""
+    def record(self, step: int, groups) -> None:
+        """Append the groups consumed by ``step`` to rollouts.jsonl (replayable under another
+        estimator); one line per group: {"step": ..., "group": {...}}."""
         if self._rollouts is None:
             self._rollouts = open(self.path / "rollouts.jsonl", "a")
         for g in groups:
-            self._rollouts.write(g.to_json() + "\n")
+            self._rollouts.write(json.dumps({"step": step, "group": g.to_dict()}) + "\n")
         self._rollouts.flush()
 
     def close(self) -> None:
-        self._metrics.close()
+        if self._metrics is not None:
+            self._metrics.close()
         if self._tb is not None:
             self._tb.close()
         if self._rollouts is not None:
             self._rollouts.close()
+
+
+def read_rollouts(run_dir: str | Path) -> list[tuple[int, dict]]:
+    p = Path(run_dir) / "rollouts.jsonl"
+    rows = [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.exists() else []
+    return [(r["step"], r["group"]) for r in rows]
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:

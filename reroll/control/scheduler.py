@@ -22,6 +22,12 @@ from reroll.rollout import Group, Rollout, SamplingParams, new_group
 GroupFilter = Callable[[Group], "str | None"]  # returns the reason to drop, or None to keep
 
 
+def request_seed(run_seed: int, group_seq: int, index: int) -> int:
+    """Sampling seed of one request: a function of the run seed, the group's admission number
+    and the sample's index, so sampling does not depend on what else the engine is running."""
+    return ((run_seed * 1_000_003 + group_seq) * 1_009 + index) % (2**63)
+
+
 class Scheduler:
     def __init__(self, engine, scorer, prompts: PromptStream, encode: Callable[[str], list[int]],
                  sampling: SamplingParams, *, group_size: int, batch_groups: int,
@@ -59,7 +65,7 @@ class Scheduler:
             g = new_group(ex, self.group_size, self.encode(ex.prompt), self.sampling,
                           self.version())
             for r in g.rollouts:
-                r.sampling.seed = (self.seed * 1_000_003 + seq) * 1_009 + r.index_in_group
+                r.sampling.seed = request_seed(self.seed, seq, r.index_in_group)
                 r.timings["enqueue"] = time.time()
             self.order[g.group_id] = seq
             self.running[g.group_id] = g

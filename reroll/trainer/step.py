@@ -86,7 +86,8 @@ class Trainer:
         for mb in micro_slices(n, mb_size):
             idx = order[mb]
             mbatch = batch.slice(idx)
-            n_tok, n_seq = max(mbatch.n_tokens, 1.0), float(len(idx))
+            # global normalisers of this mini-batch (excluded samples, e.g. pivots, not counted)
+            n_tok, n_seq = max(mbatch.n_tokens, 1.0), max(float(include[idx].sum()), 1.0)
             self.opt.zero_grad(set_to_none=True)
             for ms in micro_slices(len(idx), self.micro_batch):
                 sub = mbatch.slice(ms)
@@ -102,8 +103,14 @@ class Trainer:
                         f"non-finite loss {float(loss)} at trainer version {self.version}; "
                         f"weights left at the last good update")
                 loss.backward()
-                for k, v in m.items():  # metrics are per micro-batch; weight by its share
-                    metrics[k] = metrics.get(k, 0.0) + float(v) * len(sel) / n
+                for k, v in m.items():  # per micro-batch: max/min combine, others average
+                    v = float(v)
+                    if k.endswith("max"):
+                        metrics[k] = max(metrics.get(k, v), v)
+                    elif k.endswith("min"):
+                        metrics[k] = min(metrics.get(k, v), v)
+                    else:
+                        metrics[k] = metrics.get(k, 0.0) + v * len(sel) / n
             gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                 self.grad_clip if self.grad_clip > 0 else 1e30)
             if not torch.isfinite(gn):

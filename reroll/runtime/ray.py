@@ -1,0 +1,183 @@
+"""The Ray runtime: engine replicas as Ray actors behind the Engine interface, so the same
+scheduler, runtime thread and loop drive them. The only module that imports ray.
+
+- `EngineActor` wraps a `TorchEngine` built from a model directory in its own process.
+- `RayEnginePool` spreads requests over the actors (least loaded first), steps them in
+  parallel, publishes weights once per version through the object store, and keeps a copy
+  of every request it handed out: when an actor dies, a fresh actor is started with the
+  current weights and that actor's in-flight requests are re-queued from their last known
+  prefix, so nothing is lost (counted in `stats()["requeued"]`).
+
+Install with `pip install reroll[ray]`. Ray is started locally (`ray.init`) when no cluster
+is connected; on this 2-core machine it adds overhead, not speed: the local runtime is the
+default and this one exists to scale out.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import ray
+from ray.exceptions import RayActorError
+
+from reroll.rollout import Rollout
+
+
+@ray.remote
+class EngineActor:
+    def __init__(self, model_dir: str, dtype: str, max_batch: int, threads: int, version: int,
+                 state_dict=None):
+        import torch
+
+        from reroll.engine import TorchEngine
+        from reroll.models import load
+
+        torch.set_num_threads(threads)
+        model, tok = load(model_dir, dtype)
+        if state_dict is not None:
+            model.load_state_dict(state_dict)
+        self.engine = TorchEngine(model.eval(), tok, max_batch=max_batch, version=version)
+
+    def add(self, rollouts: list[Rollout]) -> None:
+        self.engine.add(rollouts)
+
+    def step(self) -> list[Rollout]:
+        return self.engine.step()
+
+    def abort(self, sample_ids=None) -> list[Rollout]:
+        return self.engine.abort(sample_ids)
+
+    def update_weights(self, state_dict, version: int) -> None:
+        self.engine.update_weights(state_dict, version)
+
+    def stats(self) -> dict:
+        return self.engine.stats()
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+class RayEnginePool:
+    """Engine interface over `workers` EngineActor replicas."""
+
+    def __init__(self, model_dir: str | Path, *, workers: int = 1, dtype: str = "float32",
+                 max_batch: int = 64, threads: int = 1, version: int = 0, state_dict=None):
+        if not ray.is_initialized():
+            ray.init(num_cpus=max(2, workers + 1), include_dashboard=False,
+                     log_to_driver=False, configure_logging=False)
+        self.args = (str(model_dir), dtype, max_batch, threads)
+        self.version = version
+        self._weights = ray.put(state_dict) if state_dict is not None else None
+        self.actors = [self._spawn() for _ in range(workers)]
+        self.inflight: list[dict[str, Rollout]] = [{} for _ in self.actors]
+        self.requeued = 0
+        self.restarts = 0
+        self._stats: dict[str, float] = {}
+
+    def _spawn(self):
+        return EngineActor.remote(*self.args, self.version, self._weights)
+
+    # ---- Engine interface --------------------------------------------------------------
+    def add(self, rollouts: list[Rollout]) -> None:
+        by_group: dict[str, list[Rollout]] = {}
+        for r in rollouts:  # keep a group together so its prompt prefill is shared
+            by_group.setdefault(r.group_id, []).append(r)
+        for rs in by_group.values():
+            i = min(range(len(self.actors)), key=lambda k: len(self.inflight[k]))
+            for r in rs:
+                self.inflight[i][r.sample_id] = copy.deepcopy(r)
+            self._call(i, "add", rs)
+
+    def pending(self) -> int:
+        return sum(len(x) for x in self.inflight)
+
+    def step(self) -> list[Rollout]:
+        busy = [i for i in range(len(self.actors)) if self.inflight[i]]
+        refs = {i: self.actors[i].step.remote() for i in busy}
+        done: list[Rollout] = []
+        for i, ref in refs.items():
+            try:
+                finished = ray.get(ref)
+            except RayActorError:
+                self._replace(i)
+                continue
+            for r in finished:
+                self.inflight[i].pop(r.sample_id, None)
+            done += finished
+        return done
+
+    def abort(self, sample_ids: list[str] | None = None) -> list[Rollout]:
+        out = []
+        for i in range(len(self.actors)):
+            try:
+                part = self._call(i, "abort", sample_ids)
+            except RayActorError:
+                part = []
+            for r in part or []:
+                self.inflight[i].pop(r.sample_id, None)
+            out += part or []
+        return out
+
+    def update_weights(self, state_dict, version: int) -> None:
+        self._weights = ray.put(state_dict)  # one copy in the object store for all actors
+        self.version = version
+        for i in range(len(self.actors)):
+            self._call(i, "update_weights", self._weights, version)
+
+    def generate(self, rollouts: list[Rollout]) -> list[Rollout]:
+        self.add(rollouts)
+        got: dict[str, Rollout] = {}
+        while len(got) < len(rollouts):
+            for r in self.step():
+                got[r.sample_id] = r
+        return [got[r.sample_id] for r in rollouts]
+
+    def stats(self) -> dict[str, float]:
+        agg: dict[str, float] = {}
+        for a in self.actors:
+            try:
+                for k, v in ray.get(a.stats.remote()).items():
+                    agg[k] = agg.get(k, 0.0) + float(v)
+            except RayActorError:
+                pass
+        for k in ("tokens_generated",):  # keep counters monotonic across actor restarts
+            self._stats[k] = max(self._stats.get(k, 0.0), agg.get(k, 0.0))
+            agg[k] = self._stats[k]
+        agg["requeued"], agg["restarts"] = float(self.requeued), float(self.restarts)
+        agg["mean_occupancy"] = agg.get("mean_occupancy", 0.0) / max(1, len(self.actors))
+        return agg
+
+    # ---- fault handling -----------------------------------------------------------------
+    def _call(self, i: int, method: str, *args):
+        try:
+            return ray.get(getattr(self.actors[i], method).remote(*args))
+        except RayActorError:
+            self._replace(i)
+            if method == "add":
+                return None  # the requests were recorded and re-queued by _replace
+            return None
+
+    def _replace(self, i: int) -> None:
+        """Actor i died: start a new one with the current weights, re-queue its requests."""
+        lost = list(self.inflight[i].values())
+        self.restarts += 1
+        self.actors[i] = self._spawn()
+        self.inflight[i] = {}
+        for r in lost:
+            r.finish = "running"
+        if lost:
+            self.requeued += len(lost)
+            self.add(lost)
+
+    def kill_worker(self, i: int = 0) -> int:
+        """Kill actor i's process (for fault-injection tests); returns its pid."""
+        pid = ray.get(self.actors[i].pid.remote())
+        ray.kill(self.actors[i], no_restart=True)
+        return pid
+
+    def shutdown(self) -> None:
+        for a in self.actors:
+            ray.kill(a, no_restart=True)
