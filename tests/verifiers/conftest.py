@@ -36,8 +36,18 @@ REWARDS = textwrap.dedent('''
         import ctypes
         ctypes.string_at(0)
 
-    def slow_then_ok(prompts, completions, **kw):
-        time.sleep(float(completions[0]))
+    def hostile(prompts, completions, **kw):
+        # behaves according to the completion: ok, raise, hang, die, segv
+        c = completions[0]
+        if c == "raise":
+            raise RuntimeError("asked to raise")
+        if c == "hang":
+            time.sleep(600)
+        if c == "die":
+            os._exit(7)
+        if c == "segv":
+            import ctypes
+            ctypes.string_at(0)
         return [1.0]
 
     def has_torch(prompts, completions, **kw):

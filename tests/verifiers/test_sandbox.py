@@ -58,7 +58,7 @@ def test_writing_outside_the_work_dir_does_not_reach_the_host(tmp_path):
     name = f"reroll-escape-{uuid.uuid4().hex}"
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     targets = [f"/tmp/{name}", str(tmp_path / name), os.path.join(repo, name)]
-    src = "import sys\nfor p in sys.argv[1:] or %r:\n" % (targets,) + (
+    src = f"import sys\nfor p in sys.argv[1:] or {targets!r}:\n" + (
         "    try:\n        open(p, 'w').write('x'); print('wrote', p)\n"
         "    except OSError as e:\n        print('denied', p, type(e).__name__)\n"
         "open('inside.txt', 'w').write('ok'); print(open('inside.txt').read())\n")
