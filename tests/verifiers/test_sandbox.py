@@ -130,3 +130,14 @@ def test_each_run_starts_in_an_empty_directory():
 
 def test_no_sandbox_processes_remain_after_the_suite():
     assert leftover_sandbox_processes() == []
+
+
+def test_fallback_without_namespaces_blocks_sockets_with_audit_hook(monkeypatch):
+    from reroll.verifiers import sandbox
+
+    iso = dict(isolation(), namespaces=False, unshare=None, network="audit-hook")
+    monkeypatch.setattr(sandbox, "isolation", lambda: iso)
+    r = run_python("import socket\nsocket.socket()\nprint('made a socket')", limits=FAST)
+    assert not r.ok and "made a socket" not in r.stdout
+    assert r.reason == ("exit code 1: PermissionError: network is disabled in the reroll "
+                        "sandbox")
