@@ -1,0 +1,99 @@
+"""One in-flight generation request: validation, its token buffer, stop checks, flushing
+into the `Rollout` record.
+
+Owns the per-request bookkeeping that the engine does in Python (cheap per token: two list
+appends and a set lookup). Knows nothing of tensors, caches or the model.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from reroll.rollout import FINISHED, Rollout
+
+
+@dataclass(slots=True)
+class Request:
+    rollout: Rollout
+    budget: int  # tokens this request may still sample (max_new_tokens / context bound)
+    stop_ids: frozenset[int]
+    stop_strings: tuple[str, ...]
+    seed: int  # int64 value fed to the counter-based sampler
+    toks: list[int] = field(default_factory=list)  # sampled, not yet all in the record
+    lps: list[float] = field(default_factory=list)
+    flushed: int = 0  # toks[:flushed] are already in the record
+    window: int = 0  # tokens of response tail decoded for stop-string checks
+    resp_prev: list[int] = field(default_factory=list)  # response tokens before this add
+
+    @property
+    def greedy(self) -> bool:
+        return self.rollout.sampling.temperature == 0.0
+
+    @property
+    def filtered(self) -> bool:
+        s = self.rollout.sampling
+        return not self.greedy and (s.top_k > 0 or s.top_p < 1.0)
+
+    def flush(self, version: int) -> None:
+        """Move sampled tokens into the record (same result as one `Rollout.append` each)."""
+        new_t, new_l = self.toks[self.flushed:], self.lps[self.flushed:]
+        if not new_t:
+            return
+        r = self.rollout
+        r.append(new_t[0], new_l[0], version)
+        k = len(new_t) - 1
+        if k:
+            r.tokens.extend(new_t[1:])
+            r.loss_mask.extend([True] * k)
+            r.logprobs.extend(new_l[1:])
+            r.versions.extend([version] * k)
+            r.spans[-1].end += k
+        self.flushed = len(self.toks)
+
+    def hit_stop_string(self, decode) -> bool:
+        tail = (self.resp_prev[-self.window:] + self.toks[-self.window:])[-self.window:]
+        text = decode(tail)
+        return any(s in text for s in self.stop_strings)
+
+    def finish(self, reason: str, version: int, decode) -> Rollout:
+        self.flush(version)
+        r = self.rollout
+        r.finish = reason
+        r.completion = decode(r.response_tokens)
+        r.timings["engine_finish"] = time.time()
+        return r
+
+
+def make_request(r: Rollout, *, vocab: int, max_seq_len: int, seed: int) -> Request:
+    """Validate a rollout for generation and wrap it; errors name the sample and the field."""
+    if not isinstance(r, Rollout):
+        raise TypeError(f"engine.add expects Rollout records, got {type(r).__name__}")
+    where = f"rollout {r.sample_id} (prompt {r.prompt_id})"
+    if r.finish in FINISHED:
+        raise ValueError(f"{where} is already finished ({r.finish!r}); only running or "
+                         "aborted rollouts can be generated")
+    r.check()
+    if not r.tokens:
+        raise ValueError(f"{where} has no tokens: it needs at least one prompt token")
+    bad = [t for t in r.tokens if not 0 <= t < vocab]
+    if bad:
+        raise ValueError(f"{where}: token ids {bad[:5]} outside the model vocabulary [0, {vocab})")
+    s = r.sampling
+    if s.temperature < 0:
+        raise ValueError(f"{where}: sampling.temperature must be >= 0, got {s.temperature}")
+    if not 0.0 < s.top_p <= 1.0:
+        raise ValueError(f"{where}: sampling.top_p must be in (0, 1], got {s.top_p}")
+    if s.top_k < 0:
+        raise ValueError(f"{where}: sampling.top_k must be >= 0, got {s.top_k}")
+    if s.max_new_tokens < 0:
+        raise ValueError(f"{where}: sampling.max_new_tokens must be >= 0, got {s.max_new_tokens}")
+    room = max_seq_len - len(r.tokens)
+    if room <= 0:
+        raise ValueError(f"{where}: {len(r.tokens)} tokens leave no room in the engine's "
+                         f"max_seq_len={max_seq_len}")
+    stops = tuple(x for x in s.stop_strings if x)
+    window = 2 * max((len(x) for x in stops), default=0) + 8
+    return Request(rollout=r, budget=min(s.max_new_tokens - r.response_len, room),
+                   stop_ids=frozenset(s.stop_token_ids), stop_strings=stops, seed=seed,
+                   window=window, resp_prev=list(r.response_tokens) if stops else [])
