@@ -19,21 +19,15 @@ class Request:
     budget: int  # tokens this request may still sample (max_new_tokens / context bound)
     stop_ids: frozenset[int]
     stop_strings: tuple[str, ...]
-    seed: int  # int64 value fed to the counter-based sampler
+    seed: int  # the request's int64 key for the counter-based sampler (sampling.seed_key)
+    greedy: bool
+    filtered: bool  # top-k or top-p in use (never for greedy requests)
     toks: list[int] = field(default_factory=list)  # sampled, not yet all in the record
     lps: list[float] = field(default_factory=list)
     flushed: int = 0  # toks[:flushed] are already in the record
     window: int = 0  # tokens of response tail decoded for stop-string checks
     resp_prev: list[int] = field(default_factory=list)  # response tokens before this add
-
-    @property
-    def greedy(self) -> bool:
-        return self.rollout.sampling.temperature == 0.0
-
-    @property
-    def filtered(self) -> bool:
-        s = self.rollout.sampling
-        return not self.greedy and (s.top_k > 0 or s.top_p < 1.0)
+    resume: bool = False  # added back after an abort with a kept prefix
 
     def flush(self, version: int) -> None:
         """Move sampled tokens into the record (same result as one `Rollout.append` each)."""
@@ -94,6 +88,8 @@ def make_request(r: Rollout, *, vocab: int, max_seq_len: int, seed: int) -> Requ
                          f"max_seq_len={max_seq_len}")
     stops = tuple(x for x in s.stop_strings if x)
     window = 2 * max((len(x) for x in stops), default=0) + 8
+    greedy = s.temperature == 0.0
     return Request(rollout=r, budget=min(s.max_new_tokens - r.response_len, room),
                    stop_ids=frozenset(s.stop_token_ids), stop_strings=stops, seed=seed,
+                   greedy=greedy, filtered=not greedy and (s.top_k > 0 or s.top_p < 1.0),
                    window=window, resp_prev=list(r.response_tokens) if stops else [])

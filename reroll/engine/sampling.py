@@ -57,17 +57,21 @@ def splitmix64(x: Tensor) -> Tensor:
     return z ^ _shr(z, 31)
 
 
-def uniforms(seeds: Tensor, positions: Tensor) -> Tensor:
-    """One float32 in [0, 1) per row from (seed, position): [B] int64, [B] int64 -> [B].
+def uniforms(keys: Tensor, positions: Tensor) -> Tensor:
+    """One float32 in [0, 1) per row from (request key, token position): [B], [B] -> [B].
 
-    24 random bits, so every value is exact in float32 and strictly below 1."""
-    h = splitmix64(splitmix64(seeds) ^ positions)
+    ``keys`` come from `seed_key`. 24 random bits, so every value is exact in float32 and
+    strictly below 1."""
+    h = splitmix64(keys ^ positions)
     return _shr(h, 40).to(torch.float32) * (1.0 / (1 << 24))
 
 
-def seed_to_int64(seed: int) -> int:
-    """Any Python int seed as an int64 value (same bits for seeds that fit in 64 bits)."""
-    return _signed(seed)
+def seed_key(seed: int) -> int:
+    """A request's int64 key: splitmix64 of its seed (hashed once, when the request is added)."""
+    z = (seed + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return _signed(z ^ (z >> 31))
 
 
 def sample(

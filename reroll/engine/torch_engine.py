@@ -35,13 +35,14 @@ from torch import Tensor
 
 from reroll.engine.kv_cache import SlotCache, decode_mask, prefill_mask
 from reroll.engine.requests import Request, make_request
-from reroll.engine.sampling import sample, seed_to_int64, uniforms
+from reroll.engine.sampling import sample, seed_key, uniforms
 from reroll.rollout import Rollout
 
 
 class TorchEngine:
     def __init__(self, model, tokenizer, *, max_batch: int = 64, max_seq_len: int | None = None,
-                 version: int = 0, max_prefill_tokens: int = 1024):
+                 version: int = 0, max_prefill_tokens: int = 1024,
+                 admit_batch: int | None = None):
         cfg = model.config
         if max_batch < 1:
             raise ValueError(f"TorchEngine: max_batch must be >= 1, got {max_batch}")
@@ -57,6 +58,9 @@ class TorchEngine:
         self.additive = cfg._attn_implementation == "eager"
         self.max_batch, self.version = max_batch, version
         self.max_prefill_tokens = max_prefill_tokens
+        # a prefill forward costs about one decode step of overhead, so admissions wait until
+        # this many slots are free (or every waiting request fits)
+        self.admit_batch = max(1, max_batch // 8) if admit_batch is None else max(1, admit_batch)
         self.vocab = model.get_input_embeddings().num_embeddings
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
@@ -66,7 +70,7 @@ class TorchEngine:
         z = dict(device=self.device)
         self.pos = torch.zeros(max_batch, dtype=torch.long, **z)  # tokens in the slot's cache
         self.next_tok = torch.zeros(max_batch, dtype=torch.long, **z)  # sampled, not cached
-        self.seed = torch.zeros(max_batch, dtype=torch.long, **z)
+        self.seed = torch.zeros(max_batch, dtype=torch.long, **z)  # seed_key of each request
         self.temp = torch.ones(max_batch, **z)
         self.top_k = torch.zeros(max_batch, dtype=torch.long, **z)
         self.top_p = torch.ones(max_batch, **z)
@@ -85,9 +89,9 @@ class TorchEngine:
         new = []
         for r in rollouts:
             seed = r.sampling.seed if isinstance(r, Rollout) else None
-            seed = int(torch.randint(0, 2**62, ())) if seed is None else seed
+            seed = int(torch.randint(0, 2**62, ())) if seed is None else int(seed)
             q = make_request(r, vocab=self.vocab, max_seq_len=self.max_seq_len,
-                             seed=seed_to_int64(seed))
+                             seed=seed_key(seed))
             if r.sample_id in live:
                 raise ValueError(f"rollout {r.sample_id} is already in the engine")
             live.add(r.sample_id)
@@ -95,9 +99,7 @@ class TorchEngine:
         now = time.time()
         for q in new:
             r = q.rollout
-            if r.finish == "abort":
-                r.resume_count += 1
-                self.counts["requests_resumed"] += 1
+            q.resume = r.finish == "abort" and r.response_len > 0  # counted when re-prefilled
             r.finish = "running"
             if r.start_version < 0:
                 r.start_version = self.version
@@ -106,7 +108,9 @@ class TorchEngine:
         self.counts["requests_added"] += len(new)
 
     def pending(self) -> int:
-        return len(self.waiting) + len(self.rows)
+        """Waiting + running requests, plus finished ones that `generate` collected for
+        another caller and the next `step` hands out."""
+        return len(self.waiting) + len(self.rows) + len(self.unclaimed)
 
     def step(self) -> list[Rollout]:
         done, self.unclaimed = self.unclaimed, []
@@ -167,6 +171,8 @@ class TorchEngine:
         """Prefill as many waiting requests as there are free slots (packed, deduplicated)."""
         done, chosen, uniq, lens = [], [], {}, []
         budget = self.max_prefill_tokens
+        if self.max_batch - len(self.rows) < min(self.admit_batch, len(self.waiting)):
+            return done
         while self.waiting and len(self.rows) + len(chosen) < self.max_batch:
             q = self.waiting[0]
             if q.budget <= 0:  # nothing left to sample (max_new_tokens already reached)
@@ -245,6 +251,9 @@ class TorchEngine:
         self.top_k[i] = 0 if greedy else s.top_k
         self.top_p[i] = 1.0 if greedy else s.top_p
         q.rollout.timings["engine_prefill"] = time.time()
+        if q.resume:  # prompt + kept prefix re-prefilled under the current weights
+            q.rollout.resume_count += 1
+            self.counts["requests_resumed"] += 1
         self.rows.append(q)
 
     def _sample(self, logits: Tensor, sl: slice) -> list[Rollout]:

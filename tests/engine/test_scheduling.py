@@ -122,3 +122,33 @@ def test_bad_requests_raise_errors_that_name_the_rollout_and_the_field(lm):
     with pytest.raises(ValueError, match="already in the engine"):
         eng.add([ok])
     assert eng.pending() == 1  # a rejected batch adds nothing
+
+
+def test_stats_count_steps_rows_and_tokens(lm):
+    model, tok = lm
+    eng = TorchEngine(model, tok, max_batch=2)
+    a = make(tok, "abc", temperature=0.0, max_new_tokens=3)
+    b = make(tok, "7*8=", temperature=0.0, max_new_tokens=5)
+    eng.generate([a, b])
+    s = eng.stats()
+    # step 1: prefill gives each its 1st token, decode its 2nd (2 rows); step 2: a's 3rd and
+    # b's 3rd (2 rows), a done; steps 3-4: b alone (1 row each) -> 4 steps, 6 rows, 8 tokens
+    assert (s["decode_steps"], s["decode_rows"], s["tokens_generated"]) == (4, 6, 8)
+    assert s["mean_batch"] == 1.5 and s["mean_occupancy"] == 0.75
+    assert s["prefill_tokens"] == 3 + 4 and s["prefill_forwards"] == 1
+
+
+def test_aborting_a_request_that_never_ran_is_not_a_resume(lm):
+    model, tok = lm
+    eng = TorchEngine(model, tok, max_batch=1)
+    running = make(tok, "abc", temperature=0.0, max_new_tokens=4)
+    queued = make(tok, "z", temperature=0.0, max_new_tokens=4)
+    eng.add([running, queued])
+    eng.step()  # one slot: only `running` is prefilled
+    out = eng.abort()
+    assert {r.sample_id for r in out} == {running.sample_id, queued.sample_id}
+    assert eng.pending() == 0 and all(r.finish == "abort" for r in out)
+    assert queued.response_len == 0 and running.response_len == 2
+    eng.generate(out)
+    assert running.resume_count == 1 and queued.resume_count == 0
+    assert running.response_len == queued.response_len == 4
