@@ -13,7 +13,7 @@ from pathlib import Path
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", help="TOML config file")
+    p.add_argument("config", help="TOML config file ('-' for the defaults)")
     p.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. train.lr=3e-4")
 
 

@@ -130,6 +130,8 @@ class TrainConfig:
     """AdamW learning rate."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up over this many steps (Adam's first steps are large)."""
     grad_clip: float = 1.0
     """Global gradient-norm clip (0 disables)."""
     minibatches: int = 1
@@ -322,7 +324,7 @@ def read_toml(path: str | Path) -> dict[str, Any]:
 
 
 def load_config(path: str | Path | None, overrides: list[str] = (), check: bool = True) -> RunConfig:
-    data = read_toml(path) if path else {}
+    data = read_toml(path) if path and str(path) != "-" else {}  # "-": defaults only
     for item in overrides:
         apply_override(data, item)
     if data.get("preset"):

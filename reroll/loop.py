@@ -37,10 +37,11 @@ def train(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
     objective = build_objective(cfg.algo)
     ref = build.load_model(init_dir, cfg)[0].eval() if objective.needs_ref else None
     trainer = Trainer(model, objective, pad_id=tok.pad_token_id, lr=cfg.train.lr,
-                      weight_decay=cfg.train.weight_decay, grad_clip=cfg.train.grad_clip,
+                      weight_decay=cfg.train.weight_decay,
+                      warmup_steps=cfg.train.warmup_steps, grad_clip=cfg.train.grad_clip,
                       minibatches=cfg.train.minibatches, micro_batch=cfg.train.micro_batch,
                       temperature=cfg.rollout.temperature, ref_model=ref)
-    state, buffered = checkpoint.load_state(ckpt, trainer.opt) if ckpt else ({}, [])
+    state, buffered = checkpoint.load_state(ckpt, trainer.opt, trainer.sched) if ckpt else ({}, [])
     rd.truncate(state.get("step", 0))
     trainer.version = state.get("version", 0)
     task = build.build_task(cfg)
@@ -106,4 +107,5 @@ def save_checkpoint(run_dir: Path, step: int, model, tok, trainer: Trainer, runt
                               "version": trainer.version}
 
     groups, state = runtime.call(capture)
-    return checkpoint.save(run_dir, step, model, tok, trainer.opt, state, groups)
+    return checkpoint.save(run_dir, step, model, tok, trainer.opt, state, groups,
+                           lr_scheduler=trainer.sched)

@@ -89,9 +89,15 @@ class Scheduler:
         return self._collect_scores() or busy
 
     def _submit_score(self, r: Rollout) -> None:
-        g = self.running[r.group_id]
+        g = self._adopt(r)
         r.timings["score_submit"] = time.time()
         self.pending_scores[r.sample_id] = (r, self.scorer.submit(r, g.example))
+
+    def _adopt(self, r: Rollout) -> Group:
+        """Engines in other processes (Ray) return copies: the returned record is the truth."""
+        g = self.running[r.group_id]
+        g.rollouts = [r if x.sample_id == r.sample_id else x for x in g.rollouts]
+        return g
 
     def _collect_scores(self) -> bool:
         done = [k for k, (_, f) in self.pending_scores.items() if f.done()]
@@ -160,6 +166,7 @@ class Scheduler:
         aborted = self.engine.abort()
         for r in aborted:
             r.finish = "running"
+            self._adopt(r)
         snap = [Group.from_dict(g.to_dict()) for g in self.ready + list(self.running.values())]
         if aborted:
             self.engine.add(aborted)

@@ -34,7 +34,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save(run_dir: Path, step: int, model, tokenizer, optimizer, state: dict[str, Any],
-         groups: list[Group] = (), keep: int = 2) -> Path:
+         groups: list[Group] = (), keep: int = 2, lr_scheduler=None) -> Path:
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
@@ -43,7 +43,9 @@ def save(run_dir: Path, step: int, model, tokenizer, optimizer, state: dict[str,
     tmp.mkdir()
     model.save_pretrained(tmp / "model")
     tokenizer.save_pretrained(tmp / "model")
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save({"optimizer": optimizer.state_dict(),
+                "lr_scheduler": lr_scheduler.state_dict() if lr_scheduler else None},
+               tmp / "optimizer.pt")
     torch.save(rng_state(), tmp / "rng.pt")
     (tmp / "state.json").write_text(json.dumps({**state, "step": step}, indent=1))
     with open(tmp / "buffers.jsonl", "w") as f:
@@ -66,10 +68,16 @@ def latest(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def load_state(ckpt: Path, optimizer) -> tuple[dict[str, Any], list[Group]]:
-    """Restore optimiser and RNG; return (state.json, buffered groups)."""
+def load_state(ckpt: Path, optimizer, lr_scheduler=None) -> tuple[dict[str, Any], list[Group]]:
+    """Restore optimiser, LR schedule and RNG; return (state.json, buffered groups)."""
     state = json.loads((ckpt / "state.json").read_text())
-    optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=False))
+    opt = torch.load(ckpt / "optimizer.pt", weights_only=False)
+    try:
+        optimizer.load_state_dict(opt["optimizer"])
+    except ValueError as e:
+        raise ValueError(f"checkpoint {ckpt} does not match the model/optimiser: {e}") from None
+    if lr_scheduler is not None and opt.get("lr_scheduler"):
+        lr_scheduler.load_state_dict(opt["lr_scheduler"])
     set_rng_state(torch.load(ckpt / "rng.pt", weights_only=False))
     groups = []
     buf = ckpt / "buffers.jsonl"

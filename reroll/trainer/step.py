@@ -48,7 +48,7 @@ def version_lag_metrics(batch: Batch, version: int) -> dict[str, float]:
 
 class Trainer:
     def __init__(self, model: torch.nn.Module, objective, *, pad_id: int, lr: float,
-                 weight_decay: float = 0.0, grad_clip: float = 1.0, minibatches: int = 1,
+                 weight_decay: float = 0.0, warmup_steps: int = 0, grad_clip: float = 1.0, minibatches: int = 1,
                  micro_batch: int = 64, temperature: float = 1.0,
                  ref_model: torch.nn.Module | None = None, version: int = 0):
         self.model, self.objective, self.ref_model = model, objective, ref_model
@@ -56,6 +56,9 @@ class Trainer:
         self.micro_batch, self.temperature, self.version = micro_batch, temperature, version
         self.opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay,
                                      betas=(0.9, 0.999))
+        # counts updates, so it resumes with the optimiser state (LambdaLR's own counter does not)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda k: min(1.0, (k + 1) / warmup_steps) if warmup_steps > 0 else 1.0)
         if objective.needs_ref and ref_model is None:
             raise ValueError("the objective needs a reference model (kl_coef > 0)")
 
@@ -117,7 +120,9 @@ class Trainer:
                 self.opt.zero_grad(set_to_none=True)
                 raise FloatingPointError(f"non-finite gradient norm at version {self.version}")
             self.opt.step()
+            self.sched.step()
             metrics["grad_norm"] = float(gn)
+        metrics["lr"] = self.sched.get_last_lr()[0]
         self.version += 1
         metrics.update(version_lag_metrics(batch, self.version - 1))
         metrics["adv/mean"] = float(adv.mean())
