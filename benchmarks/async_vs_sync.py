@@ -1,0 +1,320 @@
+"""Asynchronous RL (bounded staleness, partial rollouts, over-provisioning) against
+synchronous RL (``runtime.max_staleness = 0``), same model, task, seed and number of steps.
+
+Workload: the ``longtail`` task (repeat a letter ``count`` times; counts follow a capped
+Pareto law, so most responses are 3-5 tokens and about 6% run to the 31-token cap), a
+0.4M-parameter Qwen2 warm-started once by SFT; every variant starts from that checkpoint.
+Training goes through ``reroll.loop.train``, unchanged. Held-out greedy accuracy is measured
+after each run on the checkpoints it saved every ``--eval-every`` steps, so evaluation never
+runs inside the timed loop (where the generation thread would keep working during it).
+
+Reported per variant: trajectories/s and trained tokens/s over the summed loop step time,
+the ratio to the synchronous run, mean engine occupancy and rows per decode step, the
+trainer's wait vs train share, the generation thread's busy share, the share of trained
+tokens one or more versions old, the stale drops, and accuracy against wall time (a plot).
+A model of separate generation and training devices is printed beside the measurements,
+computed from the synchronous run's own per-step generation and training seconds.
+
+    .venv/bin/python benchmarks/async_vs_sync.py [--quick] [--steps N] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from reroll import build
+from reroll.config import load_config
+from reroll.loop import train
+from reroll.runlog import read_metrics
+from reroll.trainer.evaluate import evaluate
+from reroll.trainer.sft import save_model, sft
+
+BASE = ["task.name=longtail", "task.seed=0", "task.args.n_train=4000", "task.args.n_test=200",
+        "task.args.max_count=31", "model.max_position=64", "rollout.max_new_tokens=32",
+        "rollout.group_size=8", "rollout.batch_groups=4", "rollout.temperature=1.0",
+        "train.lr=1e-4", "train.seed=0", "reward.workers=0", "runtime.threads=2",
+        "eval.k=1", "eval.n_examples=200", "log_every=1"]
+SFT_STEPS = 80  # about 80% greedy accuracy: short counts right, long ones not yet
+
+# name -> config overrides on top of BASE (sync: max_staleness 0, the loop's default)
+VARIANTS = {
+    "sync": [],
+    "async s=1": ["runtime.max_staleness=1"],
+    "async s=2": ["runtime.max_staleness=2"],
+    "async s=4": ["runtime.max_staleness=4"],
+    "async s=2 no-partial": ["runtime.max_staleness=2", "runtime.partial_rollouts=false"],
+    "async s=2 op=2": ["runtime.max_staleness=2", "runtime.overprovision=2.0"],
+    "async s=2 1-thread": ["runtime.max_staleness=2", "runtime.threads=1"],
+    "sync (repeat)": [],  # the same as "sync", run last: how far the machine drifted
+}
+FULL_ONLY = {"async s=4 op=2": ["runtime.max_staleness=4", "runtime.overprovision=2.0"],
+             "sync op=2": ["runtime.overprovision=2.0"],
+             "sync 1-thread": ["runtime.threads=1"]}
+
+
+def engine_slots(cfg) -> int:
+    """KV slots of the engine, as `reroll.build.build_engine` sizes them (for rows/step)."""
+    n = cfg.rollout.batch_groups * cfg.rollout.group_size
+    return max(8, int(n * cfg.runtime.overprovision) * (1 + min(cfg.runtime.max_staleness, 1)))
+
+
+def warm_start(out: Path, base: list[str]) -> Path:
+    """SFT the tiny model once; returns the directory every variant starts from."""
+    target = out / "sft"
+    if (target / "model" / "config.json").is_file():
+        return target
+    cfg = load_config(None, base)
+    build.set_threads(cfg)
+    model, tok = build.load_model(build.model_dir(cfg, out / "base"), cfg)
+    sft(model, tok, build.build_task(cfg).train, build.encode_prompt(tok), steps=SFT_STEPS,
+        lr=3e-3, batch_size=128, seed=0)
+    save_model(model, tok, target / "model")
+    return target
+
+
+class CheckpointCopier:
+    """Copies each checkpoint's weights as it appears (the run keeps only the last two), so
+    that held-out accuracy can be measured after the run, outside the timed loop. Costs a
+    directory listing every 50 ms and a 2 MB copy per checkpoint."""
+
+    def __init__(self, run: Path, dest: Path):
+        self.run, self.dest, self.stop = run, dest, threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while True:
+            done = self.stop.is_set()
+            for ck in sorted((self.run / "checkpoints").glob("step_*")):
+                target = self.dest / ck.name
+                if not target.exists() and (ck / "model").is_dir():
+                    shutil.copytree(ck / "model", self.dest / f".{ck.name}")
+                    (self.dest / f".{ck.name}").rename(target)
+            if done:
+                return
+            time.sleep(0.05)
+
+    def __enter__(self) -> CheckpointCopier:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def run_variant(out: Path, name: str, overrides: list[str], init: Path, steps: int,
+                every: int, base: list[str]) -> Path:
+    run = out / "runs" / name.replace(" ", "_").replace("=", "").replace("(", "").replace(")", "")
+    for d in (run, run.with_name(run.name + ".weights")):
+        shutil.rmtree(d, ignore_errors=True)
+    cfg = load_config(None, base + [f"out_dir={run}", f"init={init}", f"train.steps={steps}",
+                                    f"ckpt_every={every}", "eval.every=0", *overrides])
+    with CheckpointCopier(run, run.with_name(run.name + ".weights")):
+        train(cfg, progress=False)
+    return run, engine_slots(cfg)
+
+
+def held_out_curve(run: Path, acc0: float, base: list[str]) -> list[tuple[float, float]]:
+    """(wall seconds of loop steps so far, greedy accuracy) at step 0 and every checkpoint."""
+    rows = read_metrics(run)
+    cfg = load_config(None, base)
+    task = build.build_task(cfg)
+    scorer = build.build_scorer(cfg, task)
+    wall, points = 0.0, [(0.0, acc0)]
+    try:
+        for r in rows:
+            wall += r["time/step_s"]
+            ck = run.with_name(run.name + ".weights") / f"step_{r['step']:06d}"
+            if ck.is_dir():
+                model, tok = build.load_model(ck, cfg)
+                m = evaluate(model, tok, task.test, scorer, build.encode_prompt(tok), cfg, k=1)
+                points.append((wall, m["eval/greedy_accuracy"]))
+    finally:
+        scorer.close()
+    return points
+
+
+def initial_accuracy(init: Path, base: list[str]) -> float:
+    cfg = load_config(None, base)
+    task = build.build_task(cfg)
+    scorer = build.build_scorer(cfg, task)
+    try:
+        model, tok = build.load_model(init / "model", cfg)
+        return evaluate(model, tok, task.test, scorer, build.encode_prompt(tok), cfg,
+                        k=1)["eval/greedy_accuracy"]
+    finally:
+        scorer.close()
+
+
+def summarise(rows: list[dict], group_size: int, batch_groups: int, slots: int) -> dict:
+    """Throughput and where the time went, over all steps of one run."""
+    wall = sum(r["time/step_s"] for r in rows)
+    n_traj = group_size * batch_groups * len(rows)
+    tokens = sum(r["length/mean"] * group_size * batch_groups for r in rows)
+    lag0 = [r.get("staleness/token_share_lag0", 1.0) for r in rows]
+    last = rows[-1]
+    return {
+        "steps": len(rows), "wall_s": wall,
+        "traj_per_s": n_traj / wall, "tok_per_s": tokens / wall,
+        "wait_share": sum(r["time/wait_for_rollouts_s"] for r in rows) / wall,
+        "train_share": sum(r["time/train_s"] for r in rows) / wall,
+        "gen_busy_share": sum(r["time/generate_s"] for r in rows) / wall,
+        "occupancy": last["engine/occupancy"],
+        "rows_per_decode": last["engine/occupancy"] * slots,
+        "step_s_median": sorted(r["time/step_s"] for r in rows)[len(rows) // 2],
+        "stale_token_share": 1.0 - sum(lag0) / len(lag0),
+        "mean_lag": sum(r.get("staleness/mean_lag", 0.0) for r in rows) / len(rows),
+        "resumed_share": sum(r["pipeline/resumed_share"] for r in rows) / len(rows),
+        "dropped_stale": last.get("pipeline/dropped_stale", 0),
+        "reward_last5": sum(r["reward/mean"] for r in rows[-5:]) / len(rows[-5:]),
+        "len_mean": sum(r["length/mean"] for r in rows) / len(rows),
+        "len_max": max(r["length/max"] for r in rows),
+    }
+
+
+def separate_devices_model(rows: list[dict]) -> dict:
+    """MODEL, not a measurement: the synchronous run's own per-step seconds put on two
+    devices. In the sync run the trainer waits for the whole batch (engine busy + scoring and
+    hand-off), then trains, then publishes (the rest). Sync step = wait + train + rest; with
+    generation on its own device and one step of overlap, step = max(wait, train) + rest."""
+    wait = [r["time/wait_for_rollouts_s"] for r in rows]
+    trn = [r["time/train_s"] for r in rows]
+    gen = [min(r["time/generate_s"], w) for r, w in zip(rows, wait, strict=True)]
+    rest = [r["time/step_s"] - w - t for r, w, t in zip(rows, wait, trn, strict=True)]
+    sync = sum(w + t + x for w, t, x in zip(wait, trn, rest, strict=True))
+    overlap = sum(max(w, t) + x for w, t, x in zip(wait, trn, rest, strict=True))
+    n = len(rows)
+    return {"wait_s_per_step": sum(wait) / n, "engine_s_per_step": sum(gen) / n,
+            "train_s_per_step": sum(trn) / n, "rest_s_per_step": sum(rest) / n,
+            "speedup": sync / overlap}
+
+
+def time_to(points: list[tuple[float, float]], target: float) -> float | None:
+    return next((t for t, a in points if a >= target - 1e-9), None)
+
+
+def plot(curves: dict[str, list[tuple[float, float]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for name, pts in curves.items():
+        ax.plot([t for t, _ in pts], [a for _, a in pts], marker="o", ms=3, label=name)
+    ax.set_xlabel("wall-clock seconds of training steps (2-core CPU)")
+    ax.set_ylabel("held-out greedy accuracy (longtail)")
+    ax.set_title("reroll: async vs sync RL, same steps, same start")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def table(results: dict, curves: dict, target: float) -> str:
+    base = results["sync"]
+    head = ("| variant | traj/s | tok/s | ratio | median step | occupancy (rows/decode) "
+            "| trainer wait | train | engine busy | stale tokens | resumed | dropped stale "
+            f"| final acc | mean acc, 2nd half | t to acc>={target:.3f} |")
+    lines = [head, "|" + "---|" * 15]
+    for name, m in results.items():
+        t = time_to(curves[name], target)
+        half = [a for _, a in curves[name][1:]][len(curves[name][1:]) // 2:]
+        lines.append(
+            f"| {name} | {m['traj_per_s']:.0f} | {m['tok_per_s']:.0f} | "
+            f"{m['traj_per_s'] / base['traj_per_s']:.2f}x | {m['step_s_median']:.3f} s | "
+            f"{m['occupancy']:.2f} ({m['rows_per_decode']:.1f}) | "
+            f"{m['wait_share']:.0%} | {m['train_share']:.0%} | {m['gen_busy_share']:.0%} | "
+            f"{m['stale_token_share']:.0%} | {m['resumed_share']:.0%} | {m['dropped_stale']} | "
+            f"{curves[name][-1][1]:.3f} | {sum(half) / max(1, len(half)):.3f} | "
+            f"{'not reached' if t is None else f'{t:.1f} s'} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="30 steps, eight runs (~5 min)")
+    ap.add_argument("--steps", type=int, default=None, help="RL steps per variant")
+    ap.add_argument("--eval-every", type=int, default=None, help="checkpoint/eval interval")
+    ap.add_argument("--out", default="runs/async_vs_sync", help="work directory")
+    ap.add_argument("--plot", default="benchmarks/plots/async_vs_sync.png")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override for every run (e.g. rollout.batch_groups=16)")
+    ap.add_argument("--variants", default="", help="comma-separated subset (sync always runs)")
+    args = ap.parse_args()
+    steps = args.steps or (30 if args.quick else 100)
+    every = args.eval_every or (5 if args.quick else 10)
+    variants = dict(VARIANTS) if args.quick else {**VARIANTS, **FULL_ONLY}
+    if args.variants:
+        keep = {"sync", *(v.strip() for v in args.variants.split(","))}
+        variants = {k: v for k, v in variants.items() if k in keep}
+    variants["sync (repeat)"] = variants.pop("sync (repeat)", [])  # always last
+    base = BASE + args.set
+    rc = load_config(None, base).rollout
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+          f"load {os.getloadavg()[0]:.2f}; commit {commit}; {steps} steps x "
+          f"{rc.batch_groups} groups x {rc.group_size}; overrides {args.set}", flush=True)
+
+    t0 = time.perf_counter()
+    init = warm_start(out, base)
+    acc0 = initial_accuracy(init, base)
+    print(f"SFT warm start ({SFT_STEPS} steps): greedy accuracy {acc0:.3f} "
+          f"[{time.perf_counter() - t0:.0f} s]", flush=True)
+    results, curves = {}, {}
+    for name, overrides in variants.items():
+        t1 = time.perf_counter()
+        run, slots = run_variant(out, name, overrides, init, steps, every, base)
+        rows = read_metrics(run)
+        results[name] = summarise(rows, rc.group_size, rc.batch_groups, slots)
+        curves[name] = held_out_curve(run, acc0, base)
+        if name == "sync":
+            results[name]["model"] = separate_devices_model(rows)
+        print(f"  {name}: {results[name]['traj_per_s']:.1f} traj/s, final acc "
+              f"{curves[name][-1][1]:.3f} [{time.perf_counter() - t1:.0f} s] "
+              f"load {os.getloadavg()[0]:.2f}", flush=True)
+
+    # one binomial standard error above the start on the test split: RL has to beat noise
+    n_test = len(build.build_task(load_config(None, base)).test)
+    target = acc0 + (acc0 * (1 - acc0) / n_test) ** 0.5
+    print()
+    print(table(results, curves, target))
+    sm = results["sync"]["model"]
+    print(f"\nsync run, per step (measured): trainer waits {sm['wait_s_per_step']:.3f} s (engine "
+          f"busy {sm['engine_s_per_step']:.3f} s of it; the rest is admission, scoring and "
+          f"hand-off), trains {sm['train_s_per_step']:.3f} s, publishes/records "
+          f"{sm['rest_s_per_step']:.3f} s")
+    print(f"MODEL (not measured): generation and training on separate devices, one step of "
+          f"overlap, step = max(wait, train) + rest: {sm['speedup']:.2f}x vs sync")
+    if "sync (repeat)" in results:
+        print(f"noise: sync (repeat) / sync = "
+              f"{results['sync (repeat)']['traj_per_s'] / results['sync']['traj_per_s']:.2f}x")
+    deep = [n for n, o in variants.items()
+            if any(x.startswith("runtime.max_staleness=") and int(x.split("=")[1]) >= 2
+                   for x in o)]
+    if deep:
+        best = max(deep, key=lambda n: results[n]["traj_per_s"])
+        print(f"MEASURED best at max_staleness >= 2: {best} "
+              f"{results[best]['traj_per_s'] / results['sync']['traj_per_s']:.2f}x vs sync "
+              f"(target 1.5x)")
+    plot(curves, Path(args.plot))
+    (out / "results.json").write_text(json.dumps({"results": results, "curves": curves,
+                                                  "acc0": acc0, "commit": commit}, indent=1))
+    print(f"plot: {args.plot}; raw: {out / 'results.json'}; total "
+          f"{time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
