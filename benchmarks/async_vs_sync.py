@@ -4,6 +4,9 @@ synchronous RL (``runtime.max_staleness = 0``), same model, task, seed and numbe
 Workload: the ``longtail`` task (repeat a letter ``count`` times; counts follow a capped
 Pareto law, so most responses are 3-5 tokens and about 6% run to the 31-token cap), a
 0.4M-parameter Qwen2 warm-started once by SFT; every variant starts from that checkpoint.
+4 groups x 8 samples per step: at 16 x 8 this tiny model's train step is 3x its generation
+(a trainer-bound run where overlap can hide little; try ``--set rollout.batch_groups=16``),
+while real LLM RL is generation-bound.
 Training goes through ``reroll.loop.train``, unchanged. Held-out greedy accuracy is measured
 after each run on the checkpoints it saved every ``--eval-every`` steps, so evaluation never
 runs inside the timed loop (where the generation thread would keep working during it).
@@ -16,6 +19,10 @@ A model of separate generation and training devices is printed beside the measur
 computed from the synchronous run's own per-step generation and training seconds.
 
     .venv/bin/python benchmarks/async_vs_sync.py [--quick] [--steps N] [--out DIR]
+        [--set KEY=VALUE ...] [--variants "async s=2,async s=4"]
+
+``--quick`` (30 steps, 8 runs): 454 s measured on the 2-core box at load average 6-7 (other
+jobs); from its parts (SFT 11 s idle, ~12 s per run) about 2-3 minutes on an idle box.
 """
 
 from __future__ import annotations
