@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import uuid
+from dataclasses import replace
 
 import pytest
 
@@ -33,7 +34,8 @@ def test_nonzero_exit_reports_last_stderr_line():
 
 
 def test_infinite_loop_hits_cpu_limit():
-    r = run_python("while True: pass", limits=FAST)
+    # a wall clock far above the CPU limit, so a busy machine cannot make the wall clock win
+    r = run_python("while True: pass", limits=replace(FAST, wall_s=30.0))
     assert not r.ok and r.reason.startswith("CPU time limit of 1s exceeded")
 
 
