@@ -108,8 +108,10 @@ def main() -> None:
         print(f"{k:8s} {v['time/generate_s']:10.3f} {v['time/wait_for_rollouts_s']:8.3f} "
               f"{v['time/train_s']:8.3f} {v['time/step_s']:8.3f}")
     f, sl, inl = (res[k]["time/step_s"] for k in ("fast", "slow", "inline"))
-    print(f"step time added by {n * SLEEP_MS / 1000:.3f}s of scoring: pool {sl - f:+.3f}s, "
-          f"inline {inl - f:+.3f}s (inline/pool {(inl - f) / max(sl - f, 1e-3):.1f}x)")
+    cost = n * SLEEP_MS / 1000
+    print(f"step time added by {cost:.3f}s of scoring: pool {sl - f:+.3f}s "
+          f"({(sl - f) / cost:+.0%} of the cost), inline {inl - f:+.3f}s "
+          f"({(inl - f) / cost:+.0%} of the cost)")
     for k in ("slow", "inline"):
         print(f"generation time {k}/fast: "
               f"{res[k]['time/generate_s'] / res['fast']['time/generate_s']:.2f}x")

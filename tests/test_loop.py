@@ -89,17 +89,18 @@ def test_staleness_zero_equals_a_plain_synchronous_loop(tmp_path):
 def test_reward_rises_after_brief_warm_start(tmp_path):
     from reroll.trainer.sft import save_model, sft
 
-    cfg = small_cfg(tmp_path / "sft", "task.args.digits=1")
+    cfg = small_cfg(tmp_path / "sft")
     model, tok = build.load_model(build.model_dir(cfg, tmp_path / "sft"), cfg)
     task = build.build_task(cfg)
-    sft(model, tok, task.train, build.encode_prompt(tok), steps=60, lr=3e-3, batch_size=64)
+    sft(model, tok, task.train, build.encode_prompt(tok), steps=100, lr=3e-3, batch_size=64)
     save_model(model, tok, tmp_path / "sft" / "model")
-    rl = small_cfg(tmp_path / "rl", f"init={tmp_path / 'sft'}", "train.steps=40",
-                   "rollout.batch_groups=8", "ckpt_every=1000", "train.lr=1e-3")
+    rl = small_cfg(tmp_path / "rl", f"init={tmp_path / 'sft'}", "train.steps=80",
+                   "rollout.batch_groups=16", "rollout.group_size=8", "ckpt_every=1000",
+                   "train.lr=5e-4")
     train(rl, progress=False)
     rewards = [m["reward/mean"] for m in read_metrics(tmp_path / "rl")]
-    first, last = sum(rewards[:8]) / 8, sum(rewards[-8:]) / 8
-    assert last > first + 0.1, (first, last)
+    first, last = sum(rewards[:10]) / 10, sum(rewards[-20:]) / 20
+    assert last > first + 0.1, (first, last)  # measured: 0.28 -> 0.53
 
 
 def test_bad_input_is_refused_without_overwriting(tmp_path):
