@@ -38,6 +38,7 @@ def model_dir(cfg: RunConfig, run_dir: Path) -> Path:
         return Path(cfg.model.path)
     target = run_dir / "init"
     if not (target / "config.json").is_file():
+        quiet_transformers()
         build_tiny(cfg.model, target, seed=cfg.train.seed)
     return target
 

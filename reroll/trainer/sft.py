@@ -42,7 +42,7 @@ def sft(model, tok, examples: list[Example], encode, *, steps: int, lr: float, b
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        losses.append(float(loss))
+        losses.append(loss.detach().item())
         if log is not None:
             log(step + 1, {"sft/loss": losses[-1]})
     model.eval()
