@@ -192,6 +192,9 @@ class RunConfig:
     """Steps between progress/metrics lines."""
     ckpt_every: int = 100
     """Steps between checkpoints (the last step is always saved)."""
+    record_every: int = 1
+    """Write the groups consumed by every this-many-th step to rollouts.jsonl (0: never).
+    A record is a few KB per group: long runs should thin it out."""
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)

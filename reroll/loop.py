@@ -70,7 +70,8 @@ def train(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
             metrics = trainer.step(groups)
             t2 = time.perf_counter()
             step += 1
-            rd.record(step, groups)
+            if cfg.record_every and step % cfg.record_every == 0:
+                rd.record(step, groups)
             if step % cfg.ckpt_every == 0 or step == cfg.train.steps:
                 # before publishing: with max_staleness = 0 nothing is in flight now
                 save_checkpoint(rd.path, step, model, tok, trainer, runtime)
