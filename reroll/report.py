@@ -25,7 +25,15 @@ def plot_run(run_dir: Path) -> Path:
     for ax, (key, title) in zip(axes.flat, PANELS):
         pts = [(r["step"], r[key]) for r in rows if key in r]
         if pts:
-            ax.plot(*zip(*pts), marker="." if len(pts) < 30 else None)
+            xs, ys = zip(*pts)
+            if len(pts) < 30:
+                ax.plot(xs, ys, marker=".")
+            else:  # raw values faint, a moving average over ~2% of the run on top
+                w = max(2, len(ys) // 50)
+                avg = [sum(ys[max(0, i - w + 1): i + 1]) / len(ys[max(0, i - w + 1): i + 1])
+                       for i in range(len(ys))]
+                ax.plot(xs, ys, alpha=0.25, lw=0.6)
+                ax.plot(xs, avg, lw=1.6)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
