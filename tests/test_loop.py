@@ -115,3 +115,20 @@ def test_bad_input_is_refused_without_overwriting(tmp_path):
     with pytest.raises(ConfigError, match="holds no run"):
         train(small_cfg(tmp_path / "empty"), resume=True, progress=False)
     assert (out / "metrics.jsonl").read_text() == before
+
+
+@pytest.mark.parametrize("preset", ["grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp",
+                                    "mc_grpo", "gdpo"])
+def test_every_preset_trains_a_few_steps(tmp_path, preset):
+    cfg = small_cfg(tmp_path, f"preset={preset}", "train.steps=2", "ckpt_every=100")
+    last = train(cfg, progress=False)
+    assert last["grad_norm"] == last["grad_norm"]  # finite, not NaN
+    assert [m["step"] for m in read_metrics(tmp_path)] == [1, 2]
+
+
+def test_dynamic_sampling_that_never_finds_a_group_stops_with_a_clear_error(tmp_path):
+    # a format no completion can match: every group is all-zero, so every group is dropped
+    cfg = small_cfg(tmp_path, "algo.dynamic_sampling=true", "train.steps=2",
+                    'reward.verifiers=[{name="format", args={pattern="zzz"}}]')
+    with pytest.raises(RuntimeError, match="groups in a row were dropped"):
+        train(cfg, progress=False)

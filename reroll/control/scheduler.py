@@ -47,6 +47,8 @@ class Scheduler:
         self.dropped: Counter[str] = Counter()
         self.score_errors: Counter[str] = Counter()
         self.time = Counter()  # seconds spent per activity
+        self._drop_run = 0  # groups dropped since the last accepted one
+        self.max_drop_run = 50 * batch_groups  # then stop: the pipeline is not converging
 
     # ---- admission -------------------------------------------------------------------
     def version(self) -> int:
@@ -128,9 +130,17 @@ class Scheduler:
         if reason:
             g.filter_reason = reason
             self.dropped[reason] += 1
+            self._drop_run += 1
+            if self._drop_run > self.max_drop_run:
+                raise RuntimeError(
+                    f"{self._drop_run} groups in a row were dropped (last reason: {reason}); "
+                    f"dropped so far: {dict(self.dropped)}. With dynamic sampling this means "
+                    f"every group gets identical rewards: the task is too hard or too easy "
+                    f"for the model, or the verifier is broken")
             if reason == "scoring_error":
                 self.prompts.push_front(g.example)  # retried, never trained as a silent 0
             return
+        self._drop_run = 0
         self.n_accepted += 1
         self.ready.append(g)
 

@@ -54,7 +54,7 @@ class LocalRuntime:
             out = []
             while len(out) < n:
                 if self._error is not None:
-                    raise RuntimeError("generation thread failed") from self._error
+                    raise RuntimeError(f"generation thread failed: {self._error}") from self._error
                 out += self.scheduler.take(n - len(out), trainer_version)
                 if len(out) < n:
                     left = deadline - time.monotonic()
