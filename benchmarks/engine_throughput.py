@@ -181,11 +181,14 @@ def main() -> None:
     ap.add_argument("--skip-hf-cb", action="store_true", help="skip transformers' CB manager")
     ap.add_argument("--repeats", type=int, default=None,
                     help="runs per system, best kept (default 1 with --quick, else 2)")
+    ap.add_argument("--mem-requests", type=int, default=None,
+                    help="requests of the memory run (default 10,000; 1,000 with --quick; 0 skips)")
     args = ap.parse_args()
     args.repeats = args.repeats or (1 if args.quick else 2)
     torch.set_num_threads(args.threads)
     n = 128 if args.quick else 512
-    n_mem = 1000 if args.quick else 10_000
+    n_mem = args.mem_requests if args.mem_requests is not None else (
+        1000 if args.quick else 10_000)
     B = args.batch
     print(f"# engine_throughput  python {platform.python_version()}  torch {torch.__version__}"
           f"  threads {args.threads}  batch {B}  requests {n}  cpu {os.cpu_count()}"
@@ -232,6 +235,8 @@ def main() -> None:
             e_tps, r_tps = max(e_tps, e), max(r_tps, r)
         print(f"decode at batch {B}, all running: engine {e_tps:,.0f} tok/s, raw forward loop "
               f"{r_tps:,.0f} tok/s -> engine at {100 * e_tps / r_tps:.0f}% of raw")
+    if n_mem <= 0:
+        return
     model, tok = load(os.path.join(tmp, args.models.split(",")[0]))
     marks = memory_run(model.eval(), tok, n_mem, B)
     print(f"\n## memory over {n_mem} requests ({args.models.split(',')[0]}, max_batch {B})")
