@@ -94,6 +94,7 @@ def build_engine(model, tok, cfg: RunConfig, version: int = 0, model_path: Path 
         workers = max(1, cfg.runtime.engine_workers)
         return RayEnginePool(model_path, workers=workers, dtype=cfg.model.dtype,
                              max_batch=-(-slots // workers), version=version,
+                             threads=cfg.runtime.threads,
                              state_dict={k: v.detach().clone() for k, v in
                                          model.state_dict().items()})
     from reroll.engine import TorchEngine

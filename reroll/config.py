@@ -161,7 +161,8 @@ class EvalConfig:
     temperature: float = 1.0
     """Temperature of the pass@k samples (greedy accuracy always uses temperature 0)."""
     every: int = 0
-    """Evaluate greedy accuracy every this many RL steps (0: only at the end)."""
+    """Evaluate greedy accuracy every this many RL steps during training (0: never; `reroll
+    eval` evaluates any checkpoint afterwards)."""
 
 
 @dataclass
@@ -189,7 +190,7 @@ class RunConfig:
     preset: str = ""
     """Algorithm preset from configs/presets (grpo, dapo, ...); the file's own keys win."""
     log_every: int = 10
-    """Steps between progress/metrics lines."""
+    """Steps between rows of metrics.jsonl / TensorBoard (the progress bar updates every step)."""
     ckpt_every: int = 100
     """Steps between checkpoints (the last step is always saved)."""
     record_every: int = 1
@@ -360,6 +361,18 @@ def validate(cfg: RunConfig) -> None:
             verifiers.VERIFIERS.check_kwargs(v["name"], v.get("args", {}), where)
     except RegistryError as e:
         raise ConfigError(str(e)) from None
+    positive = {"rollout.group_size": cfg.rollout.group_size,
+                "rollout.batch_groups": cfg.rollout.batch_groups,
+                "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
+                "train.minibatches": cfg.train.minibatches, "train.micro_batch": cfg.train.micro_batch,
+                "log_every": cfg.log_every, "ckpt_every": cfg.ckpt_every,
+                "runtime.threads": cfg.runtime.threads, "reward.timeout_s": cfg.reward.timeout_s}
+    for key, v in positive.items():
+        if v <= 0:
+            raise ConfigError(f"{key} must be > 0, got {v}")
+    if not 0 <= cfg.algo.overlong_buffer <= cfg.rollout.max_new_tokens:
+        raise ConfigError(f"algo.overlong_buffer must be in [0, rollout.max_new_tokens = "
+                          f"{cfg.rollout.max_new_tokens}], got {cfg.algo.overlong_buffer}")
     if cfg.runtime.kind not in ("local", "ray"):
         raise ConfigError(f"runtime.kind must be local or ray, got {cfg.runtime.kind!r}")
     if cfg.runtime.max_staleness < 0:

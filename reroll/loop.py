@@ -86,7 +86,8 @@ def train(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
 
                 metrics.update(evaluate(model, tok, task.test[: cfg.eval.n_examples], scorer,
                                         build.encode_prompt(tok), cfg, k=1))
-            rd.log(step, metrics)
+            if step % cfg.log_every == 0 or step == cfg.train.steps:
+                rd.log(step, metrics)
             last = metrics
             bar.update(step, metrics)
     finally:

@@ -71,7 +71,7 @@ class RunDir:
             p = self.path / name
             if p.exists():
                 rows = [x for x in p.read_text().splitlines() if x.strip()]
-                keep = [x for x in rows if json.loads(x)["step"] <= step]
+                keep = [x for x in rows if _step_of(x) <= step]
                 p.write_text("".join(x + "\n" for x in keep))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -104,6 +104,14 @@ class RunDir:
             self._tb.close()
         if self._rollouts is not None:
             self._rollouts.close()
+
+
+def _step_of(line: str) -> float:
+    """The step of a JSONL row; a row cut short by a kill counts as after any checkpoint."""
+    try:
+        return json.loads(line)["step"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return float("inf")
 
 
 def read_rollouts(run_dir: str | Path) -> list[tuple[int, dict]]:

@@ -53,7 +53,8 @@ def save(run_dir: Path, step: int, model, tokenizer, optimizer, state: dict[str,
             f.write(g.to_json() + "\n")
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
-    (root / "latest").write_text(final.name)
+    (root / "latest.tmp").write_text(final.name)
+    (root / "latest.tmp").replace(root / "latest")  # atomic: never an empty marker
     for old in sorted(root.glob("step_*"))[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -62,8 +63,9 @@ def save(run_dir: Path, step: int, model, tokenizer, optimizer, state: dict[str,
 def latest(run_dir: Path) -> Path | None:
     root = Path(run_dir) / "checkpoints"
     marker = root / "latest"
-    if marker.is_file() and (root / marker.read_text().strip()).is_dir():
-        return root / marker.read_text().strip()
+    name = marker.read_text().strip() if marker.is_file() else ""
+    if name.startswith("step_") and (root / name).is_dir():
+        return root / name
     found = sorted(root.glob("step_*")) if root.is_dir() else []
     return found[-1] if found else None
 

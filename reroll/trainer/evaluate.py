@@ -64,14 +64,16 @@ def evaluate(model, tok, examples: list[Example], scorer, encode, cfg: RunConfig
         for rs, fs in zip(groups, futs):
             for r, f in zip(rs, fs):
                 r.scores = f.result()
-            v = [_correct(r) for r in rs]
-            errors += sum(x is None for x in v)
-            verdicts.append(sum(bool(x) for x in v))
+            v = [x for x in (_correct(r) for r in rs) if x is not None]  # errors are not 0s
+            errors += len(rs) - len(v)
+            if len(v) == n:  # an example with a failed score is left out, and counted
+                verdicts.append(sum(v))
+        d = max(1, len(verdicts))
         if label == "greedy":
-            metrics["eval/greedy_accuracy"] = sum(verdicts) / len(verdicts)
+            metrics["eval/greedy_accuracy"] = sum(verdicts) / d
         else:
-            metrics[f"eval/pass@{n}"] = sum(pass_at_k(n, c, n) for c in verdicts) / len(verdicts)
-            metrics["eval/pass@1_sampled"] = sum(pass_at_k(n, c, 1) for c in verdicts) / len(verdicts)
+            metrics[f"eval/pass@{n}"] = sum(pass_at_k(n, c, n) for c in verdicts) / d
+            metrics["eval/pass@1_sampled"] = sum(pass_at_k(n, c, 1) for c in verdicts) / d
         metrics[f"eval/{label}_score_errors"] = float(errors)
     metrics["eval/n_examples"] = float(len(examples))
     return metrics

@@ -120,8 +120,8 @@ class Trainer:
                 self.opt.zero_grad(set_to_none=True)
                 raise FloatingPointError(f"non-finite gradient norm at version {self.version}")
             self.opt.step()
-            self.sched.step()
             metrics["grad_norm"] = float(gn)
+        self.sched.step()  # the warm-up counts RL steps, not mini-batches
         metrics["lr"] = self.sched.get_last_lr()[0]
         self.version += 1
         metrics.update(version_lag_metrics(batch, self.version - 1))

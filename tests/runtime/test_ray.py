@@ -55,7 +55,7 @@ def test_train_runs_on_ray_engine_workers(ray_session, tmp_path):
                              "rollout.group_size=4", "rollout.batch_groups=4",
                              "rollout.max_new_tokens=4", "reward.workers=0",
                              "runtime.kind=ray", "runtime.engine_workers=2",
-                             "runtime.max_staleness=1", "train.steps=3", "runtime.threads=1",
+                             "runtime.max_staleness=1", "train.steps=3", "runtime.threads=1", "log_every=1",
                              f"out_dir={tmp_path}"])
     train(cfg, progress=False)
     rows = read_metrics(tmp_path)
