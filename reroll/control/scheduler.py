@@ -13,7 +13,6 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import asdict
 
 from reroll.control.prompts import PromptStream
 from reroll.control.staleness import capacity, is_stale
@@ -208,6 +207,3 @@ class Scheduler:
                 "consumed": self.n_consumed, "dropped": dict(self.dropped),
                 "order": {gid: self.order[gid] for gid in
                           [g.group_id for g in self.ready] + list(self.running)}}
-
-    def sampling_dict(self) -> dict:
-        return asdict(self.sampling)
