@@ -82,7 +82,7 @@ def warm_start(out: Path, base: list[str]) -> Path:
     build.set_threads(cfg)
     model, tok = build.load_model(build.model_dir(cfg, out / "base"), cfg)
     sft(model, tok, build.build_task(cfg).train, build.encode_prompt(tok), steps=SFT_STEPS,
-        lr=3e-3, batch_size=128, seed=0)
+        lr=3e-3, batch_size=128, seed=0, schedule="linear")
     save_model(model, tok, target / "model")
     return target
 

@@ -43,6 +43,7 @@ def cmd_sft(args) -> int:
     task = build.build_task(cfg)
     losses = sft(model, tok, task.train, build.encode_prompt(tok), steps=cfg.sft.steps,
                  lr=cfg.sft.lr, batch_size=cfg.sft.batch_size, seed=cfg.train.seed,
+                 schedule=cfg.sft.schedule, warmup_steps=cfg.sft.warmup_steps,
                  log=lambda s, m: rd.log(s, m) if s % 10 == 0 or s == cfg.sft.steps else None)
     out = save_model(model, tok, rd.path / "model")
     rd.close()

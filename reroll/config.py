@@ -146,10 +146,14 @@ class TrainConfig:
 class SFTConfig:
     steps: int = 250
     """Supervised warm-start steps on task demonstrations."""
-    lr: float = 3e-3
+    lr: float = 1e-3
     """Learning rate of the warm start."""
     batch_size: int = 128
     """Demonstrations per step."""
+    schedule: str = "constant"
+    """Learning-rate schedule after warm-up: constant, or linear (decay to 0 at `steps`)."""
+    warmup_steps: int = 20
+    """Linear learning-rate warm-up steps of the warm start."""
 
 
 @dataclass
@@ -375,6 +379,8 @@ def validate(cfg: RunConfig) -> None:
                           f"{cfg.rollout.max_new_tokens}], got {cfg.algo.overlong_buffer}")
     if cfg.runtime.kind not in ("local", "ray"):
         raise ConfigError(f"runtime.kind must be local or ray, got {cfg.runtime.kind!r}")
+    if cfg.sft.schedule not in ("constant", "linear"):
+        raise ConfigError(f"sft.schedule must be constant or linear, got {cfg.sft.schedule!r}")
     if cfg.runtime.max_staleness < 0:
         raise ConfigError("runtime.max_staleness must be >= 0")
     if cfg.runtime.overprovision < 1.0:

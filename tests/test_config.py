@@ -63,3 +63,8 @@ def test_parse_value_and_dump_round_trip():
     cfg = load_config(None, ["train.steps=5", "task.args.digits=1"])
     again = build(RunConfig, tomllib.loads(dump_toml(cfg)))
     assert again == cfg
+
+
+def test_sft_schedule_checked_at_load():
+    with pytest.raises(ConfigError, match="sft.schedule must be constant or linear"):
+        load_config(None, ["sft.schedule=cosine"])

@@ -92,7 +92,8 @@ def test_reward_rises_after_brief_warm_start(tmp_path):
     cfg = small_cfg(tmp_path / "sft")
     model, tok = build.load_model(build.model_dir(cfg, tmp_path / "sft"), cfg)
     task = build.build_task(cfg)
-    sft(model, tok, task.train, build.encode_prompt(tok), steps=100, lr=3e-3, batch_size=64)
+    sft(model, tok, task.train, build.encode_prompt(tok), steps=100, lr=3e-3, batch_size=64,
+        schedule="linear")
     save_model(model, tok, tmp_path / "sft" / "model")
     rl = small_cfg(tmp_path / "rl", f"init={tmp_path / 'sft'}", "train.steps=80",
                    "rollout.batch_groups=16", "rollout.group_size=8", "ckpt_every=1000",

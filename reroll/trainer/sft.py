@@ -23,14 +23,33 @@ def demo_rollout(ex: Example, encode, eos_id: int, tok) -> Rollout:
     return r
 
 
+SCHEDULES = ("constant", "linear")
+
+
+def lr_factor(step: int, *, steps: int, warmup_steps: int, schedule: str) -> float:
+    """Multiplier of the base learning rate at 0-based `step`: linear warm-up over
+    `warmup_steps` (step 0 gets 1/warmup), then 1 ("constant") or a linear decay reaching 0
+    at `steps` ("linear")."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"sft.schedule must be one of {SCHEDULES}, got {schedule!r}")
+    warm = min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+    decay = max(0.0, 1.0 - step / max(1, steps)) if schedule == "linear" else 1.0
+    return warm * decay
+
+
 def sft(model, tok, examples: list[Example], encode, *, steps: int, lr: float, batch_size: int,
-        seed: int = 0, log=None) -> list[float]:
-    """Train in place; returns the loss per step (mean negative log-likelihood per token)."""
+        seed: int = 0, schedule: str = "constant", warmup_steps: int = 20,
+        log=None) -> list[float]:
+    """Train in place; returns the loss per step (mean negative log-likelihood per token).
+
+    The default schedule is constant after warm-up, so accuracy grows with `steps` instead of
+    depending on where a decay to zero happens to end (a tiny model's accuracy jumps sharply
+    while it learns carrying, and a decaying schedule freezes it mid-jump)."""
     rows = [demo_rollout(ex, encode, tok.eos_token_id, tok) for ex in examples]
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) *
-                                              max(0.0, 1 - s / max(1, steps)) + 0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(
+        s, steps=steps, warmup_steps=warmup_steps, schedule=schedule))
     model.train()
     losses = []
     for step in range(steps):
