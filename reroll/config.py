@@ -363,6 +363,14 @@ def validate(cfg: RunConfig) -> None:
             if "name" not in v or extra:
                 raise ConfigError(f"{where}: expects keys name, weight, args; got {sorted(v)}")
             verifiers.VERIFIERS.check_kwargs(v["name"], v.get("args", {}), where)
+        if not getattr(algo.ADVANTAGES.get(a.advantage), "uses_scalar_reward", True):
+            shaping = [k for k, on in (("algo.kl_in_reward", a.kl_in_reward and a.kl_coef > 0),
+                                       ("algo.overlong_buffer", a.overlong_buffer > 0)) if on]
+            if shaping:
+                raise ConfigError(
+                    f"algo.advantage {a.advantage!r} normalises the reward components, not the "
+                    f"scalar reward, so {' and '.join(shaping)} would have no effect; turn "
+                    f"them off or pick another advantage")
     except RegistryError as e:
         raise ConfigError(str(e)) from None
     positive = {"rollout.group_size": cfg.rollout.group_size,

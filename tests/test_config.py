@@ -68,3 +68,12 @@ def test_parse_value_and_dump_round_trip():
 def test_sft_schedule_checked_at_load():
     with pytest.raises(ConfigError, match="sft.schedule must be constant or linear"):
         load_config(None, ["sft.schedule=cosine"])
+
+
+def test_shaping_with_a_components_only_advantage_is_rejected():
+    # gdpo normalises reward components; a scalar-reward penalty would silently do nothing
+    with pytest.raises(ConfigError, match="algo.overlong_buffer would have no effect"):
+        load_config(None, ["algo.advantage=gdpo", "algo.overlong_buffer=2"])
+    with pytest.raises(ConfigError, match="algo.kl_in_reward would have no effect"):
+        load_config(None, ["algo.advantage=gdpo", "algo.kl_in_reward=true", "algo.kl_coef=0.1"])
+    load_config(None, ["algo.advantage=gdpo", "algo.kl_coef=0.1"])  # KL in the loss is fine

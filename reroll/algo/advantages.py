@@ -141,3 +141,6 @@ def gdpo(rewards: Tensor, components: Tensor, group_index: Tensor, *,
                           for j in range(k)], dim=1)  # [N, K]
     summed = normed @ w.to(normed.dtype)  # [N]
     return whiten(summed, eps), _all(rewards.shape[0])
+
+
+gdpo.uses_scalar_reward = False  # read by config.validate: reward shaping cannot reach it
