@@ -10,6 +10,7 @@ It knows nothing of the trainer or of threads.
 from __future__ import annotations
 
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -32,19 +33,22 @@ class Scheduler:
                  sampling: SamplingParams, *, group_size: int, batch_groups: int,
                  max_staleness: int = 0, overprovision: float = 1.0, partial_rollouts: bool = True,
                  filters: list[GroupFilter] = (), seed: int = 0,
-                 shape_reward: Callable[[Rollout], float] | None = None):
+                 shape_reward: Callable[[Rollout], float] | None = None,
+                 max_score_retries: int = 3):
         self.engine, self.scorer, self.prompts, self.encode = engine, scorer, prompts, encode
         self.sampling, self.group_size, self.batch_groups = sampling, group_size, batch_groups
         self.max_staleness, self.overprovision = max_staleness, overprovision
         self.partial_rollouts, self.filters, self.seed = partial_rollouts, list(filters), seed
-        self.shape_reward = shape_reward
+        self.shape_reward, self.max_score_retries = shape_reward, max_score_retries
         self.running: dict[str, Group] = {}  # started, not yet complete and scored
         self.ready: list[Group] = []  # complete, scored, passed filters, not yet consumed
         self.pending_scores: dict[str, tuple[Rollout, Future]] = {}
         self.order: dict[str, int] = {}  # group_id -> admission sequence number
         self.n_started = self.n_accepted = self.n_consumed = 0
         self.dropped: Counter[str] = Counter()
-        self.score_errors: Counter[str] = Counter()
+        self.score_errors: Counter[str] = Counter()  # failed scores per verifier
+        self.score_failures: Counter[str] = Counter()  # failed groups per prompt id
+        self.abandoned: list[str] = []  # prompts given up after max_score_retries failures
         self.time = Counter()  # seconds spent per activity
         self._drop_run = 0  # groups dropped since the last accepted one
         self.max_drop_run = 50 * batch_groups  # then stop: the pipeline is not converging
@@ -136,12 +140,27 @@ class Scheduler:
                     f"dropped so far: {dict(self.dropped)}. With dynamic sampling this means "
                     f"every group gets identical rewards: the task is too hard or too easy "
                     f"for the model, or the verifier is broken")
+            self.order.pop(g.group_id, None)
             if reason == "scoring_error":
-                self.prompts.push_front(g.example)  # retried, never trained as a silent 0
+                self._retry_or_abandon(g)
             return
         self._drop_run = 0
         self.n_accepted += 1
         self.ready.append(g)
+
+    def _retry_or_abandon(self, g: Group) -> None:
+        """A group whose scoring failed is never trained as a silent 0: its prompt is retried,
+        and given up (listed in `abandoned`, with the error) after `max_score_retries`."""
+        pid = g.example.prompt_id
+        self.score_failures[pid] += 1
+        if self.score_failures[pid] <= self.max_score_retries:
+            self.prompts.push_front(g.example)
+            return
+        self.dropped["scoring_abandoned"] += 1
+        self.abandoned.append(pid)
+        err = next((s.error for r in g.rollouts for s in r.scores if not s.ok), None)
+        warnings.warn(f"prompt {pid!r}: scoring failed {self.score_failures[pid]} times, "
+                      f"giving up on it (last error: {err})", RuntimeWarning, stacklevel=2)
 
     # ---- hand-out and weight updates -------------------------------------------------
     def take(self, n: int, trainer_version: int) -> list[Group]:
@@ -150,6 +169,7 @@ class Scheduler:
         out = []
         while self.ready and len(out) < n:
             g = self.ready.pop(0)
+            self.order.pop(g.group_id, None)
             if is_stale(trainer_version, g.start_version, max_staleness=self.max_staleness,
                         overprovision=self.overprovision):
                 self.dropped["stale"] += 1
@@ -185,6 +205,9 @@ class Scheduler:
         self.n_started, self.n_accepted = counters["started"], counters["accepted"]
         self.n_consumed = counters["consumed"]
         self.dropped.update(counters.get("dropped", {}))
+        self.score_errors.update(counters.get("score_errors", {}))
+        self.score_failures.update(counters.get("score_failures", {}))
+        self.abandoned = list(counters.get("abandoned", []))
         for g in groups:
             self.order[g.group_id] = counters["order"][g.group_id]
             if g.scored and g.filter_reason is None and all(r.reward is not None for r in g.rollouts):
@@ -205,5 +228,7 @@ class Scheduler:
     def counters(self) -> dict:
         return {"started": self.n_started, "accepted": self.n_accepted,
                 "consumed": self.n_consumed, "dropped": dict(self.dropped),
+                "score_errors": dict(self.score_errors),
+                "score_failures": dict(self.score_failures), "abandoned": list(self.abandoned),
                 "order": {gid: self.order[gid] for gid in
                           [g.group_id for g in self.ready] + list(self.running)}}
