@@ -6,6 +6,9 @@ Layout of ``RUN/checkpoints/step_000123/``: ``model/`` (a loadable model directo
 version, data cursor, counters) and ``buffers.jsonl`` (one Group per line). A checkpoint is
 written to a temporary directory and renamed, so a kill during the write leaves the previous
 checkpoint intact. Knows nothing of how the buffers are used.
+
+The trainer's process writes the checkpoint (on the Ray runtime, the trainer actor): on a
+multi-node cluster the run directory must be on storage that every node shares.
 """
 
 from __future__ import annotations
@@ -70,9 +73,8 @@ def latest(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def load_state(ckpt: Path, optimizer, lr_scheduler=None) -> tuple[dict[str, Any], list[Group]]:
-    """Restore optimiser, LR schedule and RNG; return (state.json, buffered groups)."""
-    state = json.loads((ckpt / "state.json").read_text())
+def load_trainer_state(ckpt: Path, optimizer, lr_scheduler=None) -> None:
+    """Restore optimiser, LR schedule and RNG (in the process that trains)."""
     opt = torch.load(ckpt / "optimizer.pt", weights_only=False)
     try:
         optimizer.load_state_dict(opt["optimizer"])
@@ -81,8 +83,23 @@ def load_state(ckpt: Path, optimizer, lr_scheduler=None) -> tuple[dict[str, Any]
     if lr_scheduler is not None and opt.get("lr_scheduler"):
         lr_scheduler.load_state_dict(opt["lr_scheduler"])
     set_rng_state(torch.load(ckpt / "rng.pt", weights_only=False))
-    groups = []
+
+
+def read_state(ckpt: Path) -> dict[str, Any]:
+    """state.json of a checkpoint: step, version, data cursor, counters."""
+    return json.loads((ckpt / "state.json").read_text())
+
+
+def read_groups(ckpt: Path) -> list[Group]:
+    """The unconsumed groups a checkpoint holds (buffers.jsonl)."""
     buf = ckpt / "buffers.jsonl"
-    if buf.is_file():
-        groups = [Group.from_json(line) for line in buf.read_text().splitlines() if line.strip()]
-    return state, groups
+    if not buf.is_file():
+        return []
+    return [Group.from_json(line) for line in buf.read_text().splitlines() if line.strip()]
+
+
+def load_state(ckpt: Path, optimizer, lr_scheduler=None) -> tuple[dict[str, Any], list[Group]]:
+    """Restore optimiser, LR schedule and RNG; return (state.json, buffered groups)."""
+    state = read_state(ckpt)
+    load_trainer_state(ckpt, optimizer, lr_scheduler)
+    return state, read_groups(ckpt)

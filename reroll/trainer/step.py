@@ -4,18 +4,43 @@ Owns the optimiser and the order of operations of an update: rewards -> advantag
 function of the groups, never stored) -> collate -> proximal log-probs with the weights at the
 start of the update -> mini-batches of micro-batches -> clip -> AdamW. The math is the
 `Objective` from `reroll.algo`; this file only looks it up and feeds it. Knows nothing of
-engines, scheduling or the run directory.
+engines or scheduling; checkpoints go through `reroll.trainer.checkpoint` into the run
+directory the caller names.
+
+`TrainerHandle` is everything the loop asks of a trainer. `Trainer` is one (in the caller's
+process); `reroll.runtime.ray.RayTrainer` is another (a proxy to a Trainer in a Ray actor).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 
 from reroll.algo import LossInputs
 from reroll.rollout import Group, Rollout
+from reroll.trainer import checkpoint
 from reroll.trainer.batch import Batch, collate, micro_slices, token_logprobs
+
+
+class TrainerHandle(Protocol):
+    """What the loop needs from the trainer, wherever the trainer runs."""
+
+    @property
+    def version(self) -> int: ...  # policy version: number of updates made
+
+    def step(self, groups: Sequence[Group]) -> dict[str, float]: ...
+
+    def weights(self) -> Any: ...  # to publish: a state-dict copy, or an object-store ref
+
+    def save_checkpoint(self, run_dir: Path, step: int, state: dict[str, Any],
+                        groups: Sequence[Group]) -> Path: ...
+
+    def policy(self) -> torch.nn.Module: ...  # a module with the current weights (evaluation)
+
+    def close(self) -> None: ...
 
 
 def flatten(groups: Sequence[Group]) -> tuple[list[Rollout], torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -50,8 +75,9 @@ class Trainer:
     def __init__(self, model: torch.nn.Module, objective, *, pad_id: int, lr: float,
                  weight_decay: float = 0.0, warmup_steps: int = 0, grad_clip: float = 1.0, minibatches: int = 1,
                  micro_batch: int = 64, temperature: float = 1.0,
-                 ref_model: torch.nn.Module | None = None, version: int = 0):
+                 ref_model: torch.nn.Module | None = None, version: int = 0, tokenizer=None):
         self.model, self.objective, self.ref_model = model, objective, ref_model
+        self.tokenizer = tokenizer  # saved next to the weights in checkpoints
         self.pad_id, self.grad_clip, self.minibatches = pad_id, grad_clip, minibatches
         self.micro_batch, self.temperature, self.version = micro_batch, temperature, version
         self.opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay,
@@ -129,3 +155,23 @@ class Trainer:
         metrics["adv/abs_mean"] = float(adv.abs().mean())
         metrics["train/tokens"] = batch.n_tokens
         return metrics
+
+    # ---- the rest of TrainerHandle ------------------------------------------------------
+    def weights(self) -> dict[str, torch.Tensor]:
+        """A copy of the current weights (the engine must not see later in-place updates)."""
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def save_checkpoint(self, run_dir: Path, step: int, state: dict[str, Any],
+                        groups: Sequence[Group]) -> Path:
+        """Model, optimiser, LR schedule and RNG, plus the caller's ``state`` and unconsumed
+        ``groups``, written atomically by `checkpoint.save`."""
+        if self.tokenizer is None:
+            raise ValueError("Trainer.save_checkpoint needs the tokenizer (Trainer(tokenizer=))")
+        return checkpoint.save(run_dir, step, self.model, self.tokenizer, self.opt, state,
+                               list(groups), lr_scheduler=self.sched)
+
+    def policy(self) -> torch.nn.Module:
+        return self.model
+
+    def close(self) -> None:
+        pass
