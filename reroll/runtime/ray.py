@@ -1,12 +1,20 @@
-"""The Ray runtime: engine replicas as Ray actors behind the Engine interface, so the same
-scheduler, runtime thread and loop drive them. The only module that imports ray.
+"""The Ray runtime: engine replicas and the trainer as Ray actors behind the Engine and
+TrainerHandle interfaces, so the same scheduler, runtime thread and loop drive them. The only
+module that imports ray.
 
 - `EngineActor` wraps a `TorchEngine` built from a model directory in its own process.
 - `RayEnginePool` spreads requests over the actors (least loaded first), steps them in
   parallel, publishes weights once per version through the object store, and keeps a copy
   of every request it handed out: when an actor dies, a fresh actor is started with the
   current weights and that actor's in-flight requests are re-queued from their last known
-  prefix, so nothing is lost (counted in `stats()["requeued"]`).
+  prefix, so nothing is lost (counted in `stats()["requeued"]`). New weights may come as an
+  object-store reference (from the trainer actor): they then never pass through the driver.
+- `TrainerActor` builds the policy, reference model, objective and `Trainer` with
+  `reroll.build.build_trainer` (the same function the local runtime uses) and writes
+  checkpoints itself: on a multi-node cluster the run directory must be on shared storage.
+- `RayTrainer` is the driver's `TrainerHandle` for that actor. If the actor dies the run
+  stops with an error naming it; the checkpoints already written are intact and `--resume`
+  continues from the last one.
 
 Install with `pip install reroll[ray]`. Ray is started locally (`ray.init`) when no cluster
 is connected; on this 2-core machine it adds overhead, not speed: the local runtime is the
@@ -16,12 +24,28 @@ default and this one exists to scale out.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import ray
 from ray.exceptions import RayActorError
 
-from reroll.rollout import Rollout
+from reroll.config import RunConfig
+from reroll.rollout import Group, Rollout
+
+
+def _init_ray(engine_workers: int) -> None:
+    """Start a local Ray instance when none is connected: one CPU per engine worker and one
+    for the driver (the trainer actor reserves none, see `TrainerActor`)."""
+    if not ray.is_initialized():
+        ray.init(num_cpus=max(2, engine_workers + 1), include_dashboard=False,
+                 log_to_driver=False, configure_logging=False)
+
+
+def _as_ref(state_dict):
+    """One copy of the weights in the object store for all engine actors."""
+    return state_dict if isinstance(state_dict, ray.ObjectRef) else ray.put(state_dict)
 
 
 @ray.remote
@@ -65,12 +89,10 @@ class RayEnginePool:
 
     def __init__(self, model_dir: str | Path, *, workers: int = 1, dtype: str = "float32",
                  max_batch: int = 64, threads: int = 1, version: int = 0, state_dict=None):
-        if not ray.is_initialized():
-            ray.init(num_cpus=max(2, workers + 1), include_dashboard=False,
-                     log_to_driver=False, configure_logging=False)
+        _init_ray(workers)
         self.args = (str(model_dir), dtype, max_batch, threads)
         self.version = version
-        self._weights = ray.put(state_dict) if state_dict is not None else None
+        self._weights = _as_ref(state_dict) if state_dict is not None else None
         self.actors = [self._spawn() for _ in range(workers)]
         self.inflight: list[dict[str, Rollout]] = [{} for _ in self.actors]
         self.requeued = 0
@@ -122,7 +144,8 @@ class RayEnginePool:
         return out
 
     def update_weights(self, state_dict, version: int) -> None:
-        self._weights = ray.put(state_dict)  # one copy in the object store for all actors
+        """``state_dict``: a dict of tensors, or an object-store reference to one."""
+        self._weights = _as_ref(state_dict)
         self.version = version
         for i in range(len(self.actors)):
             self._call(i, "update_weights", self._weights, version)
@@ -181,3 +204,103 @@ class RayEnginePool:
     def shutdown(self) -> None:
         for a in self.actors:
             ray.kill(a, no_restart=True)
+
+
+# ---- the trainer ---------------------------------------------------------------------------
+# num_cpus=0: the actor takes the place of the trainer that ran inside the driver, which Ray
+# never counted; reserving a CPU would leave no room for the engine workers on a small box.
+@ray.remote(num_cpus=0)
+class TrainerActor:
+    def __init__(self, cfg: RunConfig, init_dir: str, ckpt: str | None):
+        import torch
+
+        from reroll import build
+
+        build.set_threads(cfg)
+        torch.manual_seed(cfg.train.seed)
+        self.trainer = build.build_trainer(cfg, Path(init_dir), Path(ckpt) if ckpt else None)
+
+    def version(self) -> int:
+        return self.trainer.version
+
+    def step(self, groups: list[Group]) -> tuple[dict[str, float], int]:
+        return self.trainer.step(groups), self.trainer.version
+
+    @ray.method(num_returns=2)
+    def weights(self):
+        """(version, state dict): the state dict goes to the object store as it is returned,
+        before any later update, so no clone is needed; the small version lets the caller
+        see that the call succeeded without fetching the weights."""
+        sd = {k: v.detach() for k, v in self.trainer.model.state_dict().items()}
+        return self.trainer.version, sd
+
+    def save_checkpoint(self, run_dir: str, step: int, state: dict, groups: list[Group]) -> str:
+        return str(self.trainer.save_checkpoint(Path(run_dir), step, state, groups))
+
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
+class RayTrainer:
+    """TrainerHandle over a `TrainerActor`. Holds no model, except a lazily loaded copy of
+    the current weights when `policy()` is asked for (in-loop evaluation)."""
+
+    def __init__(self, cfg: RunConfig, init_dir: str | Path, ckpt: str | Path | None = None):
+        _init_ray(max(1, cfg.runtime.engine_workers))
+        self.cfg, self.init_dir = cfg, Path(init_dir).resolve()
+        self.actor = TrainerActor.remote(cfg, str(self.init_dir),
+                                         str(Path(ckpt).resolve()) if ckpt else None)
+        self._version = self._get(self.actor.version.remote())
+        self._policy = None
+        self._policy_version = -1
+
+    def _get(self, ref):
+        try:
+            return ray.get(ref)
+        except RayActorError as e:
+            raise RuntimeError(
+                f"the trainer actor died, so the run in {self.cfg.out_dir} stopped at policy "
+                f"version {self._version}. Checkpoints already written are intact: run again "
+                f"with --resume to continue from the last checkpoint. Cause: {e}") from e
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def step(self, groups: Sequence[Group]) -> dict[str, float]:
+        metrics, self._version = self._get(self.actor.step.remote(list(groups)))
+        return metrics
+
+    def weights(self) -> ray.ObjectRef:
+        """A reference to the current weights in the object store (not fetched here)."""
+        version_ref, weights_ref = self.actor.weights.remote()
+        self._get(version_ref)  # raises the clear error if the actor is gone
+        return weights_ref
+
+    def save_checkpoint(self, run_dir: Path, step: int, state: dict[str, Any],
+                        groups: Sequence[Group]) -> Path:
+        path = self.actor.save_checkpoint.remote(str(Path(run_dir).resolve()), step, state,
+                                                 list(groups))
+        return Path(self._get(path))
+
+    def policy(self):
+        """A driver-side model with the trainer's current weights (fetched once per version)."""
+        from reroll import build
+
+        if self._policy is None:
+            self._policy = build.load_model(self.init_dir, self.cfg)[0]
+        if self._policy_version != self._version:
+            self._policy.load_state_dict(self._get(self.weights()))
+            self._policy_version = self._version
+        return self._policy
+
+    def kill(self) -> int:
+        """Kill the trainer actor (for fault-injection tests); returns its pid."""
+        pid = self._get(self.actor.pid.remote())
+        ray.kill(self.actor, no_restart=True)
+        return pid
+
+    def close(self) -> None:
+        ray.kill(self.actor, no_restart=True)
