@@ -178,9 +178,7 @@ class RayEnginePool:
         try:
             return ray.get(getattr(self.actors[i], method).remote(*args))
         except RayActorError:
-            self._replace(i)
-            if method == "add":
-                return None  # the requests were recorded and re-queued by _replace
+            self._replace(i)  # requests it held were recorded and are re-queued there
             return None
 
     def _replace(self, i: int) -> None:
@@ -228,9 +226,8 @@ class TrainerActor:
 
     @ray.method(num_returns=2)
     def weights(self):
-        """(version, state dict): the state dict goes to the object store as it is returned,
-        before any later update, so no clone is needed; the small version lets the caller
-        see that the call succeeded without fetching the weights."""
+        """(version, state dict): stored as returned, before any later update (no clone);
+        the caller checks the small version, never fetching the weights."""
         sd = {k: v.detach() for k, v in self.trainer.model.state_dict().items()}
         return self.trainer.version, sd
 
@@ -252,7 +249,11 @@ class RayTrainer:
         self.cfg, self.init_dir = cfg, Path(init_dir).resolve()
         self.actor = TrainerActor.remote(cfg, str(self.init_dir),
                                          str(Path(ckpt).resolve()) if ckpt else None)
-        self._version = self._get(self.actor.version.remote())
+        try:
+            self._version = ray.get(self.actor.version.remote())
+        except RayActorError as e:  # build_trainer raised inside the actor
+            raise RuntimeError(f"the trainer actor could not start (model {self.init_dir}, "
+                               f"checkpoint {ckpt}): {e}") from e
         self._policy = None
         self._policy_version = -1
 
