@@ -3,7 +3,9 @@ publish the new weights, log, checkpoint. Synchronous RL is ``runtime.max_stalen
 of this same loop (the admission rule then lets exactly one batch be generated per version).
 
 Holds no algorithm logic: advantages and losses are `reroll.algo`, scheduling is
-`reroll.control`, generation is `reroll.engine`, where things run is `reroll.runtime`.
+`reroll.control`, generation is `reroll.engine`, where things run is `reroll.runtime`. The
+trainer is any `TrainerHandle` (a `Trainer` here, or a Ray actor's proxy); `reroll.build`
+alone decides which from `runtime.kind`.
 """
 
 from __future__ import annotations
