@@ -17,6 +17,10 @@ SMALL = ["model.max_position=32", "task.args.digits=1", "task.args.n_train=80",
          "task.args.n_test=20", "rollout.group_size=4", "rollout.batch_groups=4",
          "rollout.max_new_tokens=4", "reward.workers=0", "log_every=1", "train.lr=3e-4",
          "runtime.threads=1"]
+# An untrained model never gets a sum right: all-zero groups have zero advantage and the
+# weights would never move, so equivalence tests would compare two idle runs. This reward
+# ("a digit anywhere in the completion") gives every step a gradient.
+SIGNAL = ['reward.verifiers=[{name="format", args={pattern="[0-9]", fullmatch=false}}]']
 
 
 def small_cfg(out, *extra):
@@ -28,12 +32,22 @@ def weights(run_dir, step):
                          "model.safetensors"))
 
 
+def assert_trained(run_dir, step):
+    """The run really updated the weights (a nonzero gradient at every logged step)."""
+    rows = [m for m in read_metrics(run_dir) if m["step"] <= step]
+    assert rows and all(m["grad_norm"] > 0 for m in rows)
+    w0 = load_file(str(run_dir / "init" / "model.safetensors"))
+    w = weights(run_dir, step)
+    assert any(not torch.equal(w0[k], w[k]) for k in w)
+
+
 def test_resume_gives_bitwise_identical_parameters(tmp_path):
     a = tmp_path / "a"
-    train(small_cfg(a, "train.steps=4", "ckpt_every=2"), progress=False)
+    train(small_cfg(a, "train.steps=4", "ckpt_every=2", *SIGNAL), progress=False)
     b = tmp_path / "b"
-    train(small_cfg(b, "train.steps=2", "ckpt_every=2"), progress=False)
-    train(small_cfg(b, "train.steps=4", "ckpt_every=2"), resume=True, progress=False)
+    train(small_cfg(b, "train.steps=2", "ckpt_every=2", *SIGNAL), progress=False)
+    train(small_cfg(b, "train.steps=4", "ckpt_every=2", *SIGNAL), resume=True, progress=False)
+    assert_trained(a, 4)
     wa, wb = weights(a, 4), weights(b, 4)
     assert wa.keys() == wb.keys()
     for k in wa:
@@ -50,8 +64,9 @@ def test_staleness_zero_equals_a_plain_synchronous_loop(tmp_path):
     from reroll.rollout import new_group
     from reroll.trainer.step import Trainer
 
-    cfg = small_cfg(tmp_path / "loop", "train.steps=3", "ckpt_every=3")
+    cfg = small_cfg(tmp_path / "loop", "train.steps=3", "ckpt_every=3", *SIGNAL)
     train(cfg, progress=False)
+    assert_trained(tmp_path / "loop", 3)
 
     # the textbook synchronous loop, written out with the same components
     model, tok = build.load_model(tmp_path / "loop" / "init", cfg)
