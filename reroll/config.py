@@ -27,7 +27,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 class ConfigError(ValueError):
-    pass
+    """Bad input in the configuration (the CLI exits with status 2)."""
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that does not match the model or optimiser the config builds; the
+    checkpoint is left untouched."""
 
 
 @dataclass

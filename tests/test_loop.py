@@ -133,13 +133,34 @@ def test_bad_input_is_refused_without_overwriting(tmp_path):
     assert (out / "metrics.jsonl").read_text() == before
 
 
+def test_checkpoint_that_does_not_match_is_refused_with_exit_2(tmp_path, capsys):
+    import shutil
+
+    from reroll.cli import main
+
+    out, other = tmp_path / "run", tmp_path / "other"
+    train(small_cfg(out, "train.steps=1"), progress=False)
+    train(small_cfg(other, "train.steps=1", "model.hidden_size=32", "model.intermediate_size=64"),
+          progress=False)
+    ck = out / "checkpoints" / "step_000001"
+    shutil.copy(other / "checkpoints" / "step_000001" / "optimizer.pt", ck / "optimizer.pt")
+    files = {p: p.read_bytes() for p in [*ck.rglob("*"), out / "metrics.jsonl"] if p.is_file()}
+    code = main(["train", "-", *SMALL, f"out_dir={out}", "train.steps=2", "--resume",
+                 "--no-progress"])
+    assert code == 2
+    assert "does not match the model/optimiser" in capsys.readouterr().err
+    assert all(p.read_bytes() == b for p, b in files.items())  # nothing overwritten
+    assert not (out / "checkpoints" / "step_000002").exists()
+
+
 @pytest.mark.parametrize("preset", ["grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp",
                                     "mc_grpo", "gdpo"])
 def test_every_preset_trains_a_few_steps(tmp_path, preset):
-    cfg = small_cfg(tmp_path, f"preset={preset}", "train.steps=2", "ckpt_every=100")
-    last = train(cfg, progress=False)
-    assert last["grad_norm"] == last["grad_norm"]  # finite, not NaN
-    assert [m["step"] for m in read_metrics(tmp_path)] == [1, 2]
+    cfg = small_cfg(tmp_path, f"preset={preset}", "train.steps=2", "ckpt_every=100", *SIGNAL)
+    train(cfg, progress=False)
+    rows = read_metrics(tmp_path)
+    assert [m["step"] for m in rows] == [1, 2]
+    assert all(0 < m["grad_norm"] < float("inf") for m in rows)  # a real, finite update
 
 
 def test_dynamic_sampling_that_never_finds_a_group_stops_with_a_clear_error(tmp_path):

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from reroll.config import CheckpointError
 from reroll.rollout import Group
 
 
@@ -73,13 +74,32 @@ def latest(run_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def check_optimizer_state(ckpt: Path, optimizer, saved: dict[str, Any]) -> None:
+    """torch checks only the number of parameters per group; a state tensor of another
+    shape (a checkpoint of a different model) would fail later, inside the first update."""
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for idx, st in saved.get("state", {}).items():
+        if not isinstance(idx, int) or idx >= len(params):
+            raise CheckpointError(f"checkpoint {ckpt} does not match the model/optimiser the "
+                                  f"config builds: optimiser state for parameter {idx}, the "
+                                  f"model has {len(params)} parameters")
+        for name, v in st.items():
+            if torch.is_tensor(v) and v.dim() > 0 and v.shape != params[idx].shape:
+                raise CheckpointError(
+                    f"checkpoint {ckpt} does not match the model/optimiser the config builds: "
+                    f"optimiser {name} of parameter {idx} has shape {tuple(v.shape)}, the "
+                    f"model's is {tuple(params[idx].shape)}")
+
+
 def load_trainer_state(ckpt: Path, optimizer, lr_scheduler=None) -> None:
     """Restore optimiser, LR schedule and RNG (in the process that trains)."""
     opt = torch.load(ckpt / "optimizer.pt", weights_only=False)
+    check_optimizer_state(ckpt, optimizer, opt["optimizer"])
     try:
         optimizer.load_state_dict(opt["optimizer"])
     except ValueError as e:
-        raise ValueError(f"checkpoint {ckpt} does not match the model/optimiser: {e}") from None
+        raise CheckpointError(f"checkpoint {ckpt} does not match the model/optimiser the "
+                              f"config builds: {e}") from None
     if lr_scheduler is not None and opt.get("lr_scheduler"):
         lr_scheduler.load_state_dict(opt["lr_scheduler"])
     set_rng_state(torch.load(ckpt / "rng.pt", weights_only=False))
