@@ -23,6 +23,7 @@ from reroll.control.scheduler import Scheduler
 from reroll.runlog import RunDir
 from reroll.runtime.local import LocalRuntime
 from reroll.trainer import checkpoint
+from reroll.trainer.evaluate import evaluate
 from reroll.trainer.metrics import batch_metrics, progress_bar
 from reroll.trainer.step import TrainerHandle
 
@@ -65,6 +66,9 @@ def train(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
         step, last = state.get("step", 0), {}
         bar = progress_bar(cfg.train.steps, step, enabled=progress)
         done.callback(bar.close)
+        if cfg.eval.every and step == 0:  # the starting point of the accuracy curve
+            rd.log(0, evaluate(trainer.policy(), tok, task.test[: cfg.eval.n_examples], scorer,
+                               build.encode_prompt(tok), cfg, k=1))
         while step < cfg.train.steps:
             t0 = time.perf_counter()
             gen0 = runtime.call(lambda s: (dict(s.time), s.engine.stats()))
@@ -84,8 +88,6 @@ def train(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
             metrics.update(batch_metrics(groups, gen0, gen1, wait_s=t1 - t0, train_s=t2 - t1,
                                          step_s=time.perf_counter() - t0))
             if cfg.eval.every and step % cfg.eval.every == 0:
-                from reroll.trainer.evaluate import evaluate
-
                 metrics.update(evaluate(trainer.policy(), tok, task.test[: cfg.eval.n_examples],
                                         scorer, build.encode_prompt(tok), cfg, k=1))
             if step % cfg.log_every == 0 or step == cfg.train.steps:

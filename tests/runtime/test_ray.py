@@ -100,22 +100,22 @@ def assert_bitwise_equal(a, b):
 def ray_run(ray_session, tmp_path_factory):
     """The uninterrupted 3-step Ray run (trainer actor + engine actor), evaluated in-loop at
     step 3; returns (run dir, the weights the in-loop evaluation saw)."""
-    import reroll.trainer.evaluate as ev
+    import reroll.loop as loop
     from reroll.loop import train
 
     out = tmp_path_factory.mktemp("ray_run")
-    seen, real = {}, ev.evaluate
+    seen, real = {}, loop.evaluate
 
     def spy(model, *args, **kwargs):
         seen.update({k: v.clone() for k, v in model.state_dict().items()})
         return real(model, *args, **kwargs)
 
-    ev.evaluate = spy
+    loop.evaluate = spy
     try:
         train(equiv_cfg(out, "runtime.kind=ray", "train.steps=3", "eval.every=3",
                         "eval.n_examples=4"), progress=False)
     finally:
-        ev.evaluate = real
+        loop.evaluate = real
     return out, seen
 
 
@@ -127,14 +127,19 @@ def test_trainer_actor_run_equals_local_run_bitwise(ray_run, tmp_path):
     train(equiv_cfg(tmp_path, "runtime.kind=local", "train.steps=3"), progress=False)
     # same sampled tokens (per-request seeds), same float ops in one thread each: bitwise
     assert_bitwise_equal(final_weights(out), final_weights(tmp_path))
-    ray_rows, local_rows = read_metrics(out), read_metrics(tmp_path)
+    ray_rows = [r for r in read_metrics(out) if r["step"] > 0]  # step 0: the initial eval
+    local_rows = read_metrics(tmp_path)
     assert all(r["grad_norm"] > 0 for r in ray_rows)  # not the trivial no-update case
     assert [r["reward/mean"] for r in ray_rows] == [r["reward/mean"] for r in local_rows]
     assert ray_rows[-1]["pipeline/consumed"] == 12  # 3 steps x 4 groups
 
 
 def test_in_loop_evaluation_on_ray_sees_the_trained_weights(ray_run):
+    from reroll.runlog import read_metrics
+
     out, seen = ray_run
+    first = read_metrics(out)[0]  # the curve starts with the untrained policy at step 0
+    assert first["step"] == 0 and 0.0 <= first["eval/greedy_accuracy"] <= 1.0
     final = final_weights(out)
     assert seen and final.keys() <= seen.keys()
     for k in final:  # step 3's weights, not the initial ones the driver could have kept
