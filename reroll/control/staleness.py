@@ -6,6 +6,10 @@ only if ``i - v <= max_staleness``. Admission enforces it: at version ``v`` at m
 ``(max_staleness + v + 1) * batch_groups`` groups may have been accepted or be running, so no
 group can start more than ``max_staleness`` versions before the step that consumes it.
 ``max_staleness = 0`` admits exactly one batch per version: synchronous RL.
+
+Groups finish out of order (a long one is overtaken by short ones admitted after it), so
+admission alone bounds the lag only together with the consumer: ``Scheduler.take`` hands out
+groups at their last admissible version first and holds slots for the ones still running.
 """
 
 from __future__ import annotations

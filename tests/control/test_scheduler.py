@@ -1,6 +1,7 @@
 """The scheduler's bookkeeping with a scripted engine and scorer: a prompt whose scoring keeps
 failing is retried, then given up with a warning (never trained as a silent 0); counters
-survive a snapshot/restore; per-group ordering state does not grow with the run."""
+survive a snapshot/restore; per-group ordering state does not grow with the run; a long group
+overtaken by short ones is waited for at its last admissible version, not dropped as stale."""
 
 from concurrent.futures import Future
 
@@ -114,3 +115,70 @@ def test_counters_round_trip_and_order_is_pruned():
     t.restore(s.snapshot(), c)
     assert t.counters() == c  # consumed, dropped, score errors and failures all carried
     assert t.score_errors == s.score_errors and t.score_failures == s.score_failures
+
+
+class LengthEngine(OneTokenEngine):
+    """Finishes a request after `lengths[prompt_id]` steps (default 1), one token a step."""
+
+    def __init__(self, lengths):
+        super().__init__()
+        self.lengths = lengths
+
+    def step(self):
+        done, still = [], []
+        for r in self.queue:
+            r.tokens.append(7)
+            r.logprobs.append(-1.0)
+            r.versions.append(self.version)
+            r.loss_mask.append(True)
+            if len(r.tokens) - r.prompt_len >= self.lengths.get(r.prompt_id, 1):
+                r.finish = "stop"
+                done.append(r)
+            else:
+                still.append(r)
+        self.queue = still
+        return done
+
+
+def staleness_one(n=6):
+    """One group per step, max_staleness 1; every request takes one step until told otherwise."""
+    exs = [Example(f"p{i}", f"{i}+{i}=", str(2 * i)) for i in range(n)]
+    sp = SamplingParams(temperature=1.0, max_new_tokens=8)
+    return Scheduler(LengthEngine({}), ScriptedScorer(), PromptStream(exs, seed=0),
+                     lambda t: [1, 2, 3], sp, group_size=1, batch_groups=1, max_staleness=1)
+
+
+def test_a_long_group_overtaken_by_short_ones_is_waited_for_not_dropped_as_stale():
+    s = staleness_one()
+    s.admit()  # version 0, max_staleness 1: room for (1 + 0 + 1) x 1 = 2 groups
+    old, young = sorted(s.running.values(), key=lambda g: s.order[g.group_id])
+    s.engine.lengths = {old.example.prompt_id: 5}  # the first-admitted group is the long one
+    s.tick()
+    assert [g.group_id for g in s.ready] == [young.group_id]  # the short one finished first
+    # trainer version 0: the long group has lag 0 < 1, so the ready young one is trained now
+    assert [g.group_id for g in s.take(1, trainer_version=0)] == [young.group_id]
+    s.engine.version = 1
+    s.tick()  # admits one more (short) group; it finishes while the long one is still running
+    assert len(s.ready) == 1 and old.group_id in s.running
+    # trainer version 1: the long group reaches its last admissible version (lag 1), so the
+    # one slot is held for it; the ready younger group is not handed out ahead of it
+    assert s.take(1, trainer_version=1) == []
+    for _ in range(5):
+        s.tick()
+    got = s.take(1, trainer_version=1)
+    assert [g.group_id for g in got] == [old.group_id]
+    assert s.dropped["stale"] == 0 and s.n_consumed == 2
+    assert len(s.ready) == 1  # the younger group waits for the next step, within its bound
+
+
+def test_a_group_already_past_the_bound_is_dropped_counted_and_its_prompt_retried():
+    s = staleness_one()
+    s.admit()
+    s.tick()
+    assert len(s.ready) == 2
+    prompts = {g.example.prompt_id for g in s.ready}
+    # e.g. resumed with a smaller max_staleness: at trainer version 2 a version-0 group has lag 2
+    got = s.take(1, trainer_version=2)
+    assert got == [] and s.dropped["stale"] == 2 and s.n_accepted == 0
+    assert {s.prompts.next().prompt_id for _ in range(2)} == prompts  # both retried next
+    assert s.n_consumed == 0
