@@ -16,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from reroll.control.prompts import PromptStream
-from reroll.control.staleness import allowed_lag, capacity, is_stale
+from reroll.control.staleness import allowed_lag, can_take, capacity
 from reroll.rollout import Group, Rollout, SamplingParams, new_group
 
 GroupFilter = Callable[[Group], "str | None"]  # returns the reason to drop, or None to keep
@@ -164,34 +164,40 @@ class Scheduler:
 
     # ---- hand-out and weight updates -------------------------------------------------
     def take(self, n: int, trainer_version: int) -> list[Group]:
-        """Up to ``n`` ready groups for the update at ``trainer_version``: first the ones at
-        their last admissible version ("due"), then the oldest by admission order.
+        """Up to ``n`` ready groups for the update at ``trainer_version``, earliest deadline
+        (start version + allowed lag) first, then by admission order.
 
-        Slots are held back for due groups still running, so the caller waits for a long
-        group that younger short ones overtook, instead of training the young ones and later
-        dropping the old one as stale (which would waste its generation and tilt training
-        toward short prompts). With the admission rule this keeps every group within the
-        bound. A group already past it (possible after resuming with a smaller
-        ``max_staleness``) is dropped, counted as "stale", and its prompt retried."""
+        A ready group is handed out only if every group with an earlier deadline, including
+        ones still being generated, keeps a slot (`staleness.can_take`). So the caller waits
+        for a long group that younger short ones overtook, instead of training the young ones
+        and later dropping the old one as stale (which would waste its generation and tilt
+        training toward short prompts). A group already past its deadline (possible after
+        resuming with a smaller ``max_staleness``) is dropped, counted as "stale", and its
+        prompt retried."""
         lag = allowed_lag(max_staleness=self.max_staleness, overprovision=self.overprovision)
 
-        def due(g: Group) -> bool:
-            return trainer_version - g.start_version >= lag
+        def deadline(g: Group) -> int:
+            return g.start_version + lag
 
-        self.ready.sort(key=lambda g: (not due(g), self.order[g.group_id]))
-        held = sum(1 for g in self.running.values() if due(g))
+        self.ready.sort(key=lambda g: (deadline(g), self.order[g.group_id]))
+        deadlines = [d for g in self.ready + list(self.running.values())
+                     if (d := deadline(g)) >= trainer_version]
         out = []
         while self.ready and len(out) < n:
-            if not due(self.ready[0]) and len(out) >= n - held:
-                break  # the remaining slots wait for due groups still being generated
-            g = self.ready.pop(0)
-            self.order.pop(g.group_id, None)
-            if is_stale(trainer_version, g.start_version, max_staleness=self.max_staleness,
-                        overprovision=self.overprovision):
+            g = self.ready[0]
+            if deadline(g) < trainer_version:
+                self.ready.pop(0)
+                self.order.pop(g.group_id, None)
                 self.dropped["stale"] += 1
                 self.n_accepted -= 1  # frees its admission slot; its prompt is retried
                 self.prompts.push_front(g.example)
                 continue
+            if not can_take(deadline(g), deadlines=deadlines, slots_left=n - len(out),
+                            trainer_version=trainer_version, batch_groups=self.batch_groups):
+                break  # the remaining slots belong to earlier-deadline groups still running
+            self.ready.pop(0)
+            self.order.pop(g.group_id, None)
+            deadlines.remove(deadline(g))
             out.append(g)
         self.n_consumed += len(out)
         return out

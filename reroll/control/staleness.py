@@ -8,8 +8,11 @@ group can start more than ``max_staleness`` versions before the step that consum
 ``max_staleness = 0`` admits exactly one batch per version: synchronous RL.
 
 Groups finish out of order (a long one is overtaken by short ones admitted after it), so
-admission alone bounds the lag only together with the consumer: ``Scheduler.take`` hands out
-groups at their last admissible version first and holds slots for the ones still running.
+admission bounds the lag only together with the consumer. Each group has a deadline, the last
+trainer version that may consume it (start version + allowed lag); the consumer takes ready
+groups earliest deadline first and only while `can_take` says every group with an earlier
+deadline, ready or still running, keeps a slot in this step or a later one. Admission leaves
+exactly enough room for that when ``overprovision <= 2``, so no group is ever dropped as stale.
 """
 
 from __future__ import annotations
@@ -37,7 +40,17 @@ def allowed_lag(*, max_staleness: int, overprovision: float = 1.0) -> int:
     return max_staleness + (1 if overprovision > 1.0 else 0)
 
 
-def is_stale(trainer_version: int, start_version: int, *, max_staleness: int,
-             overprovision: float = 1.0) -> bool:
-    lag = trainer_version - start_version
-    return lag > allowed_lag(max_staleness=max_staleness, overprovision=overprovision)
+def can_take(deadline: int, *, deadlines: list[int], slots_left: int, trainer_version: int,
+             batch_groups: int) -> bool:
+    """Whether a ready group with ``deadline`` may fill one of this step's ``slots_left``
+    slots. ``deadlines``: those of every unconsumed group not yet overdue, ready or running.
+
+    Earliest-deadline-first feasibility: for every version D from now up to (not including)
+    the group's deadline, the groups due by D must fit in the slots left after this one,
+    ``slots_left - 1 + (D - trainer_version) * batch_groups``. A group due now always may."""
+    for d in {trainer_version, *deadlines}:
+        if trainer_version <= d < deadline:
+            due = sum(1 for x in deadlines if x <= d)
+            if slots_left - 1 + (d - trainer_version) * batch_groups < due:
+                return False
+    return True

@@ -140,12 +140,13 @@ class LengthEngine(OneTokenEngine):
         return done
 
 
-def staleness_one(n=6):
-    """One group per step, max_staleness 1; every request takes one step until told otherwise."""
+def staleness_one(n=6, max_staleness=1):
+    """One group per step; every request takes one step until told otherwise."""
     exs = [Example(f"p{i}", f"{i}+{i}=", str(2 * i)) for i in range(n)]
     sp = SamplingParams(temperature=1.0, max_new_tokens=8)
     return Scheduler(LengthEngine({}), ScriptedScorer(), PromptStream(exs, seed=0),
-                     lambda t: [1, 2, 3], sp, group_size=1, batch_groups=1, max_staleness=1)
+                     lambda t: [1, 2, 3], sp, group_size=1, batch_groups=1,
+                     max_staleness=max_staleness)
 
 
 def test_a_long_group_overtaken_by_short_ones_is_waited_for_not_dropped_as_stale():
@@ -169,6 +170,30 @@ def test_a_long_group_overtaken_by_short_ones_is_waited_for_not_dropped_as_stale
     assert [g.group_id for g in got] == [old.group_id]
     assert s.dropped["stale"] == 0 and s.n_consumed == 2
     assert len(s.ready) == 1  # the younger group waits for the next step, within its bound
+
+
+def test_a_young_group_is_not_trained_ahead_of_old_ones_that_would_then_miss_their_deadline():
+    # max_staleness 2, one group a step: 3 groups start at version 0 (deadline 2); two are long
+    s = staleness_one(max_staleness=2)
+    s.admit()
+    a, b, c = sorted(s.running.values(), key=lambda g: s.order[g.group_id])
+    s.engine.lengths = {a.example.prompt_id: 6, c.example.prompt_id: 6}
+    s.tick()
+    assert [g.group_id for g in s.take(1, trainer_version=0)] == [b.group_id]
+    s.engine.version = 1
+    s.tick()  # admits d (start 1, deadline 3); it finishes at once
+    (d,) = s.ready
+    # version 1: a and c (deadline 2) are still running and version 2 has one slot, so one
+    # of them must train now; d would take that slot (a drop-stale scheduler takes d here)
+    assert s.take(1, trainer_version=1) == []
+    for _ in range(6):
+        s.tick()
+    assert [g.group_id for g in s.take(1, trainer_version=1)] == [a.group_id]
+    s.engine.version = 2
+    assert [g.group_id for g in s.take(1, trainer_version=2)] == [c.group_id]
+    s.engine.version = 3
+    assert [g.group_id for g in s.take(1, trainer_version=3)][0] == d.group_id
+    assert s.dropped["stale"] == 0
 
 
 def test_a_group_already_past_the_bound_is_dropped_counted_and_its_prompt_retried():
