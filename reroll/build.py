@@ -123,6 +123,16 @@ def sampling_params(cfg: RunConfig, tok) -> SamplingParams:
 
 
 def build_scorer(cfg: RunConfig, task):
+    """A pool of verifier processes in this process; on Ray with `runtime.scoring_workers`,
+    the same pools inside Ray actors, behind the same interface."""
+    if cfg.runtime.kind == "ray" and cfg.runtime.scoring_workers > 0:
+        from reroll.runtime.ray import init_ray
+        from reroll.runtime.ray_scoring import RayScoringPool
+
+        init_ray(cfg.runtime.engine_workers)
+        return RayScoringPool(cfg.reward.verifiers, task.verifier,
+                              actors=cfg.runtime.scoring_workers, workers=cfg.reward.workers,
+                              timeout_s=cfg.reward.timeout_s)
     from reroll.verifiers import ScoringPool
 
     return ScoringPool(cfg.reward.verifiers, task.verifier, workers=cfg.reward.workers,

@@ -186,6 +186,9 @@ class RuntimeConfig:
     """Start this many times the groups a step needs; unfinished ones carry over (APRIL)."""
     engine_workers: int = 1
     """Engine replicas (Ray runtime)."""
+    scoring_workers: int = 0
+    """Ray runtime: scoring actors, each running reward.workers verifier processes (on a
+    cluster they may sit on other nodes). 0 scores in the driver's own process pool."""
     threads: int = 2
     """torch intra-op threads."""
 
@@ -396,6 +399,12 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"sft.schedule must be constant or linear, got {cfg.sft.schedule!r}")
     if cfg.runtime.max_staleness < 0:
         raise ConfigError("runtime.max_staleness must be >= 0")
+    if cfg.runtime.scoring_workers < 0:
+        raise ConfigError(f"runtime.scoring_workers must be >= 0, got {cfg.runtime.scoring_workers}")
+    if cfg.runtime.scoring_workers and cfg.runtime.kind != "ray":
+        raise ConfigError("runtime.scoring_workers places scoring actors on Ray: it needs "
+                          f"runtime.kind = \"ray\" (got {cfg.runtime.kind!r}); the local "
+                          "runtime's scoring processes are reward.workers")
     if cfg.runtime.overprovision < 1.0:
         raise ConfigError("runtime.overprovision must be >= 1.0")
 

@@ -16,8 +16,9 @@ from typing import Any
 from reroll.config import ConfigError, RunConfig, dump_toml, read_toml, to_dict
 
 # Keys that may change between a run and its resume (they do not change what is learned).
-RESUMABLE = {"train.steps", "log_every", "ckpt_every", "record_every", "eval", "out_dir", "runtime.threads",
-             "runtime.kind", "runtime.engine_workers"}  # local and Ray runs are bitwise equal
+RESUMABLE = {"train.steps", "log_every", "ckpt_every", "record_every", "eval", "out_dir",
+             "runtime.threads", "runtime.kind", "runtime.engine_workers",
+             "runtime.scoring_workers"}  # local and Ray runs are bitwise equal
 
 
 def _flat(d: dict, prefix: str = "") -> dict[str, Any]:

@@ -77,3 +77,11 @@ def test_shaping_with_a_components_only_advantage_is_rejected():
     with pytest.raises(ConfigError, match="algo.kl_in_reward would have no effect"):
         load_config(None, ["algo.advantage=gdpo", "algo.kl_in_reward=true", "algo.kl_coef=0.1"])
     load_config(None, ["algo.advantage=gdpo", "algo.kl_coef=0.1"])  # KL in the loss is fine
+
+
+def test_scoring_actors_need_the_ray_runtime():
+    with pytest.raises(ConfigError, match='runtime.scoring_workers .* needs runtime.kind = "ray"'):
+        load_config(None, ["runtime.scoring_workers=2"])
+    with pytest.raises(ConfigError, match="runtime.scoring_workers must be >= 0, got -1"):
+        load_config(None, ["runtime.kind=ray", "runtime.scoring_workers=-1"])
+    assert load_config(None, ["runtime.kind=ray", "runtime.scoring_workers=2"]).runtime.scoring_workers == 2

@@ -1,6 +1,7 @@
 """The Ray runtime: engine replicas and the trainer as Ray actors behind the Engine and
-TrainerHandle interfaces, so the same scheduler, runtime thread and loop drive them. The only
-module that imports ray.
+TrainerHandle interfaces, so the same scheduler, runtime thread and loop drive them. With
+`ray_scoring.py` (scoring actors behind the scorer interface), the only modules that import
+ray.
 
 - `EngineActor` wraps a `TorchEngine` built from a model directory in its own process.
 - `RayEnginePool` spreads requests over the actors (least loaded first), steps them in
@@ -35,7 +36,7 @@ from reroll.config import RunConfig
 from reroll.rollout import Group, Rollout
 
 
-def _init_ray(engine_workers: int) -> None:
+def init_ray(engine_workers: int) -> None:
     """Start a local Ray instance when none is connected: one CPU per engine worker and one
     for the driver (the trainer actor reserves none, see `TrainerActor`)."""
     if not ray.is_initialized():
@@ -89,7 +90,7 @@ class RayEnginePool:
 
     def __init__(self, model_dir: str | Path, *, workers: int = 1, dtype: str = "float32",
                  max_batch: int = 64, threads: int = 1, version: int = 0, state_dict=None):
-        _init_ray(workers)
+        init_ray(workers)
         self.args = (str(model_dir), dtype, max_batch, threads)
         self.version = version
         self._weights = _as_ref(state_dict) if state_dict is not None else None
@@ -245,7 +246,7 @@ class RayTrainer:
     the current weights when `policy()` is asked for (in-loop evaluation)."""
 
     def __init__(self, cfg: RunConfig, init_dir: str | Path, ckpt: str | Path | None = None):
-        _init_ray(max(1, cfg.runtime.engine_workers))
+        init_ray(max(1, cfg.runtime.engine_workers))
         self.cfg, self.init_dir = cfg, Path(init_dir).resolve()
         self.actor = TrainerActor.remote(cfg, str(self.init_dir),
                                          str(Path(ckpt).resolve()) if ckpt else None)

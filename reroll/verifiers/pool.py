@@ -99,7 +99,21 @@ class _Worker:
         self.kill()
 
 
-class ScoringPool:
+class Scorer:
+    """What every scorer shares: the Reward that names and combines the components. The
+    subclasses add ``submit(rollout, example) -> Future[list[Score]]``, ``stats``, ``close``."""
+
+    reward: Reward
+
+    @property
+    def names(self) -> list[str]:
+        return self.reward.names
+
+    def combine(self, scores: list[Score]) -> float | None:
+        return self.reward.combine(scores)
+
+
+class ScoringPool(Scorer):
     """``submit(rollout, example) -> Future[list[Score]]``; see the module docstring."""
 
     def __init__(self, reward_specs: list[dict], default_spec: dict, *, workers: int = 1,
@@ -125,13 +139,6 @@ class ScoringPool:
             t.start()
 
     # ---- public ---------------------------------------------------------------------
-    @property
-    def names(self) -> list[str]:
-        return self.reward.names
-
-    def combine(self, scores: list[Score]) -> float | None:
-        return self.reward.combine(scores)
-
     def submit(self, rollout: Rollout, example: Example) -> Future:
         """Queue one finished rollout; the Future resolves to one Score per component."""
         fut: Future = Future()

@@ -66,6 +66,26 @@ def test_train_runs_on_ray_engine_workers(ray_session, tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["pipeline/consumed"] == 12
 
 
+def test_killed_scoring_actor_calls_are_sent_again_and_nothing_is_lost(ray_session):
+    from reroll.rollout import Rollout
+    from reroll.runtime.ray_scoring import RayScoringPool
+
+    specs = [{"name": "math"}, {"name": "numeric", "args": {"tolerance": 0.01}, "weight": 0.5}]
+    texts = [r"\boxed{0.5}", "0.499", "1/3", "none"] * 3
+    ex = Example("p", "q", "1/2")
+    pool = RayScoringPool(specs, {}, actors=2, workers=0, timeout_s=30)
+    futs = [pool.submit(Rollout("p", "g", [0], 0, completion=t), ex) for t in texts]
+    pool.kill_actor(0)  # half the calls went to it; it is still starting, so few if any answered
+    got = [f.result(timeout=120) for f in futs]
+    # math 1/0, numeric |x - 0.5| <= 0.01 at weight 0.5, as on the local pool
+    assert [pool.combine(g) for g in got] == [1.5, 0.5, 0.0, 0.0] * 3
+    s = pool.stats()
+    assert s["restarts"] == 1 and 1 <= s["requeued"] <= 6 and s["error_total"] == 0
+    # every call answered once by a live actor, or by the dead one before it died
+    assert s["calls"] + (6 - s["requeued"]) == 12 and s["pending"] == 0
+    pool.close()
+
+
 # ---- the trainer as a Ray actor -------------------------------------------------------------
 # 1-digit addition, 3 synchronous steps (max_staleness 0), one engine worker, one thread. The
 # untrained model never answers right (all-zero groups: no update at all), so the reward is
@@ -112,7 +132,7 @@ def ray_run(ray_session, tmp_path_factory):
 
     loop.evaluate = spy
     try:
-        train(equiv_cfg(out, "runtime.kind=ray", "train.steps=3", "eval.every=3",
+        train(equiv_cfg(out, "runtime.kind=ray", "runtime.scoring_workers=1", "train.steps=3", "eval.every=3",
                         "eval.n_examples=4"), progress=False)
     finally:
         loop.evaluate = real
