@@ -143,4 +143,4 @@ def gdpo(rewards: Tensor, components: Tensor, group_index: Tensor, *,
     return whiten(summed, eps), _all(rewards.shape[0])
 
 
-gdpo.uses_scalar_reward = False  # read by config.validate: reward shaping cannot reach it
+gdpo.uses_scalar_reward = False  # read by config_checks.validate: reward shaping cannot reach it

@@ -185,18 +185,19 @@ class Scheduler:
         out = []
         while self.ready and len(out) < n:
             g = self.ready[0]
-            if deadline(g) < trainer_version:
-                self.ready.pop(0)
-                self.order.pop(g.group_id, None)
+            overdue = deadline(g) < trainer_version
+            if not overdue and not can_take(deadline(g), deadlines=deadlines,
+                                            slots_left=n - len(out),
+                                            trainer_version=trainer_version,
+                                            batch_groups=self.batch_groups):
+                break  # the remaining slots belong to earlier-deadline groups still running
+            self.ready.pop(0)
+            self.order.pop(g.group_id, None)
+            if overdue:
                 self.dropped["stale"] += 1
                 self.n_accepted -= 1  # frees its admission slot; its prompt is retried
                 self.prompts.push_front(g.example)
                 continue
-            if not can_take(deadline(g), deadlines=deadlines, slots_left=n - len(out),
-                            trainer_version=trainer_version, batch_groups=self.batch_groups):
-                break  # the remaining slots belong to earlier-deadline groups still running
-            self.ready.pop(0)
-            self.order.pop(g.group_id, None)
             deadlines.remove(deadline(g))
             out.append(g)
         self.n_consumed += len(out)

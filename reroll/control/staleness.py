@@ -12,7 +12,12 @@ admission bounds the lag only together with the consumer. Each group has a deadl
 trainer version that may consume it (start version + allowed lag); the consumer takes ready
 groups earliest deadline first and only while `can_take` says every group with an earlier
 deadline, ready or still running, keeps a slot in this step or a later one. Admission leaves
-exactly enough room for that when ``overprovision <= 2``, so no group is ever dropped as stale.
+exactly enough room for that when ``overprovision <= 2``, so no group is ever dropped as stale:
+a group due by version D started at version <= D - lag, and admission let at most
+(D + 1) * batch_groups such groups start (with overprovision, lag is one more and the extra
+is at most one batch); at trainer version i, i * batch_groups + (taken this step) are
+consumed, which leaves at most (slots left now) + (D - i) * batch_groups due by D, exactly
+what `can_take` requires.
 """
 
 from __future__ import annotations

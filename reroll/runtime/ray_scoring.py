@@ -126,9 +126,7 @@ class RayScoringPool(Scorer):
     def _answered(self, i: int, actor, call_id: int, done: Future) -> None:
         err = done.exception()
         with self._lock:
-            rollout, example, fut = self._outstanding[i].pop(call_id, (None, None, None))
-            if fut is None:  # already re-sent when the actor's death was noticed
-                return
+            rollout, example, fut = self._outstanding[i].pop(call_id)
             if isinstance(err, RayActorError):
                 if self.actors[i] is actor:  # first call to notice: replace the actor once
                     self._replace(i)
