@@ -65,6 +65,9 @@ class TaskConfig:
     """Keyword arguments of the task builder, checked against its signature at load."""
     seed: int = 0
     """Seed of the task's generator and of its train/test split."""
+    chat: bool = False
+    """Render prompts (and environment turns) with the tokenizer's chat template. Needs a
+    tokenizer that has one; the tiny-model tokenizer ships a small template."""
 
 
 @dataclass
@@ -81,6 +84,28 @@ class RolloutConfig:
     """Nucleus sampling threshold (1.0 disables)."""
     top_k: int = 0
     """Top-k filter (0 disables)."""
+    workflow: str = "single_turn"
+    """Rollout workflow (registry `reroll.workflows.WORKFLOWS`): single_turn (n samples of a
+    prompt, scored by the verifiers) or multi_turn (policy turns interleaved with an
+    environment's observations)."""
+    env: str = ""
+    """Environment of the multi_turn workflow (registry `reroll.envs.ENVIRONMENTS`)."""
+    env_args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of the environment, checked against its signature at load."""
+    max_turns: int = 4
+    """multi_turn: most policy turns per episode."""
+    max_episode_tokens: int = 0
+    """multi_turn: most policy-sampled tokens per episode, over all turns (environment tokens
+    do not count). 0: max_turns * max_new_tokens. `max_new_tokens` limits each turn."""
+
+
+@dataclass
+class EngineConfig:
+    name: str = "torch"
+    """Generation engine (registry `reroll.engine.ENGINES`): torch (continuous batching in
+    this process, or in Ray actors with runtime.kind = ray)."""
+    max_batch: int = 0
+    """KV-cache slots (sequences decoded together). 0: enough for the samples in flight."""
 
 
 @dataclass
@@ -210,6 +235,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
