@@ -8,7 +8,7 @@ to raise it); every variant starts from that checkpoint.
 4 groups x 8 samples per step: at 16 x 8 this tiny model's train step is 3x its generation
 (a trainer-bound run where overlap can hide little; try ``--set rollout.batch_groups=16``),
 while real LLM RL is generation-bound.
-Training goes through ``reroll.loop.train``, unchanged. Held-out greedy accuracy is measured
+Training goes through ``reroll.runtime.train``, unchanged. Held-out greedy accuracy is measured
 after each run on the checkpoints it saved every ``--eval-every`` steps, so evaluation never
 runs inside the timed loop (where the generation thread would keep working during it).
 
@@ -41,7 +41,7 @@ from pathlib import Path
 
 from reroll import build
 from reroll.config import load_config
-from reroll.loop import train
+from reroll.runtime import train
 from reroll.runlog import read_metrics
 from reroll.trainer.evaluate import evaluate
 from reroll.trainer.sft import save_model, sft

@@ -63,7 +63,7 @@ class InlineScorer:
 def run(label: str, out: Path, steps: int, extra: list[str]) -> dict:
     from reroll import build
     from reroll.config import load_config
-    from reroll.loop import train
+    from reroll.runtime import train
     from reroll.runlog import read_metrics
 
     base = ["task.name=longtail", "rollout.group_size=8", "rollout.batch_groups=8",

@@ -1,8 +1,9 @@
-"""Wiring: turn a RunConfig into components (model, tokenizer, task, reward, engine, objective,
-trainer, scheduler). Looks things up in registries; holds no algorithm logic and no loop.
+"""Component builders: turn a RunConfig into components (model, tokenizer, task, scorer,
+engine core, objective, trainer, workflow context). Looks things up in registries; holds no
+algorithm logic, no loop, and knows no runtime: `reroll.runtime` (the composition root)
+decides where each component runs and calls these.
 
-`runtime.kind` is decided here and nowhere else: `build_engine` and `build_trainer_handle`
-return the local components or their Ray counterparts behind the same interfaces.
+Length shaping counts policy-sampled tokens only (environment tokens never count).
 """
 
 from __future__ import annotations
@@ -88,32 +89,47 @@ def build_trainer(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
     return trainer
 
 
-def build_trainer_handle(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
-    """The trainer the loop drives (a `TrainerHandle`): a `Trainer` in this process, or with
-    `runtime.kind = "ray"` a proxy to one built by `build_trainer` in a Ray actor."""
-    if cfg.runtime.kind == "ray":
-        from reroll.runtime.ray import RayTrainer
-
-        return RayTrainer(cfg, init_dir, ckpt)
-    return build_trainer(cfg, init_dir, ckpt)
-
-
 def build_task(cfg: RunConfig):
     from reroll.tasks import TASKS
 
     return TASKS.get(cfg.task.name)(cfg.task.seed, **cfg.task.args)
 
 
-def encode_prompt(tok):
-    """Prompt text -> token ids, with the tokenizer's BOS when it defines one."""
+def encode_prompt(tok, chat: bool = False):
+    """Prompt text -> token ids: with ``chat``, rendered as a user message by the tokenizer's
+    chat template (with the generation prompt); otherwise the text with the tokenizer's BOS
+    when it defines one."""
+    if chat and not getattr(tok, "chat_template", None):
+        raise ValueError("task.chat = true needs a tokenizer with a chat template")
 
     def encode(text: str) -> list[int]:
+        if chat:
+            return tok.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
+                                           add_generation_prompt=True, return_dict=False)
         ids = tok(text, add_special_tokens=False).input_ids
         if tok.bos_token_id is not None:
             ids = [tok.bos_token_id] + ids
         return ids
 
     return encode
+
+
+def encode_observation(tok, chat: bool = False):
+    """Environment text -> token ids appended after a policy turn: the plain text, or with
+    ``chat`` a tool message rendered by the chat template followed by the generation prompt
+    (so the model's next turn starts where the template expects it)."""
+
+    def encode(text: str) -> list[int]:
+        if chat:
+            text = tok.apply_chat_template([{"role": "tool", "content": text}], tokenize=False,
+                                           add_generation_prompt=True)
+        return tok(text, add_special_tokens=False).input_ids
+
+    return encode
+
+
+def decoder(tok):
+    return lambda ids: tok.decode(ids, skip_special_tokens=True)
 
 
 def sampling_params(cfg: RunConfig, tok) -> SamplingParams:
@@ -123,62 +139,78 @@ def sampling_params(cfg: RunConfig, tok) -> SamplingParams:
 
 
 def build_scorer(cfg: RunConfig, task):
-    """A pool of verifier processes in this process; on Ray with `runtime.scoring_workers`,
-    the same pools inside Ray actors, behind the same interface."""
-    if cfg.runtime.kind == "ray" and cfg.runtime.scoring_workers > 0:
-        from reroll.runtime.ray import init_ray
-        from reroll.runtime.ray_scoring import RayScoringPool
-
-        init_ray(cfg.runtime.engine_workers)
-        return RayScoringPool(cfg.reward.verifiers, task.verifier,
-                              actors=cfg.runtime.scoring_workers, workers=cfg.reward.workers,
-                              timeout_s=cfg.reward.timeout_s)
+    """A pool of verifier processes in this process (the Ray runtime builds its own)."""
     from reroll.verifiers import ScoringPool
 
     return ScoringPool(cfg.reward.verifiers, task.verifier, workers=cfg.reward.workers,
                        timeout_s=cfg.reward.timeout_s)
 
 
-def build_engine(model, tok, cfg: RunConfig, version: int = 0, model_path: Path | None = None,
-                 weights=None):
-    """The engine gets its own copy of the weights: the trainer updates its copy in place,
-    and the engine takes new weights only through `update_weights`, with a version. The
-    starting weights are ``model``'s, or with ``model=None`` the model at ``model_path``
-    loaded with ``weights`` (a state dict; on Ray also an object-store reference, which the
-    engine actors read without a copy through this process). With `runtime.kind = "ray"`
-    the engine is a pool of Ray actors behind the same interface."""
+def engine_slots(cfg: RunConfig) -> int:
+    """KV-cache slots: `engine.max_batch`, or enough for the samples in flight."""
+    if cfg.engine.max_batch:
+        return cfg.engine.max_batch
     n = cfg.rollout.batch_groups * cfg.rollout.group_size
-    slots = max(8, int(n * cfg.runtime.overprovision) * (1 + min(cfg.runtime.max_staleness, 1)))
-    if cfg.runtime.kind == "ray":
-        from reroll.runtime.ray import RayEnginePool
-
-        if model is not None:
-            weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        workers = max(1, cfg.runtime.engine_workers)
-        return RayEnginePool(model_path, workers=workers, dtype=cfg.model.dtype,
-                             max_batch=-(-slots // workers), version=version,
-                             threads=cfg.runtime.threads, state_dict=weights)
-    from reroll.engine import TorchEngine
-
-    if model is None:
-        model = load_model(model_path, cfg)[0]
-        model.load_state_dict(weights)
-    else:
-        model = copy.deepcopy(model)
-    return TorchEngine(model.eval(), tok, max_batch=slots, version=version)
+    return max(8, int(n * cfg.runtime.overprovision) * (1 + min(cfg.runtime.max_staleness, 1)))
 
 
-def build_filters(cfg: RunConfig) -> list:
+def build_engine(model, tok, cfg: RunConfig, version: int = 0, max_batch: int | None = None):
+    """A step-wise engine core from the `ENGINES` registry, on its own copy of ``model``'s
+    weights: the trainer updates its copy in place, and the engine takes new weights only
+    through `update_weights`, with a version."""
+    from reroll.engine import ENGINES
+
+    return ENGINES.get(cfg.engine.name)(copy.deepcopy(model), tok,
+                                        max_batch=max_batch or engine_slots(cfg), version=version)
+
+
+def episode_context(cfg: RunConfig, tok, engine, scorer, shaping=None):
+    """What a workflow awaits: the engine, the scorer, codecs, the environment and limits."""
+    from reroll.workflows import EpisodeContext
+
+    make_env = None
+    if cfg.rollout.env:
+        from reroll.envs import ENVIRONMENTS
+
+        env_cls, env_args = ENVIRONMENTS.get(cfg.rollout.env), dict(cfg.rollout.env_args)
+        make_env = lambda: env_cls(**env_args)  # noqa: E731
+    r = cfg.rollout
+    return EpisodeContext(engine=engine, scorer=scorer, decode=decoder(tok),
+                          encode_observation=encode_observation(tok, cfg.task.chat),
+                          shape_reward=shaping, make_env=make_env, max_turns=r.max_turns,
+                          max_new_tokens=r.max_new_tokens, max_episode_tokens=r.max_episode_tokens)
+
+
+def group_starter(cfg: RunConfig, tok):
+    """(example, admission number, version) -> a new group with per-request seeds."""
+    from reroll.control.scheduler import request_seed
+    from reroll.rollout import new_group
+
+    encode, params = encode_prompt(tok, cfg.task.chat), sampling_params(cfg, tok)
+
+    def start(ex, seq: int, version: int):
+        g = new_group(ex, cfg.rollout.group_size, encode(ex.prompt), params, version)
+        for r in g.rollouts:
+            r.sampling.seed = request_seed(cfg.train.seed, seq, r.index_in_group)
+        return g
+
+    return start
+
+
+def build_filters(cfg: RunConfig, combine) -> list:
+    """DAPO dynamic sampling: drop groups whose verifier reward (``combine(scores)``, the
+    configured combination of the reward components, before any length shaping) is the
+    same for every sample."""
     from reroll.control.filters import FILTERS
 
     if not cfg.algo.dynamic_sampling:
         return []
     zero_var = FILTERS.get("zero_variance")
 
-    def correctness_spread(g):  # DAPO filters on correctness (first component), not shaping
-        return zero_var([[r.scores[0].value for r in g.rollouts]])[0]
+    def reward_spread(g):
+        return zero_var([[combine(r.scores) for r in g.rollouts]])[0]
 
-    return [correctness_spread]
+    return [reward_spread]
 
 
 def build_shaping(cfg: RunConfig):
@@ -190,5 +222,5 @@ def build_shaping(cfg: RunConfig):
     from reroll.algo.shaping import overlong_penalty
 
     L, buf, k = cfg.rollout.max_new_tokens, cfg.algo.overlong_buffer, cfg.algo.overlong_penalty
-    return lambda r: float(overlong_penalty(torch.tensor([float(r.response_len)]), max_len=L,
+    return lambda r: float(overlong_penalty(torch.tensor([float(r.n_sampled)]), max_len=L,
                                             buffer=buf, factor=k)[0])

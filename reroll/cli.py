@@ -19,7 +19,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def cmd_train(args) -> int:
     from reroll.config import load_config
-    from reroll.loop import train
+    from reroll.runtime import train
 
     cfg = load_config(args.config, args.overrides)
     last = train(cfg, resume=args.resume, progress=not args.no_progress)

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from reroll import build
 from reroll.config import ConfigError, load_config
-from reroll.loop import train
+from reroll.runtime import train
 from reroll.runlog import read_metrics, read_rollouts
 
 SMALL = ["model.max_position=32", "task.args.digits=1", "task.args.n_train=80",

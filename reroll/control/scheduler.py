@@ -1,25 +1,25 @@
-"""The rollout scheduler: admits groups under the staleness rule, drives an engine, sends
-finished rollouts to scoring, assembles complete groups, filters them, and hands them out.
+"""The rollout scheduler's bookkeeping: which groups may start (admission under the staleness
+rule, counted in samples), what happens to a finished group (filters, drops with a reason,
+retries), and which ready groups the trainer gets (earliest deadline first).
 
-A stateful service with one entry point per unit of work (`tick`) so that any runtime can drive
-it: the local runtime from a thread, the Ray runtime from an actor. It owns the counters that
-make the pipeline auditable: groups started, accepted, consumed, and dropped with a reason.
-It knows nothing of the trainer or of threads.
+A state machine with no engine, no scorer, no threads and no event loop: `reroll.control.
+rollouts.Rollouts` runs a workflow for every group `admit` returns and calls `close` when it
+is done. It owns the counters that make the pipeline auditable: samples and groups started,
+accepted, consumed, and dropped with a reason.
 """
 
 from __future__ import annotations
 
-import time
 import warnings
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import Future
 
 from reroll.control.prompts import PromptStream
 from reroll.control.staleness import allowed_lag, can_take, capacity
-from reroll.rollout import Group, Rollout, SamplingParams, new_group
+from reroll.rollout import Example, Group
 
 GroupFilter = Callable[[Group], "str | None"]  # returns the reason to drop, or None to keep
+StartGroup = Callable[[Example, int, int], Group]  # (example, admission number, version)
 
 
 def request_seed(run_seed: int, group_seq: int, index: int) -> int:
@@ -29,124 +29,91 @@ def request_seed(run_seed: int, group_seq: int, index: int) -> int:
 
 
 class Scheduler:
-    def __init__(self, engine, scorer, prompts: PromptStream, encode: Callable[[str], list[int]],
-                 sampling: SamplingParams, *, group_size: int, batch_groups: int,
-                 max_staleness: int = 0, overprovision: float = 1.0, partial_rollouts: bool = True,
-                 filters: list[GroupFilter] = (), seed: int = 0,
-                 shape_reward: Callable[[Rollout], float] | None = None,
-                 max_score_retries: int = 3):
-        self.engine, self.scorer, self.prompts, self.encode = engine, scorer, prompts, encode
-        self.sampling, self.group_size, self.batch_groups = sampling, group_size, batch_groups
+    def __init__(self, prompts: PromptStream, start_group: StartGroup, *, group_size: int,
+                 batch_groups: int, max_staleness: int = 0, overprovision: float = 1.0,
+                 filters: list[GroupFilter] = (), max_score_retries: int = 3):
+        self.prompts, self.start_group = prompts, start_group
+        self.group_size, self.batch_groups = group_size, batch_groups
+        self.batch = batch_groups * group_size  # samples per training step
         self.max_staleness, self.overprovision = max_staleness, overprovision
-        self.partial_rollouts, self.filters, self.seed = partial_rollouts, list(filters), seed
-        self.shape_reward, self.max_score_retries = shape_reward, max_score_retries
-        self.running: dict[str, Group] = {}  # started, not yet complete and scored
-        self.ready: list[Group] = []  # complete, scored, passed filters, not yet consumed
-        self.pending_scores: dict[str, tuple[Rollout, Future]] = {}
+        self.filters, self.max_score_retries = list(filters), max_score_retries
+        self.running: dict[str, Group] = {}  # started, workflow not yet done
+        self.ready: list[Group] = []  # done, scored, passed filters, not yet consumed
         self.order: dict[str, int] = {}  # group_id -> admission sequence number
-        self.n_started = self.n_accepted = self.n_consumed = 0
+        self.n_started = self.n_accepted = self.n_consumed = 0  # groups
+        self.s_accepted = 0  # samples of accepted groups (consumed or ready)
         self.dropped: Counter[str] = Counter()
         self.score_errors: Counter[str] = Counter()  # failed scores per verifier
-        self.score_failures: Counter[str] = Counter()  # failed groups per prompt id
+        self.score_failures: Counter[str] = Counter()  # consecutive failed groups per prompt
         self.abandoned: list[str] = []  # prompts given up after max_score_retries failures
-        self.time = Counter()  # seconds spent per activity
         self._drop_run = 0  # groups dropped since the last accepted one
+        self._last_error: str | None = None
         self.max_drop_run = 50 * batch_groups  # then stop: the pipeline is not converging
 
     # ---- admission -------------------------------------------------------------------
-    def version(self) -> int:
-        return self.engine.version
+    def free_capacity(self, version: int) -> int:
+        """Samples that may start now (AReaL's rule, `staleness.capacity`)."""
+        running = sum(len(g.rollouts) for g in self.running.values())
+        return capacity(version, max_staleness=self.max_staleness, batch=self.batch,
+                        accepted=self.s_accepted, running=running,
+                        overprovision=self.overprovision)
 
-    def free_capacity(self) -> int:
-        return capacity(self.version(), max_staleness=self.max_staleness,
-                        batch_groups=self.batch_groups, accepted=self.n_accepted,
-                        running=len(self.running), overprovision=self.overprovision)
-
-    def admit(self) -> int:
-        n = self.free_capacity()
-        for _ in range(n):
-            ex = self.prompts.next()
-            seq = self.n_started
-            g = new_group(ex, self.group_size, self.encode(ex.prompt), self.sampling,
-                          self.version())
-            for r in g.rollouts:
-                r.sampling.seed = request_seed(self.seed, seq, r.index_in_group)
-                r.timings["enqueue"] = time.time()
-            self.order[g.group_id] = seq
+    def admit(self, version: int) -> list[Group]:
+        """Start as many groups as the staleness rule has room for; the caller runs them."""
+        out = []
+        while self.free_capacity(version) >= self.group_size:
+            ex = self._next_prompt()
+            g = self.start_group(ex, self.n_started, version)
+            self.order[g.group_id] = self.n_started
             self.running[g.group_id] = g
             self.n_started += 1
-            self.engine.add(g.rollouts)
-        return n
+            out.append(g)
+        return out
 
-    # ---- one unit of work ------------------------------------------------------------
-    def tick(self) -> bool:
-        """Admit, run one engine step, collect scores. Returns False when there was nothing
-        to do (the caller may then wait)."""
-        self.admit()
-        busy = False
-        if self.engine.pending():
-            t0 = time.perf_counter()
-            finished = self.engine.step()
-            self.time["generate"] += time.perf_counter() - t0
-            for r in finished:
-                self._submit_score(r)
-            busy = True
-        return self._collect_scores() or busy
+    def _next_prompt(self) -> Example:
+        for _ in range(len(self.abandoned) + 1):  # an abandoned prompt is never drawn again
+            ex = self.prompts.next()
+            if ex.prompt_id not in self.abandoned:
+                return ex
+        raise RuntimeError(f"every prompt drawn was abandoned after scoring failures "
+                           f"({len(self.abandoned)} abandoned); last error: {self._last_error}")
 
-    def _submit_score(self, r: Rollout) -> None:
-        g = self._adopt(r)
-        r.timings["score_submit"] = time.time()
-        self.pending_scores[r.sample_id] = (r, self.scorer.submit(r, g.example))
-
-    def _adopt(self, r: Rollout) -> Group:
-        """Engines in other processes (Ray) return copies: the returned record is the truth."""
-        g = self.running[r.group_id]
-        g.rollouts = [r if x.sample_id == r.sample_id else x for x in g.rollouts]
-        return g
-
-    def _collect_scores(self) -> bool:
-        done = [k for k, (_, f) in self.pending_scores.items() if f.done()]
-        for k in done:
-            r, fut = self.pending_scores.pop(k)
-            r.scores = fut.result()
-            r.timings["score_done"] = time.time()
-            if r.failed:
-                for s in r.scores:
-                    if not s.ok:
-                        self.score_errors[s.name] += 1
-            else:
-                r.reward = self.scorer.combine(r.scores)
-                if self.shape_reward is not None:
-                    r.reward += self.shape_reward(r)
-            g = self.running[r.group_id]
-            if g.complete and all(x.sample_id not in self.pending_scores for x in g.rollouts):
-                self._close_group(g)
-        return bool(done)
-
-    def _close_group(self, g: Group) -> None:
+    # ---- a workflow finished ---------------------------------------------------------
+    def close(self, g: Group) -> None:
+        """Count its errors, filter it, and make it ready, or drop it with a reason."""
         del self.running[g.group_id]
-        reason = "scoring_error" if any(r.failed for r in g.rollouts) else None
+        errors = [s for r in g.rollouts for s in r.scores if not s.ok]
+        for s in errors:
+            self.score_errors[s.name] += 1
+        failed = any(r.failed or r.reward is None for r in g.rollouts)
+        reason = "scoring_error" if failed else None
+        if failed:
+            self._last_error = errors[0].error if errors else "a sample has no reward"
         for f in self.filters if reason is None else ():
             reason = f(g)
             if reason:
                 break
         if reason:
-            g.filter_reason = reason
-            self.dropped[reason] += 1
-            self._drop_run += 1
-            if self._drop_run > self.max_drop_run:
-                raise RuntimeError(
-                    f"{self._drop_run} groups in a row were dropped (last reason: {reason}); "
-                    f"dropped so far: {dict(self.dropped)}. With dynamic sampling this means "
-                    f"every group gets identical rewards: the task is too hard or too easy "
-                    f"for the model, or the verifier is broken")
-            self.order.pop(g.group_id, None)
-            if reason == "scoring_error":
-                self._retry_or_abandon(g)
+            self._drop(g, reason)
             return
         self._drop_run = 0
+        self.score_failures.pop(g.example.prompt_id, None)  # counts consecutive failures
         self.n_accepted += 1
+        self.s_accepted += len(g.rollouts)
         self.ready.append(g)
+
+    def _drop(self, g: Group, reason: str) -> None:
+        g.filter_reason = reason
+        self.dropped[reason] += 1
+        self._drop_run += 1
+        self.order.pop(g.group_id, None)
+        if reason == "scoring_error":
+            self._retry_or_abandon(g)
+        if self._drop_run > self.max_drop_run:
+            last = f"; last scoring error: {self._last_error}" if self._last_error else ""
+            raise RuntimeError(
+                f"{self._drop_run} groups in a row were dropped (last reason: {reason}); "
+                f"dropped so far: {dict(self.dropped)}{last}. " + _HINTS.get(reason, ""))
 
     def _retry_or_abandon(self, g: Group) -> None:
         """A group whose scoring failed is never trained as a silent 0: its prompt is retried,
@@ -158,14 +125,14 @@ class Scheduler:
             return
         self.dropped["scoring_abandoned"] += 1
         self.abandoned.append(pid)
-        err = next((s.error for r in g.rollouts for s in r.scores if not s.ok), None)
         warnings.warn(f"prompt {pid!r}: scoring failed {self.score_failures[pid]} times, "
-                      f"giving up on it (last error: {err})", RuntimeWarning, stacklevel=2)
+                      f"giving up on it (last error: {self._last_error})", RuntimeWarning,
+                      stacklevel=2)
 
-    # ---- hand-out and weight updates -------------------------------------------------
+    # ---- hand-out ----------------------------------------------------------------------
     def take(self, n: int, trainer_version: int) -> list[Group]:
-        """Up to ``n`` ready groups for the update at ``trainer_version``, earliest deadline
-        (start version + allowed lag) first, then by admission order.
+        """Ready groups holding up to ``n`` samples for the update at ``trainer_version``,
+        earliest deadline (start version + allowed lag) first, then by admission order.
 
         A ready group is handed out only if every group with an earlier deadline, including
         ones still being generated, keeps a slot (`staleness.can_take`). So the caller waits
@@ -180,78 +147,72 @@ class Scheduler:
             return g.start_version + lag
 
         self.ready.sort(key=lambda g: (deadline(g), self.order[g.group_id]))
-        deadlines = [d for g in self.ready + list(self.running.values())
-                     if (d := deadline(g)) >= trainer_version]
-        out = []
-        while self.ready and len(out) < n:
+        live = [g for g in self.ready + list(self.running.values())
+                if deadline(g) >= trainer_version]
+        deadlines, sizes = [deadline(g) for g in live], [len(g.rollouts) for g in live]
+        out, got = [], 0
+        while self.ready and got < n:
             g = self.ready[0]
             overdue = deadline(g) < trainer_version
-            if not overdue and not can_take(deadline(g), deadlines=deadlines,
-                                            slots_left=n - len(out),
-                                            trainer_version=trainer_version,
-                                            batch_groups=self.batch_groups):
+            if not overdue and not can_take(deadline(g), deadlines=deadlines, sizes=sizes,
+                                            slots_left=n - got, trainer_version=trainer_version,
+                                            batch=self.batch, size=len(g.rollouts)):
                 break  # the remaining slots belong to earlier-deadline groups still running
             self.ready.pop(0)
             self.order.pop(g.group_id, None)
+            self.s_accepted -= len(g.rollouts) if overdue else 0
             if overdue:
                 self.dropped["stale"] += 1
                 self.n_accepted -= 1  # frees its admission slot; its prompt is retried
                 self.prompts.push_front(g.example)
                 continue
-            deadlines.remove(deadline(g))
+            i = next(k for k, x in enumerate(live) if x is g)
+            del live[i], deadlines[i], sizes[i]
             out.append(g)
+            got += len(g.rollouts)
         self.n_consumed += len(out)
         return out
 
-    def update_weights(self, state_dict, version: int) -> None:
-        """New policy weights; with partial rollouts, in-flight sequences are aborted and
-        resumed under the new weights (their prefix, log-probs and versions kept)."""
-        aborted = self.engine.abort() if self.partial_rollouts else []
-        self.engine.update_weights(state_dict, version)
-        if aborted:
-            self.engine.add(aborted)  # the engine re-prefills prompt + prefix: a resume
-
     # ---- checkpointing -----------------------------------------------------------------
     def snapshot(self) -> list[Group]:
-        """All groups not yet consumed (ready first, then running with their partial
-        rollouts). Aborts in-flight requests to capture them, then resumes them."""
-        aborted = self.engine.abort()
-        for r in aborted:
-            r.finish = "running"
-            self._adopt(r)
-        snap = [Group.from_dict(g.to_dict()) for g in self.ready + list(self.running.values())]
-        if aborted:
-            self.engine.add(aborted)
-        return snap
+        """Copies of all groups not yet consumed: ready first, then running with their
+        partial rollouts (the caller brings in-flight records up to date first)."""
+        return [Group.from_dict(g.to_dict()) for g in self.ready + list(self.running.values())]
 
-    def restore(self, groups: list[Group], counters: dict) -> None:
+    def restore(self, groups: list[Group], counters: dict) -> list[Group]:
+        """Counters and unconsumed groups of a checkpoint; returns the groups whose workflow
+        must run again (partly generated or unscored), now counted as running."""
         self.n_started, self.n_accepted = counters["started"], counters["accepted"]
         self.n_consumed = counters["consumed"]
+        self.s_accepted = counters.get("accepted_samples", self.n_accepted * self.group_size)
         self.dropped.update(counters.get("dropped", {}))
         self.score_errors.update(counters.get("score_errors", {}))
         self.score_failures.update(counters.get("score_failures", {}))
         self.abandoned = list(counters.get("abandoned", []))
+        rerun = []
         for g in groups:
             self.order[g.group_id] = counters["order"][g.group_id]
-            if g.scored and g.filter_reason is None and all(r.reward is not None for r in g.rollouts):
+            if g.scored and g.filter_reason is None and all(r.reward is not None
+                                                            for r in g.rollouts):
                 self.ready.append(g)
-                continue
-            self.running[g.group_id] = g
-            todo = []
-            for r in g.rollouts:
-                if r.finished:
-                    r.scores, r.reward = [], None
-                    self._submit_score(r)
-                else:
-                    r.finish = "running"
-                    todo.append(r)
-            if todo:
-                self.engine.add(todo)
+            else:
+                self.running[g.group_id] = g
+                rerun.append(g)
+        return rerun
 
     def counters(self) -> dict:
         return {"started": self.n_started, "accepted": self.n_accepted,
+                "accepted_samples": self.s_accepted,
                 "consumed": self.n_consumed, "dropped": dict(self.dropped),
                 "score_errors": dict(self.score_errors),
                 "score_failures": dict(self.score_failures), "abandoned": list(self.abandoned),
                 "order": {gid: self.order[gid] for gid in
                           [g.group_id for g in self.ready] + list(self.running)}}
+
+
+_HINTS = {
+    "zero_variance": "Dynamic sampling drops groups whose rewards are all equal: the task is "
+                     "too hard or too easy for the model, or the reward does not vary.",
+    "scoring_error": "Every group failed scoring: the verifier is broken or misconfigured "
+                     "(see the last scoring error).",
+}

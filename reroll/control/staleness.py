@@ -1,10 +1,11 @@
 """Staleness control: AReaL's admission rule as one small pure formula, and the consumption
 check. Knows nothing of engines or threads.
 
-A group admitted while the policy is at version ``v`` may be trained at trainer version ``i``
-only if ``i - v <= max_staleness``. Admission enforces it: at version ``v`` at most
-``(max_staleness + v + 1) * batch_groups`` groups may have been accepted or be running, so no
-group can start more than ``max_staleness`` versions before the step that consumes it.
+Everything is counted in samples (a group of G rollouts is G samples; groups may differ in
+size). A group admitted while the policy is at version ``v`` may be trained at trainer
+version ``i`` only if ``i - v <= max_staleness``. Admission enforces it: at version ``v`` at
+most ``(max_staleness + v + 1) * batch`` samples may have been accepted or be running, so no
+sample can start more than ``max_staleness`` versions before the step that consumes it.
 ``max_staleness = 0`` admits exactly one batch per version: synchronous RL.
 
 Groups finish out of order (a long one is overtaken by short ones admitted after it), so
@@ -14,8 +15,8 @@ groups earliest deadline first and only while `can_take` says every group with a
 deadline, ready or still running, keeps a slot in this step or a later one. Admission leaves
 exactly enough room for that when ``overprovision <= 2``, so no group is ever dropped as stale:
 a group due by version D started at version <= D - lag, and admission let at most
-(D + 1) * batch_groups such groups start (with overprovision, lag is one more and the extra
-is at most one batch); at trainer version i, i * batch_groups + (taken this step) are
+(D + 1) * batch such samples start (with overprovision, lag is one more and the extra
+is at most one batch); at trainer version i, i * batch + (taken this step) are
 consumed, which leaves at most (slots left now) + (D - i) * batch_groups due by D, exactly
 what `can_take` requires.
 """
@@ -25,18 +26,19 @@ from __future__ import annotations
 import math
 
 
-def capacity(version: int, *, max_staleness: int, batch_groups: int, accepted: int,
+def capacity(version: int, *, max_staleness: int, batch: int, accepted: int,
              running: int, overprovision: float = 1.0) -> int:
-    """How many new groups may start now.
+    """How many new samples may start now.
 
     version      current policy version (number of updates applied so far)
-    accepted     groups that finished and passed the filters (consumed or waiting)
-    running      groups started and not finished
-    overprovision  APRIL: start this many times a batch's groups; the extra ones finish
+    batch        samples consumed by one training step
+    accepted     samples of groups that finished and passed the filters (consumed or waiting)
+    running      samples of groups started and not finished
+    overprovision  APRIL: start this many times a batch's samples; the extra ones finish
                    later and carry over (their lag is allowed one extra version).
     """
-    extra = math.ceil((overprovision - 1.0) * batch_groups)
-    limit = (max_staleness + version + 1) * batch_groups + extra
+    extra = math.ceil((overprovision - 1.0) * batch)
+    limit = (max_staleness + version + 1) * batch + extra
     return max(0, limit - (accepted + running))
 
 
@@ -46,16 +48,18 @@ def allowed_lag(*, max_staleness: int, overprovision: float = 1.0) -> int:
 
 
 def can_take(deadline: int, *, deadlines: list[int], slots_left: int, trainer_version: int,
-             batch_groups: int) -> bool:
-    """Whether a ready group with ``deadline`` may fill one of this step's ``slots_left``
-    slots. ``deadlines``: those of every unconsumed group not yet overdue, ready or running.
+             batch: int, size: int = 1, sizes: list[int] | None = None) -> bool:
+    """Whether a ready group with ``deadline`` and ``size`` samples may fill ``size`` of this
+    step's ``slots_left`` sample slots. ``deadlines`` (with ``sizes``, default 1 each): every
+    unconsumed group not yet overdue, ready or running, other than this one.
 
     Earliest-deadline-first feasibility: for every version D from now up to (not including)
-    the group's deadline, the groups due by D must fit in the slots left after this one,
-    ``slots_left - 1 + (D - trainer_version) * batch_groups``. A group due now always may."""
+    the group's deadline, the samples due by D must fit in the slots left after this group,
+    ``slots_left - size + (D - trainer_version) * batch``. A group due now always may."""
+    sizes = sizes if sizes is not None else [1] * len(deadlines)
     for d in {trainer_version, *deadlines}:
         if trainer_version <= d < deadline:
-            due = sum(1 for x in deadlines if x <= d)
-            if slots_left - 1 + (d - trainer_version) * batch_groups < due:
+            due = sum(n for x, n in zip(deadlines, sizes) if x <= d)
+            if slots_left - size + (d - trainer_version) * batch < due:
                 return False
     return True

@@ -1,32 +1,35 @@
-"""The Engine protocol: what the rollout scheduler and evaluation call to generate tokens.
+"""The engine protocols: what workflows, the scheduler and evaluation call to generate tokens.
 
-Owns the contract only. An engine takes `Rollout` records whose ``tokens`` are the prompt (plus
-a kept prefix when resuming), appends sampled tokens with their behaviour log-prob and policy
-version, and sets ``finish`` ("stop" / "length", or "abort" when pulled out early) and
-``completion``. It knows nothing of rewards, groups' advantages, trainers or threads.
+Owns the contracts only. Two layers:
 
-Step-wise driving (what the RL loop does)::
+- `Engine` (what everything above the engine uses) is asynchronous: ``generate(rollout)``
+  returns an awaitable that resolves when the request finishes. The engine appends sampled
+  tokens to the given `Rollout` record with their behaviour log-prob and policy version, and
+  sets ``finish`` ("stop" / "length") and ``completion``. ``turn=(start, end)`` limits one
+  call to one turn of a multi-turn episode (see `reroll.engine.requests.make_request`).
+  ``update_weights(weights, version, interrupt=True)`` aborts in-flight requests, keeps their
+  prefix (tokens, log-probs, versions), swaps the weights and resumes them (a resume is
+  counted on the record): their awaitables simply resolve later. ``sync()`` brings every
+  in-flight record up to date for a checkpoint without interrupting anything.
+- `EngineCore` is the step-wise engine an `EngineService` drives from its own thread:
+  `reroll.engine.TorchEngine` in this process, or `reroll.runtime.ray.RayEnginePool` over
+  engine actors. Cores are chosen by the `ENGINES` registry (``engine.name``).
 
-    engine.add(group.rollouts)
-    while engine.pending():
-        for r in engine.step():   # rollouts that finished during this step
-            score(r)
-
-Weight updates and interruptible rollouts: ``update_weights`` swaps the weights between two
-steps without restarting anything. Requests already running keep the KV cache they computed
-with the old weights (only their new tokens are tagged with the new version). A caller that
-wants every new token conditioned on new-weight keys/values aborts first and adds the aborted
-records back: that is a resume (prompt + kept prefix re-prefilled under the current weights,
-``resume_count += 1``), so one record can hold tokens of several versions.
+Engines know nothing of rewards, groups' advantages, trainers or staleness.
 """
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from collections.abc import Awaitable
+from typing import Any, Protocol, runtime_checkable
 
-from torch import Tensor
-
+from reroll.registry import Registry
 from reroll.rollout import Rollout
+
+ENGINES = Registry("engine")
+"""name -> builder(model, tokenizer, *, max_batch, version) -> EngineCore (local process)."""
+
+Turn = tuple[int, int]
 
 
 @runtime_checkable
@@ -34,15 +37,39 @@ class Engine(Protocol):
     version: int
     """Policy version of the weights the engine samples with now."""
 
-    def add(self, rollouts: list[Rollout]) -> None:
-        """Queue requests. Each rollout's ``sampling`` says how (temperature, top_p, top_k,
-        max_new_tokens counted over the whole response across resumes, stop_token_ids,
-        stop_strings, seed). A rollout with ``finish == "abort"`` is a resume."""
+    def generate(self, rollout: Rollout, turn: Turn | None = None) -> Awaitable[Rollout]:
+        """Sample into ``rollout`` (its ``sampling`` says how; a record that already holds
+        sampled tokens of this turn is a resume). Resolves to the same record, finished."""
+        ...
+
+    async def update_weights(self, weights: Any, version: int, interrupt: bool = True) -> None:
+        """New weights between decode steps. ``interrupt``: abort, keep prefixes, resume
+        under the new weights; otherwise running requests keep the keys/values computed
+        with the old weights (only their new tokens carry the new version)."""
+        ...
+
+    async def sync(self) -> None:
+        """Every in-flight record holds all tokens sampled so far (a consistent snapshot)."""
+        ...
+
+    def stats(self) -> dict[str, float]:
+        """Monotone counters: tokens_generated, decode_steps, ... (see TorchEngine.stats)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class EngineCore(Protocol):
+    version: int
+
+    def add(self, rollouts: list[Rollout], turns: list[Turn | None] | None = None) -> None:
+        """Queue requests (each rollout's ``sampling`` says how to sample it)."""
         ...
 
     def step(self) -> list[Rollout]:
-        """One scheduler iteration: admit waiting requests (prefill), then one decode step
-        for every running one. Returns the rollouts that finished during this step."""
+        """Admit waiting requests (prefill), then one decode step for every running one.
+        Returns the rollouts that finished during this step."""
         ...
 
     def pending(self) -> int:
@@ -54,15 +81,10 @@ class Engine(Protocol):
         ``finish = "abort"``; their tokens, log-probs and versions so far are kept."""
         ...
 
-    def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
-        """New weights, applied between decode steps; see the module docstring."""
+    def sync(self) -> None:
+        """Write every in-flight request's sampled tokens into its record."""
         ...
 
-    def generate(self, rollouts: list[Rollout]) -> list[Rollout]:
-        """Add, then step until these rollouts finish; returns them in input order."""
-        ...
+    def update_weights(self, state_dict: Any, version: int) -> None: ...
 
-    def stats(self) -> dict[str, float]:
-        """Running counters: tokens_generated, decode_steps, mean_occupancy, prefill_tokens,
-        ... (monotone, so a caller can difference two snapshots)."""
-        ...
+    def stats(self) -> dict[str, float]: ...

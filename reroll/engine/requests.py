@@ -27,7 +27,8 @@ class Request:
     flushed: int = 0  # toks[:flushed] are already in the record
     window: int = 0  # tokens of response tail decoded for stop-string checks
     resp_prev: list[int] = field(default_factory=list)  # response tokens before this add
-    resume: bool = False  # added back after an abort with a kept prefix
+    resume: bool = False  # this call already sampled tokens before (re-prefilled prefix)
+    turn_start: int = 0  # index in the record where this call's sampled tokens begin
 
     def flush(self, version: int) -> None:
         """Move sampled tokens into the record (same result as one `Rollout.append` each)."""
@@ -59,8 +60,14 @@ class Request:
         return r
 
 
-def make_request(r: Rollout, *, vocab: int, max_seq_len: int, seed: int) -> Request:
-    """Validate a rollout for generation and wrap it; errors name the sample and the field."""
+def make_request(r: Rollout, *, vocab: int, max_seq_len: int, seed: int,
+                 turn: tuple[int, int] | None = None) -> Request:
+    """Validate a rollout for generation and wrap it; errors name the sample and the field.
+
+    ``turn = (start, end)``: this call samples the tokens from index ``start`` of the record
+    up to (at most) length ``end`` -- one turn of a multi-turn episode, whose earlier turns
+    and environment tokens do not count against it. Default: the whole response,
+    ``(prompt_len, prompt_len + max_new_tokens)``, counted across resumes."""
     if not isinstance(r, Rollout):
         raise TypeError(f"engine.add expects Rollout records, got {type(r).__name__}")
     where = f"rollout {r.sample_id} (prompt {r.prompt_id})"
@@ -86,10 +93,14 @@ def make_request(r: Rollout, *, vocab: int, max_seq_len: int, seed: int) -> Requ
     if room <= 0:
         raise ValueError(f"{where}: {len(r.tokens)} tokens leave no room in the engine's "
                          f"max_seq_len={max_seq_len}")
+    start, end = turn if turn is not None else (r.prompt_len, r.prompt_len + s.max_new_tokens)
+    if not r.prompt_len <= start <= len(r.tokens):
+        raise ValueError(f"{where}: turn start {start} outside [prompt_len, {len(r.tokens)}]")
     stops = tuple(x for x in s.stop_strings if x)
     window = 2 * max((len(x) for x in stops), default=0) + 8
     greedy = s.temperature == 0.0
-    return Request(rollout=r, budget=min(s.max_new_tokens - r.response_len, room),
+    return Request(rollout=r, budget=min(end - len(r.tokens), room), turn_start=start,
                    stop_ids=frozenset(s.stop_token_ids), stop_strings=stops, seed=seed,
                    greedy=greedy, filtered=not greedy and (s.top_k > 0 or s.top_p < 1.0),
-                   window=window, resp_prev=list(r.response_tokens) if stops else [])
+                   window=window, resp_prev=list(r.tokens[start:]) if stops else [],
+                   resume=len(r.tokens) > start)

@@ -84,14 +84,15 @@ class TorchEngine:
              "requests_aborted", "requests_resumed", "time_prefill_s", "time_decode_s"], 0.0)
 
     # ---- public API (reroll.engine.base.Engine) ----------------------------------------
-    def add(self, rollouts: list[Rollout]) -> None:
+    def add(self, rollouts: list[Rollout],
+            turns: list[tuple[int, int] | None] | None = None) -> None:
         live = {q.rollout.sample_id for q in self.rows} | {q.rollout.sample_id for q in self.waiting}
         new = []
-        for r in rollouts:
+        for i, r in enumerate(rollouts):
             seed = r.sampling.seed if isinstance(r, Rollout) else None
             seed = int(torch.randint(0, 2**62, ())) if seed is None else int(seed)
             q = make_request(r, vocab=self.vocab, max_seq_len=self.max_seq_len,
-                             seed=seed_key(seed))
+                             seed=seed_key(seed), turn=turns[i] if turns else None)
             if r.sample_id in live:
                 raise ValueError(f"rollout {r.sample_id} is already in the engine")
             live.add(r.sample_id)
@@ -99,8 +100,7 @@ class TorchEngine:
         now = time.time()
         for q in new:
             r = q.rollout
-            q.resume = r.finish == "abort" and r.response_len > 0  # counted when re-prefilled
-            r.finish = "running"
+            r.finish = "running"  # q.resume (tokens of this call already sampled) counts later
             if r.start_version < 0:
                 r.start_version = self.version
             r.timings["engine_add"] = now
@@ -144,6 +144,13 @@ class TorchEngine:
             self._compact(rows)
         self.counts["requests_aborted"] += len(out)
         return out
+
+    def sync(self) -> list[Rollout]:
+        """Bring every in-flight record up to date (all tokens sampled so far, with their
+        log-probs and versions), without interrupting anything; returns them."""
+        for q in self.rows:
+            q.flush(self.version)
+        return [q.rollout for q in self.rows] + [q.rollout for q in self.waiting]
 
     def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
         for q in self.rows:

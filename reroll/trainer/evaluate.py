@@ -1,17 +1,20 @@
 """Held-out evaluation: greedy accuracy and unbiased pass@k on a task's test split.
 
-Generation goes through the same engine as training (on a copy of the weights, so the
-caller's model is untouched) and scoring through the same scorer; an example whose scoring
-failed counts as an error, reported separately, never as a wrong answer.
+Generation goes through the same path as training: an engine core from the `ENGINES`
+registry (on a copy of the weights, so the caller's model is untouched) behind the async
+`EngineService`, driven by the configured rollout workflow (so a multi-turn task is evaluated
+as episodes against its environment), and scoring through the same scorer. An example whose
+scoring failed counts as an error, reported separately, never as a wrong answer.
 """
 
 from __future__ import annotations
 
-import copy
+import asyncio
+from dataclasses import asdict
 from math import comb
 
 from reroll.config import RunConfig
-from reroll.rollout import Example, Rollout, SamplingParams
+from reroll.rollout import Example, Group, Rollout, SamplingParams, new_group
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -29,22 +32,27 @@ def _correct(r: Rollout) -> bool | None:
     return r.scores[0].value >= 1.0 - 1e-9
 
 
-def _generate(model, tok, examples: list[Example], encode, params: SamplingParams, n: int,
-              max_batch: int) -> list[list[Rollout]]:
-    from reroll.engine import TorchEngine
+async def _run(model, tok, cfg: RunConfig, examples: list[Example], scorer, encode,
+               params: SamplingParams, n: int) -> list[Group]:
+    from reroll import build
+    from reroll.engine import EngineService
+    from reroll.workflows import WORKFLOWS
 
-    engine = TorchEngine(copy.deepcopy(model).eval(), tok, max_batch=max_batch)
-    out = []
+    engine = EngineService(build.build_engine(model, tok, cfg, max_batch=64))
+    ctx = build.episode_context(cfg, tok, engine, scorer)
+    groups = []
     for i, ex in enumerate(examples):
-        ids = encode(ex.prompt)
-        rs = []
-        for j in range(n):
-            sp = SamplingParams(**{**params.__dict__, "seed": (i * 7919 + j) if n > 1 else None})
-            rs.append(Rollout(prompt_id=ex.prompt_id, group_id=f"eval{i}", tokens=list(ids),
-                              prompt_len=len(ids), index_in_group=j, sampling=sp))
-        out.append(rs)
-    engine.generate([r for rs in out for r in rs])
-    return out
+        g = new_group(ex, n, encode(ex.prompt), params, 0)
+        g.group_id = f"eval{i}"
+        for r in g.rollouts:
+            r.sampling.seed = (i * 7919 + r.index_in_group) if n > 1 else 0
+        groups.append(g)
+    try:
+        workflow = WORKFLOWS.get(cfg.rollout.workflow)
+        await asyncio.gather(*(workflow(ctx, g) for g in groups))
+    finally:
+        await engine.close()
+    return groups
 
 
 def evaluate(model, tok, examples: list[Example], scorer, encode, cfg: RunConfig,
@@ -55,17 +63,14 @@ def evaluate(model, tok, examples: list[Example], scorer, encode, cfg: RunConfig
     metrics: dict[str, float] = {}
     runs = [("greedy", base, 1)]
     if k > 1:
-        runs.append(("sampled", SamplingParams(**{**base.__dict__,
+        runs.append(("sampled", SamplingParams(**{**asdict(base),
                                                   "temperature": cfg.eval.temperature}), k))
     for label, params, n in runs:
-        groups = _generate(model, tok, examples, encode, params, n, max_batch=64)
-        futs = [[scorer.submit(r, ex) for r in rs] for rs, ex in zip(groups, examples)]
+        groups = asyncio.run(_run(model, tok, cfg, examples, scorer, encode, params, n))
         verdicts, errors = [], 0
-        for rs, fs in zip(groups, futs):
-            for r, f in zip(rs, fs):
-                r.scores = f.result()
-            v = [x for x in (_correct(r) for r in rs) if x is not None]  # errors are not 0s
-            errors += len(rs) - len(v)
+        for g in groups:
+            v = [x for x in (_correct(r) for r in g.rollouts) if x is not None]  # not 0s
+            errors += n - len(v)
             if len(v) == n:  # an example with a failed score is left out, and counted
                 verdicts.append(sum(v))
         d = max(1, len(verdicts))

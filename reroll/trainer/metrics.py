@@ -16,14 +16,20 @@ def accuracy(groups: Sequence[Group]) -> float:
     return sum(v >= 1.0 - 1e-9 for v in vals) / max(1, len(vals))
 
 
-def batch_metrics(groups: Sequence[Group], gen0: tuple, gen1: tuple, *, wait_s: float,
+def _engine_s(s: dict) -> float:
+    return s.get("time_prefill_s", 0.0) + s.get("time_decode_s", 0.0)
+
+
+def batch_metrics(groups: Sequence[Group], before: dict, after: dict, *, wait_s: float,
                   train_s: float, step_s: float) -> dict[str, float]:
+    """``before`` / ``after``: the rollout source's stats around the step (engine counters,
+    pipeline counters, score errors)."""
     rollouts = [r for g in groups for r in g.rollouts]
-    lens = [r.response_len for r in rollouts]
+    lens = [r.n_sampled for r in rollouts]  # policy tokens (environment tokens not counted)
     rewards = [r.reward for r in rollouts if r.reward is not None]
-    t0, s0 = gen0[0], gen0[1]
-    t1, s1, counters, errors = gen1
-    gen_s = t1.get("generate", 0.0) - t0.get("generate", 0.0)
+    s0, s1 = before["engine"], after["engine"]
+    counters, errors = after["counters"], after["score_errors"]
+    gen_s = _engine_s(s1) - _engine_s(s0)
     new_tok = s1.get("tokens_generated", 0) - s0.get("tokens_generated", 0)
     out = {
         "reward/mean": statistics.fmean(rewards) if rewards else 0.0,
@@ -41,6 +47,8 @@ def batch_metrics(groups: Sequence[Group], gen0: tuple, gen1: tuple, *, wait_s: 
         "throughput/gen_tokens_per_s": new_tok / gen_s if gen_s > 0 else 0.0,
         "throughput/trajectories_per_s": len(rollouts) / step_s if step_s > 0 else 0.0,
         "pipeline/started": counters["started"],
+        "pipeline/groups_in_batch": float(len(groups)),
+        "pipeline/samples_in_batch": float(len(rollouts)),
         "pipeline/consumed": counters["consumed"],
         "pipeline/resumed_share": sum(r.resume_count > 0 for r in rollouts) / len(rollouts),
         "engine/occupancy": s1.get("mean_occupancy", 0.0),

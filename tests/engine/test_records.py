@@ -5,11 +5,12 @@ import pytest
 import torch
 from engine_helpers import PROMPTS, full_logprobs, make, spread
 
-from reroll.engine import Engine, TorchEngine
+from reroll.engine import Engine, EngineCore, EngineService, TorchEngine
 
 
-def test_torch_engine_satisfies_the_engine_protocol(lm):
-    assert isinstance(TorchEngine(*lm, max_batch=2), Engine)
+def test_torch_engine_is_a_core_and_the_service_is_an_engine(lm):
+    core = TorchEngine(*lm, max_batch=2)
+    assert isinstance(core, EngineCore) and isinstance(EngineService(core), Engine)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -8,7 +8,7 @@ import sys
 import time
 
 from reroll.config import load_config
-from reroll.loop import train
+from reroll.runtime import train
 from reroll.rollout import Group
 from reroll.runlog import read_metrics, read_rollouts
 from reroll.trainer import checkpoint

@@ -1,0 +1,109 @@
+"""Rollouts: the asynchronous pipeline that turns the scheduler's decisions into work.
+
+Owns the asyncio side of generation: for every group the `Scheduler` admits it runs the
+configured workflow as a task (awaiting the engine, environments and verifiers), closes the
+group with the scheduler when the workflow is done, admits more, and wakes whoever waits for
+a batch. New weights go to the engine through `publish`; `snapshot` captures everything not
+yet consumed for a checkpoint. Runs inside one event loop; knows nothing of threads, of the
+trainer or of where the engine runs (`reroll.runtime` hosts it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from typing import Any
+
+from reroll.control.scheduler import Scheduler
+from reroll.rollout import Group
+from reroll.workflows.base import EpisodeContext, Workflow
+
+
+class Rollouts:
+    def __init__(self, scheduler: Scheduler, workflow: Workflow, ctx: EpisodeContext, *,
+                 partial_rollouts: bool = True):
+        self.scheduler, self.workflow, self.ctx = scheduler, workflow, ctx
+        self.engine = ctx.engine
+        self.partial_rollouts = partial_rollouts
+        self.tasks: dict[str, asyncio.Task] = {}
+        self.time: Counter[str] = Counter()  # seconds per activity (workflow time summed)
+        self._changed: asyncio.Event | None = None
+        self._error: BaseException | None = None
+
+    # ---- what the runtime calls ----------------------------------------------------------
+    async def start(self, rerun: list[Group] = ()) -> None:
+        """Run the workflows of restored groups, then admit new ones."""
+        self._changed = asyncio.Event()
+        for g in rerun:
+            self._run(g)
+        self._admit()
+
+    async def next_batch(self, n_samples: int, trainer_version: int) -> list[Group]:
+        """Wait for ready groups holding ``n_samples`` samples, handed out by deadline."""
+        out: list[Group] = []
+        got = 0
+        while True:
+            self._check()
+            part = self.scheduler.take(n_samples - got, trainer_version)
+            out += part
+            got += sum(len(g.rollouts) for g in part)
+            if got >= n_samples:
+                return out
+            self._admit()
+            self._changed.clear()
+            await self._changed.wait()
+
+    async def publish(self, weights: Any, version: int) -> None:
+        """New policy weights; with partial rollouts, in-flight sequences are interrupted
+        and resumed under them (prefix, log-probs and versions kept). Then admit."""
+        self._check()
+        await self.engine.update_weights(weights, version, interrupt=self.partial_rollouts)
+        self._admit()
+
+    async def snapshot(self) -> tuple[list[Group], dict]:
+        """Unconsumed groups (in-flight records brought up to date) and the counters and
+        data cursor that go with them."""
+        self._check()
+        await self.engine.sync()
+        return self.scheduler.snapshot(), {"prompts": self.scheduler.prompts.state(),
+                                           "counters": self.scheduler.counters()}
+
+    def stats(self) -> dict:
+        s = self.scheduler
+        return {"time": dict(self.time), "engine": self.engine.stats(),
+                "counters": s.counters(), "score_errors": dict(s.score_errors)}
+
+    async def close(self) -> None:
+        for t in self.tasks.values():
+            t.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        await self.engine.close()
+
+    # ---- internals ---------------------------------------------------------------------
+    def _admit(self) -> None:
+        if self._error is None:
+            for g in self.scheduler.admit(self.engine.version):
+                self._run(g)
+
+    def _run(self, g: Group) -> None:
+        self.tasks[g.group_id] = asyncio.get_running_loop().create_task(self._episode(g))
+
+    async def _episode(self, g: Group) -> None:
+        t0 = time.perf_counter()
+        try:
+            await self.workflow(self.ctx, g)
+            self.time["workflow"] += time.perf_counter() - t0
+            self.scheduler.close(g)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # surfaced to the trainer's side by the next call
+            self._error = e
+        finally:
+            self.tasks.pop(g.group_id, None)
+            self._changed.set()
+        self._admit()
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"rollout generation failed: {self._error}") from self._error

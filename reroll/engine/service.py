@@ -1,0 +1,143 @@
+"""EngineService: the asynchronous `Engine` over a step-wise `EngineCore`.
+
+Owns the thread the core decodes in and the futures of the requests it holds. Lives in one
+asyncio event loop (the one that calls `generate`): requests submitted there are added to the
+core between decode steps, and the core steps in a single worker thread, several steps per
+hand-off while nothing finishes and nothing new arrives, so the event loop stays free for
+workflows, scoring and the trainer's calls. Knows nothing of groups, rewards or staleness.
+
+Requests submitted in one pass of the event loop are all added before the next step: the
+driver task wakes only after the tasks that woke it have run, so a batch admitted together is
+prefilled together, exactly as a synchronous ``generate(batch)`` would (this is what keeps a
+``max_staleness = 0`` run bitwise equal to the textbook synchronous loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from reroll.engine.base import EngineCore, Turn
+from reroll.rollout import Rollout
+
+
+def _adopt(orig: Rollout, got: Rollout) -> None:
+    """A core in another process returns copies: the copy is the truth."""
+    if got is not orig:
+        orig.__dict__.update(got.__dict__)
+
+
+class EngineService:
+    def __init__(self, core: EngineCore, *, max_steps_per_call: int = 64):
+        self.core = core
+        self.max_steps = max_steps_per_call
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="reroll-engine")
+        self._futures: dict[str, tuple[Rollout, asyncio.Future, Turn | None]] = {}
+        self._submitted: list[str] = []
+        self._yield = False  # read by the worker thread: return to the event loop soon
+        self._wake: asyncio.Event | None = None
+        self._lock: asyncio.Lock | None = None
+        self._driver: asyncio.Task | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def version(self) -> int:
+        return self.core.version
+
+    # ---- Engine protocol ---------------------------------------------------------------
+    def generate(self, rollout: Rollout, turn: Turn | None = None) -> asyncio.Future:
+        self._start()
+        if self._error is not None:
+            raise RuntimeError(f"the engine failed earlier: {self._error}") from self._error
+        if rollout.sample_id in self._futures:
+            raise ValueError(f"rollout {rollout.sample_id} is already being generated")
+        fut = asyncio.get_running_loop().create_future()
+        self._futures[rollout.sample_id] = (rollout, fut, turn)
+        self._submitted.append(rollout.sample_id)
+        self._yield = True
+        self._wake.set()
+        return fut
+
+    async def update_weights(self, weights: Any, version: int, interrupt: bool = True) -> None:
+        self._start()
+        self._yield = True
+        async with self._lock:
+            aborted = self.core.abort() if interrupt else []
+            for r in aborted:
+                _adopt(self._futures[r.sample_id][0], r)
+            await asyncio.get_running_loop().run_in_executor(
+                self._pool, self.core.update_weights, weights, version)
+            if aborted:  # re-prefilled under the new weights: a resume
+                self._submitted = [r.sample_id for r in aborted] + self._submitted
+                self._wake.set()
+
+    async def sync(self) -> None:
+        self._start()
+        self._yield = True
+        async with self._lock:
+            for r in self.core.sync():
+                if r.sample_id in self._futures:
+                    _adopt(self._futures[r.sample_id][0], r)
+
+    def stats(self) -> dict[str, float]:
+        return self.core.stats()
+
+    async def close(self) -> None:
+        if self._driver is not None:
+            self._driver.cancel()
+            await asyncio.gather(self._driver, return_exceptions=True)
+        self._pool.shutdown(wait=True)
+        shutdown = getattr(self.core, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
+    # ---- the driver --------------------------------------------------------------------
+    def _start(self) -> None:
+        if self._driver is None:
+            self._wake, self._lock = asyncio.Event(), asyncio.Lock()
+            self._driver = asyncio.get_running_loop().create_task(self._drive())
+
+    async def _drive(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                while True:
+                    async with self._lock:
+                        self._add_submitted()
+                        if not self.core.pending():
+                            break
+                        self._yield = False
+                        finished = await loop.run_in_executor(self._pool, self._run)
+                    for r in finished:
+                        orig, fut, _ = self._futures.pop(r.sample_id)
+                        _adopt(orig, r)
+                        if not fut.done():
+                            fut.set_result(orig)
+                    await asyncio.sleep(0)  # let the workflows that were woken submit more
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # every waiting workflow sees the engine's error
+            self._error = e
+            for _, fut, _ in self._futures.values():
+                if not fut.done():
+                    fut.set_exception(RuntimeError(f"the engine failed: {e!r}"))
+            self._futures.clear()
+
+    def _add_submitted(self) -> None:
+        if not self._submitted:
+            return
+        ids, self._submitted = self._submitted, []
+        entries = [self._futures[i] for i in ids if i in self._futures]
+        self.core.add([e[0] for e in entries], [e[2] for e in entries])
+
+    def _run(self) -> list[Rollout]:
+        """In the engine thread: step until something finishes or the loop wants the core."""
+        done: list[Rollout] = []
+        for _ in range(self.max_steps):
+            done += self.core.step()
+            if done or self._yield or not self.core.pending():
+                break
+        return done

@@ -1,0 +1,86 @@
+"""The composition both runtimes share: given where the trainer, the engine core and the
+scorer run, build the rest (task, prompt stream, scheduler, workflow, rollout pipeline,
+weight transport, evaluator) and run the one loop.
+
+`reroll.runtime.local` and `reroll.runtime.ray` differ only in the components they hand in.
+Holds no algorithm logic; the loop (`reroll.loop`) never sees any of this wiring.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reroll import build
+from reroll.config import RunConfig
+from reroll.control.prompts import PromptStream
+from reroll.control.rollouts import Rollouts
+from reroll.control.scheduler import Scheduler
+from reroll.runlog import RunDir
+from reroll.runtime.host import RolloutSource
+from reroll.trainer import checkpoint
+from reroll.trainer.step import TrainerHandle
+
+
+@dataclass
+class Components:
+    """What a runtime builds for where it runs."""
+
+    trainer: TrainerHandle
+    engine_core: Any  # a `reroll.engine.EngineCore`
+    scorer: Any  # a scorer (submit / combine / close)
+
+
+class Transport:
+    """Moves the trainer's weights to the engines, by version."""
+
+    def __init__(self, trainer: TrainerHandle, source: RolloutSource):
+        self.trainer, self.source = trainer, source
+
+    def publish(self, version: int) -> None:
+        self.source.publish(self.trainer.weights(), version)
+
+
+def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_components,
+        progress: bool = True) -> dict:
+    """Build everything, run `reroll.loop.run`, and close what was built in reverse order."""
+    from reroll.loop import run as run_loop
+    from reroll.trainer.evaluate import evaluate
+    from reroll.workflows import WORKFLOWS
+
+    state = checkpoint.read_state(ckpt) if ckpt else {}
+    with contextlib.ExitStack() as done:
+        parts: Components = build_components(cfg, init_dir, ckpt)
+        done.callback(parts.trainer.close)
+        done.callback(parts.scorer.close)
+        tok = build.load_tokenizer(init_dir)
+        task = build.build_task(cfg)
+        prompts = PromptStream(task.train, cfg.train.seed, **state.get("prompts", {}))
+        r = cfg.rollout
+        sched = Scheduler(prompts, build.group_starter(cfg, tok), group_size=r.group_size,
+                          batch_groups=r.batch_groups, max_staleness=cfg.runtime.max_staleness,
+                          overprovision=cfg.runtime.overprovision,
+                          filters=build.build_filters(cfg, parts.scorer.combine))
+        rerun = sched.restore(checkpoint.read_groups(ckpt), state["counters"]) if ckpt else []
+        workflow = WORKFLOWS.get(r.workflow)
+        shaping = build.build_shaping(cfg)
+
+        def make() -> Rollouts:
+            from reroll.engine import EngineService
+
+            ctx = build.episode_context(cfg, tok, EngineService(parts.engine_core),
+                                        parts.scorer, shaping)
+            return Rollouts(sched, workflow, ctx, partial_rollouts=cfg.runtime.partial_rollouts)
+
+        source = RolloutSource(make, rerun)
+        done.callback(source.close)
+        encode, test = build.encode_prompt(tok, cfg.task.chat), task.test[: cfg.eval.n_examples]
+
+        def evaluator() -> dict[str, float]:
+            return evaluate(parts.trainer.policy(), tok, test, parts.scorer, encode, cfg, k=1)
+
+        return run_loop(cfg, trainer=parts.trainer, source=source,
+                        transport=Transport(parts.trainer, source), run_dir=rd,
+                        evaluate=evaluator, start_step=state.get("step", 0), progress=progress)

@@ -1,0 +1,67 @@
+"""Hosting the asynchronous rollout pipeline for a synchronous trainer.
+
+`RolloutSource` runs `reroll.control.rollouts.Rollouts` in an asyncio event loop on a
+background thread ("reroll-rollout") and offers the loop's `BatchSource` and
+`WeightTransport` calls as plain blocking methods. The engine decodes in its own thread (the
+`EngineService` worker), the trainer runs in the caller's thread, and the event loop in
+between runs workflows and scoring callbacks. torch releases the GIL inside its kernels, so
+generation and training do run concurrently. Knows nothing of Ray or of the trainer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from reroll.control.rollouts import Rollouts
+from reroll.rollout import Group
+
+
+class RolloutSource:
+    def __init__(self, make: Callable[[], Rollouts], rerun: list[Group] = (),
+                 timeout_s: float = 3600.0):
+        """``make`` builds the pipeline inside the event loop's thread (asyncio objects
+        belong to one loop); ``rerun``: restored groups whose workflows must run again."""
+        self.timeout_s = timeout_s
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="reroll-rollout",
+                                        daemon=True)
+        self._thread.start()
+        self.rollouts: Rollouts = self._call(self._make(make, list(rerun)))
+
+    @staticmethod
+    async def _make(make, rerun):
+        r = make()
+        await r.start(rerun)
+        return r
+
+    def _call(self, coro: Coroutine) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(self.timeout_s)
+
+    # ---- BatchSource ---------------------------------------------------------------------
+    def next_batch(self, trainer_version: int) -> list[Group]:
+        r = self.rollouts
+        return self._call(r.next_batch(r.scheduler.batch, trainer_version))
+
+    def snapshot(self) -> tuple[list[Group], dict]:
+        return self._call(self.rollouts.snapshot())
+
+    def stats(self) -> dict:
+        return self._call(self._stats())
+
+    async def _stats(self) -> dict:
+        return self.rollouts.stats()
+
+    # ---- weights -----------------------------------------------------------------------
+    def publish(self, weights: Any, version: int) -> None:
+        self._call(self.rollouts.publish(weights, version))
+
+    def close(self) -> None:
+        try:
+            self._call(self.rollouts.close())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=30)
+            self.loop.close()

@@ -1,0 +1,70 @@
+"""What a rollout workflow is, and the context it runs in.
+
+A workflow is one ``async`` function per group: ``await workflow(ctx, group)`` turns the
+group's rollouts (fresh, or partly generated when resuming from a checkpoint) into finished,
+scored records, awaiting the engine, environments and verifiers through ``ctx``. It returns
+nothing: the records are filled in place, so a checkpoint taken mid-episode sees them. A
+sample whose scoring or environment failed carries an error score (errors are data); an
+exception escaping a workflow stops the run with its message.
+
+Workflows are registered in `WORKFLOWS` (``rollout.workflow``). They know nothing of the
+scheduler, staleness, the trainer or where the engine runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from reroll.engine.base import Engine
+from reroll.registry import Registry
+from reroll.rollout import Example, Group, Rollout, Score
+
+WORKFLOWS = Registry("workflow")
+Workflow = Callable[["EpisodeContext", Group], Awaitable[None]]
+
+
+@dataclass
+class EpisodeContext:
+    """The awaitables and limits a workflow uses."""
+
+    engine: Engine
+    scorer: Any
+    """``submit(rollout, example) -> concurrent Future[list[Score]]``, ``combine(scores)``."""
+    decode: Callable[[list[int]], str]
+    """Token ids -> text (special tokens skipped): what an environment reads."""
+    encode_observation: Callable[[str], list[int]]
+    """Environment text -> token ids appended as-is (rendered with the chat template when
+    ``task.chat``); the stored ids are exactly what the model sees next."""
+    shape_reward: Callable[[Rollout], float] | None = None
+    make_env: Callable[[], Any] | None = None
+    """A fresh `reroll.envs.Environment` per episode (multi_turn)."""
+    max_turns: int = 1
+    max_new_tokens: int = 32
+    """Per turn (single_turn: the whole response)."""
+    max_episode_tokens: int = 0
+    """Policy-sampled tokens per episode over all turns (0: max_turns * max_new_tokens)."""
+
+    async def score(self, r: Rollout, example: Example) -> None:
+        """Run the verifiers on ``r``; sets its scores and reward (None when one failed)."""
+        r.timings["score_submit"] = _now()
+        scores = await asyncio.wrap_future(self.scorer.submit(r, example))
+        r.timings["score_done"] = _now()
+        self.set_scores(r, scores)
+
+    def set_scores(self, r: Rollout, scores: list[Score]) -> None:
+        r.scores = scores
+        if r.failed:
+            r.reward = None
+            return
+        r.reward = self.scorer.combine(scores)
+        if self.shape_reward is not None:
+            r.reward += self.shape_reward(r)
+
+
+def _now() -> float:
+    import time
+
+    return time.time()
