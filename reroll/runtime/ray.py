@@ -1,7 +1,7 @@
-"""The Ray runtime: engine replicas and the trainer as Ray actors behind the Engine and
-TrainerHandle interfaces, so the same scheduler, runtime thread and loop drive them. With
-`ray_scoring.py` (scoring actors behind the scorer interface), the only modules that import
-ray.
+"""The Ray runtime: engine replicas and the trainer as Ray actors behind the EngineCore and
+TrainerHandle interfaces, so the same rollout pipeline, workflows and loop drive them
+(`components` is what `reroll.runtime.compose.run` gets from here). With `ray_scoring.py`
+(scoring actors behind the scorer interface), the only modules that import ray.
 
 - `EngineActor` wraps a `TorchEngine` built from a model directory in its own process.
 - `RayEnginePool` spreads requests over the actors (least loaded first), steps them in
@@ -51,21 +51,21 @@ def _as_ref(state_dict):
 
 @ray.remote
 class EngineActor:
-    def __init__(self, model_dir: str, dtype: str, max_batch: int, threads: int, version: int,
-                 state_dict=None):
+    def __init__(self, model_dir: str, dtype: str, max_batch: int, threads: int,
+                 engine_name: str, version: int, state_dict=None):
         import torch
 
-        from reroll.engine import TorchEngine
+        from reroll.engine import ENGINES
         from reroll.models import load
 
         torch.set_num_threads(threads)
         model, tok = load(model_dir, dtype)
         if state_dict is not None:
             model.load_state_dict(state_dict)
-        self.engine = TorchEngine(model.eval(), tok, max_batch=max_batch, version=version)
+        self.engine = ENGINES.get(engine_name)(model, tok, max_batch=max_batch, version=version)
 
-    def add(self, rollouts: list[Rollout]) -> None:
-        self.engine.add(rollouts)
+    def add(self, rollouts: list[Rollout], turns=None) -> None:
+        self.engine.add(rollouts, turns)
 
     def step(self) -> list[Rollout]:
         return self.engine.step()
@@ -86,16 +86,18 @@ class EngineActor:
 
 
 class RayEnginePool:
-    """Engine interface over `workers` EngineActor replicas."""
+    """`EngineCore` over `workers` EngineActor replicas (an `EngineService` drives it)."""
 
     def __init__(self, model_dir: str | Path, *, workers: int = 1, dtype: str = "float32",
-                 max_batch: int = 64, threads: int = 1, version: int = 0, state_dict=None):
+                 max_batch: int = 64, threads: int = 1, version: int = 0, state_dict=None,
+                 engine: str = "torch"):
         init_ray(workers)
-        self.args = (str(model_dir), dtype, max_batch, threads)
+        self.args = (str(model_dir), dtype, max_batch, threads, engine)
         self.version = version
         self._weights = _as_ref(state_dict) if state_dict is not None else None
         self.actors = [self._spawn() for _ in range(workers)]
         self.inflight: list[dict[str, Rollout]] = [{} for _ in self.actors]
+        self.turns: dict[str, tuple[int, int] | None] = {}  # sample id -> its call's turn
         self.requeued = 0
         self.restarts = 0
         self._stats: dict[str, float] = {}
@@ -103,16 +105,17 @@ class RayEnginePool:
     def _spawn(self):
         return EngineActor.remote(*self.args, self.version, self._weights)
 
-    # ---- Engine interface --------------------------------------------------------------
-    def add(self, rollouts: list[Rollout]) -> None:
+    # ---- EngineCore interface ----------------------------------------------------------
+    def add(self, rollouts: list[Rollout], turns=None) -> None:
         by_group: dict[str, list[Rollout]] = {}
-        for r in rollouts:  # keep a group together so its prompt prefill is shared
+        for j, r in enumerate(rollouts):  # keep a group together so its prefill is shared
             by_group.setdefault(r.group_id, []).append(r)
+            self.turns[r.sample_id] = turns[j] if turns else None
         for rs in by_group.values():
             i = min(range(len(self.actors)), key=lambda k: len(self.inflight[k]))
             for r in rs:
                 self.inflight[i][r.sample_id] = copy.deepcopy(r)
-            self._call(i, "add", rs)
+            self._call(i, "add", rs, [self.turns[r.sample_id] for r in rs])
 
     def pending(self) -> int:
         return sum(len(x) for x in self.inflight)
@@ -129,6 +132,7 @@ class RayEnginePool:
                 continue
             for r in finished:
                 self.inflight[i].pop(r.sample_id, None)
+                self.turns.pop(r.sample_id, None)
             done += finished
         return done
 
@@ -144,20 +148,21 @@ class RayEnginePool:
             out += part or []
         return out
 
+    def sync(self) -> list[Rollout]:
+        """Copies of every in-flight record, up to date: the actors' requests are aborted
+        and added back (a remote record cannot be read without stopping it)."""
+        aborted = self.abort()
+        for r in aborted:
+            r.finish = "running"
+            self.add([r], [self.turns.get(r.sample_id)])
+        return [copy.deepcopy(r) for r in aborted]
+
     def update_weights(self, state_dict, version: int) -> None:
         """``state_dict``: a dict of tensors, or an object-store reference to one."""
         self._weights = _as_ref(state_dict)
         self.version = version
         for i in range(len(self.actors)):
             self._call(i, "update_weights", self._weights, version)
-
-    def generate(self, rollouts: list[Rollout]) -> list[Rollout]:
-        self.add(rollouts)
-        got: dict[str, Rollout] = {}
-        while len(got) < len(rollouts):
-            for r in self.step():
-                got[r.sample_id] = r
-        return [got[r.sample_id] for r in rollouts]
 
     def stats(self) -> dict[str, float]:
         agg: dict[str, float] = {}
@@ -192,7 +197,7 @@ class RayEnginePool:
             r.finish = "running"
         if lost:
             self.requeued += len(lost)
-            self.add(lost)
+            self.add(lost, [self.turns.get(r.sample_id) for r in lost])
 
     def kill_worker(self, i: int = 0) -> int:
         """Kill actor i's process (for fault-injection tests); returns its pid."""
@@ -306,3 +311,29 @@ class RayTrainer:
 
     def close(self) -> None:
         ray.kill(self.actor, no_restart=True)
+
+
+# ---- the composition ----------------------------------------------------------------------
+def components(cfg: RunConfig, init_dir: Path, ckpt: Path | None):
+    """Trainer actor, engine actors (started with the trainer's weights, by reference) and
+    scorer (scoring actors with `runtime.scoring_workers`, else a local process pool)."""
+    from reroll import build
+    from reroll.runtime.compose import Components
+
+    init_ray(max(1, cfg.runtime.engine_workers))
+    trainer = RayTrainer(cfg, init_dir, ckpt)
+    workers = max(1, cfg.runtime.engine_workers)
+    core = RayEnginePool(init_dir, workers=workers, dtype=cfg.model.dtype,
+                         max_batch=-(-build.engine_slots(cfg) // workers),
+                         version=trainer.version, threads=cfg.runtime.threads,
+                         state_dict=trainer.weights(), engine=cfg.engine.name)
+    task = build.build_task(cfg)
+    if cfg.runtime.scoring_workers > 0:
+        from reroll.runtime.ray_scoring import RayScoringPool
+
+        scorer = RayScoringPool(cfg.reward.verifiers, task.verifier,
+                                actors=cfg.runtime.scoring_workers, workers=cfg.reward.workers,
+                                timeout_s=cfg.reward.timeout_s)
+    else:
+        scorer = build.build_scorer(cfg, task)
+    return Components(trainer=trainer, engine_core=core, scorer=scorer)

@@ -51,7 +51,7 @@ def test_killed_engine_worker_requests_are_requeued(ray_session, tiny_dir):
 
 
 def test_train_runs_on_ray_engine_workers(ray_session, tmp_path):
-    from reroll.loop import train
+    from reroll.runtime import train
     from reroll.runlog import read_metrics
 
     cfg = load_config(None, ["model.max_position=32", "task.args.digits=1",
@@ -120,8 +120,8 @@ def assert_bitwise_equal(a, b):
 def ray_run(ray_session, tmp_path_factory):
     """The uninterrupted 3-step Ray run (trainer actor + engine actor), evaluated in-loop at
     step 3; returns (run dir, the weights the in-loop evaluation saw)."""
-    import reroll.loop as loop
-    from reroll.loop import train
+    import reroll.trainer.evaluate as loop  # the evaluator the composition calls
+    from reroll.runtime import train
 
     out = tmp_path_factory.mktemp("ray_run")
     seen, real = {}, loop.evaluate
@@ -140,7 +140,7 @@ def ray_run(ray_session, tmp_path_factory):
 
 
 def test_trainer_actor_run_equals_local_run_bitwise(ray_run, tmp_path):
-    from reroll.loop import train
+    from reroll.runtime import train
     from reroll.runlog import read_metrics
 
     out, _ = ray_run
@@ -172,7 +172,7 @@ def test_in_loop_evaluation_on_ray_sees_the_trained_weights(ray_run):
 
 
 def test_ray_stop_at_2_then_resume_to_3_equals_uninterrupted(ray_run, tmp_path):
-    from reroll.loop import train
+    from reroll.runtime import train
     from reroll.runlog import read_metrics
 
     out, _ = ray_run
@@ -185,7 +185,7 @@ def test_ray_stop_at_2_then_resume_to_3_equals_uninterrupted(ray_run, tmp_path):
 
 def test_killed_trainer_actor_stops_the_run_clearly_and_resume_loses_nothing(ray_run, tmp_path,
                                                                            monkeypatch):
-    from reroll.loop import train
+    from reroll.runtime import train
     from reroll.runtime.ray import RayTrainer
     from reroll.trainer import checkpoint
 
