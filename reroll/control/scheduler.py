@@ -71,9 +71,10 @@ class Scheduler:
         return out
 
     def _next_prompt(self) -> Example:
-        for _ in range(len(self.abandoned) + 1):  # an abandoned prompt is never drawn again
+        gone = set(self.abandoned)  # an abandoned prompt is never drawn again
+        for _ in range(2 * len(gone) + 1):  # two epochs' shuffles can put them back to back
             ex = self.prompts.next()
-            if ex.prompt_id not in self.abandoned:
+            if ex.prompt_id not in gone:
                 return ex
         raise RuntimeError(f"every prompt drawn was abandoned after scoring failures "
                            f"({len(self.abandoned)} abandoned); last error: {self._last_error}")
