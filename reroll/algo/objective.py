@@ -4,9 +4,10 @@ Owns ``LossInputs`` (one micro-batch, aligned on response token positions) and
 ``Objective``, built from an ``AlgoConfig`` by ``build_objective``. The per-token loss is the
 decoupled objective (ALGORITHMS.md 2.1/2.2)
 
-    l_t = w_t * surrogate(pi_theta / pi_prox, A_t),   w_t = correction(pi_prox / mu)
+    l_t = s_i * w_t * surrogate(pi_theta / pi_prox, A_t),   w_t = correction(pi_prox / mu)
 
-aggregated with the global normalisers, plus ``kl_coef * agg(kl(pi_theta, pi_ref))`` when the
+with ``s_i`` the sample's weight (``Rollout.sample_weight``, 1 unless a control or replay
+policy set it), aggregated with the global normalisers (weights do not change them), plus ``kl_coef * agg(kl(pi_theta, pi_ref))`` when the
 KL penalty sits in the loss. The trainer never branches on component names; everything it
 needs is a method here. Must not know about models, batches or the optimiser.
 """
@@ -42,6 +43,7 @@ class LossInputs:
     n_tokens: float  # trainable tokens in the whole mini-batch (global normaliser)
     n_seqs: float  # sequences in the whole mini-batch (global normaliser)
     ref_logprobs: Tensor | None = None  # [B, T] when kl_coef > 0 and the KL is in the loss
+    sample_weights: Tensor | None = None  # [B] per-sample weight of the policy term (1: none)
 
 
 @dataclass
@@ -83,6 +85,8 @@ class Objective:
         weights, mask, metrics = self.correction_fn(inp.prox_logprobs, inp.behav_logprobs, mask)
         per_tok, sur_metrics = self.surrogate_fn(inp.logprobs, inp.prox_logprobs,
                                                  inp.advantages, mask)
+        if inp.sample_weights is not None:  # e.g. a replayed or down-weighted sample
+            weights = weights * inp.sample_weights.to(weights.dtype)[:, None]
         policy = self.aggregate_fn(weights * per_tok, mask, inp.n_tokens, inp.n_seqs)
         total = policy
         metrics.update(sur_metrics)

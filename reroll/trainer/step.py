@@ -107,6 +107,7 @@ class Trainer:
         adv, include = self.objective.advantages(rewards, comps, gidx)  # [N], [N]
         batch.mask = batch.mask * include.float()[:, None]
         adv_tok = adv[:, None].expand_as(batch.mask).contiguous()  # [N, T]
+        sample_w = torch.tensor([r.sample_weight for r in rollouts], dtype=torch.float32)  # [N]
 
         metrics: dict[str, float] = {}
         n = len(batch)
@@ -125,7 +126,8 @@ class Trainer:
                 inp = LossInputs(logprobs=logp, prox_logprobs=prox[sel],
                                  behav_logprobs=sub.behav_logprobs, advantages=adv_tok[sel],
                                  mask=sub.mask, n_tokens=n_tok, n_seqs=n_seq,
-                                 ref_logprobs=None if ref is None else ref[sel])
+                                 ref_logprobs=None if ref is None else ref[sel],
+                                 sample_weights=sample_w[sel])
                 loss, m = self.objective.loss(inp)
                 if not torch.isfinite(loss):
                     raise FloatingPointError(

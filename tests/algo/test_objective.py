@@ -125,3 +125,22 @@ def test_infinite_logprobs_on_padding_leave_loss_and_gradient_finite():
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
     assert all(torch.isfinite(v) for v in m.values())
+
+
+def test_sample_weights_scale_each_samples_policy_term_and_keep_the_normalisers():
+    # two samples, one token each, pi_theta = pi_prox = mu (ratio 1, no clipping, no IS):
+    # ppo_clip per-token loss = -A; token_mean over n_tokens = 2.
+    # A = [1, -3], weights [2, 0.5]: loss = (-(1)*2 + -(-3)*0.5) / 2 = (-2 + 1.5) / 2 = -0.25
+    lp = torch.zeros(2, 1, requires_grad=True)
+    adv = torch.tensor([[1.0], [-3.0]])
+    mask = torch.ones(2, 1)
+    inp = LossInputs(lp, torch.zeros(2, 1), torch.zeros(2, 1), adv, mask, 2.0, 2.0,
+                     sample_weights=torch.tensor([2.0, 0.5]))
+    loss, _ = build_objective(AlgoConfig(correction="none")).loss(inp)
+    close(loss, -0.25)
+    # d loss / d logp = -A * w / 2 (ratio 1): [-1, 0.75]
+    (g,) = torch.autograd.grad(loss, lp)
+    close(g, [[-1.0], [0.75]])
+    # weights of 1 are the unweighted loss: (-1 + 3) / 2 = 1
+    inp.sample_weights = torch.ones(2)
+    close(build_objective(AlgoConfig(correction="none")).loss(inp)[0], 1.0)
