@@ -138,10 +138,21 @@ def sampling_params(cfg: RunConfig, tok) -> SamplingParams:
                           max_new_tokens=r.max_new_tokens, stop_token_ids=[tok.eos_token_id])
 
 
-def build_scorer(cfg: RunConfig, task):
-    """A pool of verifier processes in this process (the Ray runtime builds its own)."""
-    from reroll.verifiers import ScoringPool
+def uses_verifiers(cfg: RunConfig) -> bool:
+    """Whether the workflow scores with `reward.verifiers` (else its environment rewards)."""
+    from reroll.workflows import WORKFLOWS
 
+    return getattr(WORKFLOWS.get(cfg.rollout.workflow), "uses_verifiers", True)
+
+
+def build_scorer(cfg: RunConfig, task):
+    """A pool of verifier processes in this process (the Ray runtime may build scoring
+    actors instead), or the environment's reward for a workflow scored by its environment."""
+    from reroll.verifiers import ScoringPool
+    from reroll.workflows import EnvReward
+
+    if not uses_verifiers(cfg):
+        return EnvReward()
     return ScoringPool(cfg.reward.verifiers, task.verifier, workers=cfg.reward.workers,
                        timeout_s=cfg.reward.timeout_s)
 

@@ -328,7 +328,7 @@ def components(cfg: RunConfig, init_dir: Path, ckpt: Path | None):
                          version=trainer.version, threads=cfg.runtime.threads,
                          state_dict=trainer.weights(), engine=cfg.engine.name)
     task = build.build_task(cfg)
-    if cfg.runtime.scoring_workers > 0:
+    if cfg.runtime.scoring_workers > 0 and build.uses_verifiers(cfg):
         from reroll.runtime.ray_scoring import RayScoringPool
 
         scorer = RayScoringPool(cfg.reward.verifiers, task.verifier,

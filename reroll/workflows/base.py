@@ -64,6 +64,22 @@ class EpisodeContext:
             r.reward += self.shape_reward(r)
 
 
+class EnvReward:
+    """The scorer of workflows whose environment gives the reward: the reward is the sum of
+    the "env" score values (None if one is an error). Nothing is submitted to it."""
+
+    def combine(self, scores: list[Score]) -> float | None:
+        if any(not s.ok for s in scores):
+            return None
+        return sum(float(s.value) for s in scores)
+
+    def submit(self, rollout: Rollout, example: Example):
+        raise RuntimeError("this workflow is scored by its environment, not by verifiers")
+
+    def close(self) -> None:
+        pass
+
+
 def _now() -> float:
     import time
 

@@ -31,6 +31,9 @@ async def multi_turn(ctx: EpisodeContext, group: Group) -> None:
                            if not (r.finished and (r.reward is not None or r.failed))))
 
 
+multi_turn.uses_verifiers = False  # the environment rewards (ctx.scorer is an EnvReward)
+
+
 def _restart(r: Rollout) -> None:
     """Back to the prompt (an episode cut by a checkpoint restarts: env state is not saved)."""
     if len(r.tokens) > r.prompt_len:
@@ -83,8 +86,7 @@ async def episode(ctx: EpisodeContext, example: Example, r: Rollout) -> None:
         total += float(res.reward)
         steps.append({"reward": float(res.reward), "done": bool(res.done), **res.info})
         if res.done or eos:
-            finish = "stop"
-            break
+            break  # the episode's finish is its last turn's (stop, or length if cut)
         finish = "length"  # if no turn follows: out of turns or budget
         if res.observation:
             _append_env(r, ctx.encode_observation(res.observation))
