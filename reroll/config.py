@@ -20,18 +20,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from reroll.errors import CheckpointError, ConfigError  # noqa: F401  (re-exported)
 from reroll.registry import closest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-class ConfigError(ValueError):
-    """Bad input in the configuration (the CLI exits with status 2)."""
-
-
-class CheckpointError(ConfigError):
-    """A checkpoint that does not match the model or optimiser the config builds; the
-    checkpoint is left untouched."""
 
 
 @dataclass

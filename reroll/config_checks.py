@@ -5,7 +5,12 @@ so `reroll.config` itself stays free of torch; `load_config` calls `validate`.""
 
 from __future__ import annotations
 
-from reroll.config import ConfigError, RunConfig
+from typing import TYPE_CHECKING
+
+from reroll.errors import ConfigError
+
+if TYPE_CHECKING:
+    from reroll.config import RunConfig
 
 
 def validate(cfg: RunConfig) -> None:
