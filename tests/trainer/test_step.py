@@ -1,0 +1,64 @@
+"""The train step end to end on groups of different sizes: rewards and group indices are
+flattened in group order, advantages are per group whatever its size, and each sample's
+weight reaches the loss."""
+
+import torch
+
+from reroll.algo import build_objective
+from reroll.config import AlgoConfig
+from reroll.rollout import Example, SamplingParams, Score, new_group
+from reroll.trainer.step import Trainer, flatten
+
+
+def groups_of(sizes_rewards):
+    out = []
+    for i, rewards in enumerate(sizes_rewards):
+        g = new_group(Example(f"p{i}", "1+1=", "2"), len(rewards), [2, 5, 6],
+                      SamplingParams(), 0)
+        for r, rew in zip(g.rollouts, rewards):
+            for t in (7, 8):
+                r.append(t, -4.0, 0)
+            r.finish, r.scores, r.reward = "stop", [Score("exact", value=rew)], rew
+        out.append(g)
+    return out
+
+
+def test_groups_of_different_sizes_flatten_in_order_with_their_own_baselines():
+    groups = groups_of([[1.0, 0.0], [1.0, 1.0, 0.0]])
+    _, rewards, _, gidx = flatten(groups)
+    assert rewards.tolist() == [1.0, 0.0, 1.0, 1.0, 0.0] and gidx.tolist() == [0, 0, 1, 1, 1]
+    obj = build_objective(AlgoConfig(advantage="grpo", advantage_args={"eps": 0.0}))
+    adv, _ = obj.advantages(rewards, rewards[:, None], gidx)
+    # group 0: mean 0.5, unbiased std sqrt(0.5) = 0.7071: +-0.7071
+    # group 1: mean 2/3, std sqrt(((1/3)^2 * 2 + (2/3)^2) / 2) = sqrt(1/3) = 0.5774:
+    #          1/3 / 0.5774 = 0.5774, -2/3 / 0.5774 = -1.1547
+    expect = torch.tensor([0.7071, -0.7071, 0.5774, 0.5774, -1.1547])
+    assert torch.allclose(adv, expect, atol=1e-4)
+
+
+def test_a_zero_sample_weight_removes_that_samples_gradient(tiny):
+    model, tok = tiny
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def grad_after(weights):
+        model.load_state_dict(state)
+        groups = groups_of([[1.0, 0.0], [1.0, 1.0, 0.0]])
+        for r, w in zip([r for g in groups for r in g.rollouts], weights):
+            r.sample_weight = w
+        t = Trainer(model, build_objective(AlgoConfig(correction="none")), pad_id=0, lr=0.0,
+                    grad_clip=0.0)
+        t.step(groups)
+        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    full = grad_after([1, 1, 1, 1, 1])
+    # group 1's samples zeroed: the gradient is group 0's part alone, which is what a batch
+    # with group 1's advantages at 0 gives (its rewards all equal: [1, 1, 1])
+    only0 = grad_after([1, 1, 0, 0, 0])
+    model.load_state_dict(state)
+    same = groups_of([[1.0, 0.0], [1.0, 1.0, 1.0]])
+    t = Trainer(model, build_objective(AlgoConfig(correction="none")), pad_id=0, lr=0.0,
+                grad_clip=0.0)
+    t.step(same)
+    ref = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    assert not torch.allclose(full, only0)
+    assert torch.allclose(only0, ref, atol=1e-7)
