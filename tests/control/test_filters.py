@@ -23,3 +23,29 @@ def test_zero_variance_rejects_nan_and_negative_tol():
         FILTERS.get("zero_variance")([[1, 0], [float("nan"), 1]])
     with pytest.raises(ValueError, match="tol must be >= 0"):
         FILTERS.bind("zero_variance", {"tol": -1})([[1]])
+
+
+def test_dynamic_sampling_filters_on_the_combined_reward_not_the_first_score():
+    from reroll.build import build_filters
+    from reroll.config import load_config
+    from reroll.rollout import Example, Score, SamplingParams, new_group
+
+    cfg = load_config(None, ["algo.dynamic_sampling=true"])
+
+    def combine(scores):  # 0.1 * format + 1.0 * correct
+        return 0.1 * scores[0].value + scores[1].value
+
+    (keep_if_varied,) = build_filters(cfg, combine)
+    g = new_group(Example("p", "1+1=", "2"), 3, [1], SamplingParams(), 0)
+    # the format check (listed first) passes for all three; correctness varies: keep
+    for r, ok in zip(g.rollouts, [1.0, 0.0, 1.0]):
+        r.scores = [Score("format", value=1.0), Score("exact", value=ok)]
+    assert keep_if_varied(g) is None
+    # correctness all 0 while the format varies: combined 0.1, 0.0, 0.1 still varies: keep
+    for r, fmt in zip(g.rollouts, [1.0, 0.0, 1.0]):
+        r.scores = [Score("format", value=fmt), Score("exact", value=0.0)]
+    assert keep_if_varied(g) is None
+    # everything equal: drop
+    for r in g.rollouts:
+        r.scores = [Score("format", value=1.0), Score("exact", value=0.0)]
+    assert keep_if_varied(g) == "zero_variance"

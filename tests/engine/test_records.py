@@ -106,3 +106,23 @@ def test_update_weights_rejects_a_state_dict_of_another_model(lm):
     with pytest.raises(ValueError, match="version=3"):
         eng.update_weights({"nope": torch.zeros(1)}, version=3)
     assert eng.version == 0
+
+
+def test_a_partial_record_restored_from_a_checkpoint_counts_as_a_resume(lm):
+    from reroll.rollout import Rollout
+
+    model, tok = lm
+    r = make(tok, "hello world ", temperature=1.0, max_new_tokens=10, seed=5)
+    TorchEngine(model, tok, max_batch=2).generate([r])
+    # what a checkpoint holds for a rollout cut after 4 tokens: finish "running", prefix kept
+    d = r.to_dict()
+    P = r.prompt_len
+    for k in ("tokens", "loss_mask", "logprobs", "versions"):
+        d[k] = d[k][: P + 4]
+    d["spans"] = [{"start": 0, "end": P, "source": "prompt", "version": -1},
+                  {"start": P, "end": P + 4, "source": "sampled", "version": 0}]
+    d["finish"], d["resume_count"] = "running", 0
+    cut = Rollout.from_dict(d)
+    TorchEngine(model, tok, max_batch=2).generate([cut])
+    assert cut.resume_count == 1 and cut.response_len == 10
+    assert cut.tokens == r.tokens  # seeded by position: the same continuation
