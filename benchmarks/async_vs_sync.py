@@ -41,8 +41,8 @@ from pathlib import Path
 
 from reroll import build
 from reroll.config import load_config
-from reroll.runtime import train
 from reroll.runlog import read_metrics
+from reroll.runtime import train
 from reroll.trainer.evaluate import evaluate
 from reroll.trainer.sft import save_model, sft
 

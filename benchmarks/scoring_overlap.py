@@ -63,8 +63,8 @@ class InlineScorer:
 def run(label: str, out: Path, steps: int, extra: list[str]) -> dict:
     from reroll import build
     from reroll.config import load_config
-    from reroll.runtime import train
     from reroll.runlog import read_metrics
+    from reroll.runtime import train
 
     base = ["task.name=longtail", "rollout.group_size=8", "rollout.batch_groups=8",
             "rollout.max_new_tokens=48", "model.max_position=96", "runtime.threads=1",

@@ -10,8 +10,8 @@ from safetensors.torch import load_file
 
 from reroll import build
 from reroll.config import ConfigError, load_config
-from reroll.runtime import train
 from reroll.runlog import read_metrics, read_rollouts
+from reroll.runtime import train
 
 SMALL = ["model.max_position=32", "task.args.digits=1", "task.args.n_train=80",
          "task.args.n_test=20", "rollout.group_size=4", "rollout.batch_groups=4",

@@ -11,8 +11,6 @@ trainer or of where the engine runs (`reroll.runtime` hosts it).
 from __future__ import annotations
 
 import asyncio
-import time
-from collections import Counter
 from typing import Any
 
 from reroll.control.scheduler import Scheduler
@@ -27,7 +25,6 @@ class Rollouts:
         self.engine = ctx.engine
         self.partial_rollouts = partial_rollouts
         self.tasks: dict[str, asyncio.Task] = {}
-        self.time: Counter[str] = Counter()  # seconds per activity (workflow time summed)
         self._changed: asyncio.Event | None = None
         self._error: BaseException | None = None
 
@@ -71,7 +68,7 @@ class Rollouts:
 
     def stats(self) -> dict:
         s = self.scheduler
-        return {"time": dict(self.time), "engine": self.engine.stats(),
+        return {"engine": self.engine.stats(),
                 "counters": s.counters(), "score_errors": dict(s.score_errors)}
 
     async def close(self) -> None:
@@ -90,10 +87,8 @@ class Rollouts:
         self.tasks[g.group_id] = asyncio.get_running_loop().create_task(self._episode(g))
 
     async def _episode(self, g: Group) -> None:
-        t0 = time.perf_counter()
         try:
             await self.workflow(self.ctx, g)
-            self.time["workflow"] += time.perf_counter() - t0
             self.scheduler.close(g)
         except asyncio.CancelledError:
             raise

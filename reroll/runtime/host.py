@@ -29,7 +29,11 @@ class RolloutSource:
         self._thread = threading.Thread(target=self.loop.run_forever, name="reroll-rollout",
                                         daemon=True)
         self._thread.start()
-        self.rollouts: Rollouts = self._call(self._make(make, list(rerun)))
+        try:
+            self.rollouts: Rollouts = self._call(self._make(make, list(rerun)))
+        except BaseException:
+            self._stop_loop()
+            raise
 
     @staticmethod
     async def _make(make, rerun):
@@ -62,6 +66,9 @@ class RolloutSource:
         try:
             self._call(self.rollouts.close())
         finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=30)
-            self.loop.close()
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=30)
+        self.loop.close()

@@ -8,9 +8,9 @@ import sys
 import time
 
 from reroll.config import load_config
-from reroll.runtime import train
 from reroll.rollout import Group
 from reroll.runlog import read_metrics, read_rollouts
+from reroll.runtime import train
 from reroll.trainer import checkpoint
 
 ASYNC = ["model.max_position=32", "task.args.digits=1", "task.args.n_train=80",

@@ -51,8 +51,8 @@ def test_killed_engine_worker_requests_are_requeued(ray_session, tiny_dir):
 
 
 def test_train_runs_on_ray_engine_workers(ray_session, tmp_path):
-    from reroll.runtime import train
     from reroll.runlog import read_metrics
+    from reroll.runtime import train
 
     cfg = load_config(None, ["model.max_position=32", "task.args.digits=1",
                              "task.args.n_train=80", "task.args.n_test=20",
@@ -140,8 +140,8 @@ def ray_run(ray_session, tmp_path_factory):
 
 
 def test_trainer_actor_run_equals_local_run_bitwise(ray_run, tmp_path):
-    from reroll.runtime import train
     from reroll.runlog import read_metrics
+    from reroll.runtime import train
 
     out, _ = ray_run
     train(equiv_cfg(tmp_path, "runtime.kind=local", "train.steps=3"), progress=False)
@@ -172,8 +172,8 @@ def test_in_loop_evaluation_on_ray_sees_the_trained_weights(ray_run):
 
 
 def test_ray_stop_at_2_then_resume_to_3_equals_uninterrupted(ray_run, tmp_path):
-    from reroll.runtime import train
     from reroll.runlog import read_metrics
+    from reroll.runtime import train
 
     out, _ = ray_run
     train(equiv_cfg(tmp_path, "runtime.kind=ray", "train.steps=2"), progress=False)
