@@ -15,22 +15,63 @@ from reroll.config import ModelConfig
 
 PAD, EOS, BOS = "<pad>", "<eos>", "<bos>"
 CHARSET = string.digits + string.ascii_letters + " +-*/=()<>[]{}.,:;!?'\"_#%&|^~@$\\\n"
+ROLES = ("system", "user", "assistant", "tool")
+# One line per message, `<role>content`, then `<assistant>` as the generation prompt; every
+# character is in CHARSET, so a rendered conversation tokenizes without an unknown token.
+CHAT_TEMPLATE = (
+    "{%- for m in messages -%}"
+    f"{{%- if m['role'] not in {list(ROLES)} -%}}"
+    f"{{{{ raise_exception('tiny chat template: role must be one of {', '.join(ROLES)}, "
+    "got ' ~ m['role']) }}"
+    "{%- endif -%}"
+    "<{{ m['role'] }}>{{ m['content'] }}\n"
+    "{% endfor -%}"
+    "{%- if add_generation_prompt -%}<assistant>{%- endif -%}"
+)
+
+
+def _byte_symbols(chars: str) -> list[str]:
+    """The byte-level (GPT-2) symbol of each character, as the `tokenizers` ByteLevel
+    pre-tokenizer writes it: printable ASCII is itself, space is "Ġ", newline "Ċ"."""
+    from tokenizers import pre_tokenizers
+
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    out = []
+    for ch in chars:
+        (sym, _), = byte_level.pre_tokenize_str(ch)
+        if len(sym) != 1:
+            raise ValueError(f"CHARSET must hold single-byte characters, got {ch!r}")
+        out.append(sym)
+    return out
 
 
 def build_tokenizer():
-    """A character-level fast tokenizer over printable ASCII plus pad/eos/bos."""
+    """A character-level fast tokenizer over CHARSET plus pad/eos/bos/unk, with a small chat
+    template (`CHAT_TEMPLATE`).
+
+    Vocabulary keys are byte-level symbols (space is "Ġ", newline "Ċ"), as in Qwen2 and
+    Llama-3 tokenizers, with a byte-level pre-tokenizer and decoder. This is what makes a
+    saved directory load back losslessly: for `model_type = "qwen2"` transformers always
+    rebuilds the tokenizer as `Qwen2Tokenizer` (byte-level, no unknown token), which would
+    silently drop a raw " " or "\\n" key. Ids are 0-3 for the specials, then CHARSET in order.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     vocab = {PAD: 0, EOS: 1, BOS: 2, "<unk>": 3}
-    for ch in CHARSET:
-        vocab.setdefault(ch, len(vocab))
+    for sym in _byte_symbols(CHARSET):
+        vocab.setdefault(sym, len(vocab))
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        pre_tokenizers.Split(pattern="", behavior="isolated"),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token=PAD, eos_token=EOS, bos_token=BOS, unk_token="<unk>"
     )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
 
 
 def build_model_config(cfg: ModelConfig, vocab_size: int, pad_id: int, eos_id: int, bos_id: int):
