@@ -41,7 +41,7 @@ def cmd_sft(args) -> int:
     rd = RunDir(cfg, kind="sft")
     model, tok = build.load_model(build.model_dir(cfg, rd.path), cfg)
     task = build.build_task(cfg)
-    losses = sft(model, tok, task.train, build.encode_prompt(tok), steps=cfg.sft.steps,
+    losses = sft(model, tok, task.train, build.encode_prompt(tok, cfg.task.chat), steps=cfg.sft.steps,
                  lr=cfg.sft.lr, batch_size=cfg.sft.batch_size, seed=cfg.train.seed,
                  schedule=cfg.sft.schedule, warmup_steps=cfg.sft.warmup_steps,
                  log=lambda s, m: rd.log(s, m) if s % 10 == 0 or s == cfg.sft.steps else None)
@@ -66,7 +66,7 @@ def cmd_eval(args) -> int:
     scorer = build.build_scorer(cfg, task)
     try:
         m = evaluate(model, tok, task.test[: cfg.eval.n_examples], scorer,
-                     build.encode_prompt(tok), cfg)
+                     build.encode_prompt(tok, cfg.task.chat), cfg)
     finally:
         scorer.close()
     m["checkpoint"] = str(args.checkpoint)
