@@ -15,6 +15,7 @@ from math import comb
 
 from reroll.config import RunConfig
 from reroll.rollout import Example, Group, Rollout, SamplingParams, new_group
+from reroll.trainer.metrics import env_metrics
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -80,5 +81,7 @@ def evaluate(model, tok, examples: list[Example], scorer, encode, cfg: RunConfig
             metrics[f"eval/pass@{n}"] = sum(pass_at_k(n, c, n) for c in verdicts) / d
             metrics["eval/pass@1_sampled"] = sum(pass_at_k(n, c, 1) for c in verdicts) / d
         metrics[f"eval/{label}_score_errors"] = float(errors)
+        if label == "greedy":
+            metrics.update(env_metrics([r for g in groups for r in g.rollouts], "eval/env/"))
     metrics["eval/n_examples"] = float(len(examples))
     return metrics

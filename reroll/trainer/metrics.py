@@ -16,6 +16,24 @@ def accuracy(groups: Sequence[Group]) -> float:
     return sum(v >= 1.0 - 1e-9 for v in vals) / max(1, len(vals))
 
 
+def env_metrics(rollouts: Sequence, prefix: str = "env/") -> dict[str, float]:
+    """Episode diagnostics of environment-rewarded rollouts (the "env" score's per-step
+    ``info``): ``turns`` per episode, and for every numeric or boolean info key the mean over
+    episodes of its sum over steps (e.g. tool calls per episode, well-formed calls)."""
+    infos = [r.scores[0].info for r in rollouts
+             if r.scores and r.scores[0].name == "env" and r.scores[0].ok]
+    if not infos:
+        return {}
+    out = {f"{prefix}turns": statistics.fmean(i.get("turns", 0) for i in infos)}
+    keys = {k for i in infos for st in i.get("steps", []) for k, v in st.items()
+            if isinstance(v, (bool, int, float)) and k not in ("done",)}
+    for k in sorted(keys):
+        out[f"{prefix}{k}"] = statistics.fmean(
+            sum(float(st.get(k, 0)) for st in i.get("steps", [])
+                if isinstance(st.get(k, 0), (bool, int, float))) for i in infos)
+    return out
+
+
 def _engine_s(s: dict) -> float:
     return s.get("time_prefill_s", 0.0) + s.get("time_decode_s", 0.0)
 
@@ -57,6 +75,7 @@ def batch_metrics(groups: Sequence[Group], before: dict, after: dict, *, wait_s:
         out[f"pipeline/dropped_{reason}"] = n
     for name, n in errors.items():
         out[f"score_errors/{name}"] = n
+    out.update(env_metrics(rollouts))
     lags = [r.min_version for r in rollouts]
     if lags:
         out["staleness/oldest_version_in_batch"] = float(min(lags))

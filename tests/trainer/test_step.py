@@ -62,3 +62,24 @@ def test_a_zero_sample_weight_removes_that_samples_gradient(tiny):
     ref = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
     assert not torch.allclose(full, only0)
     assert torch.allclose(only0, ref, atol=1e-7)
+
+
+def test_env_metrics_average_per_episode_sums_of_step_info():
+    from reroll.rollout import Rollout
+    from reroll.trainer.metrics import env_metrics
+
+    def episode(steps):
+        r = Rollout(prompt_id="p", group_id="g", tokens=[1], prompt_len=1)
+        r.scores = [Score("env", value=1.0, info={"turns": len(steps), "steps": steps})]
+        return r
+
+    a = episode([{"reward": 0.0, "done": False, "tool_called": True, "tool_ok": True},
+                 {"reward": 1.0, "done": True, "tool_called": False, "tool_ok": False}])
+    b = episode([{"reward": 0.0, "done": True, "tool_called": True, "tool_ok": False,
+                  "note": "text is ignored"}])
+    m = env_metrics([a, b])
+    # turns (2 + 1) / 2 = 1.5; tool_called per episode (1 + 1) / 2 = 1; tool_ok (1 + 0) / 2
+    # = 0.5; reward per episode (1 + 0) / 2 = 0.5; "done" and text keys are left out
+    assert m == {"env/turns": 1.5, "env/reward": 0.5, "env/tool_called": 1.0,
+                 "env/tool_ok": 0.5}
+    assert env_metrics([Rollout(prompt_id="p", group_id="g", tokens=[1], prompt_len=1)]) == {}
