@@ -18,8 +18,10 @@ $R report "$RUN/rl" > /dev/null
 import json, sys, time
 run, start = sys.argv[1], int(sys.argv[2])
 b = json.load(open(f"{run}/eval_before.json")); a = json.load(open(f"{run}/eval_after.json"))
-for k in ("eval/greedy_accuracy", "eval/pass@8", "eval/pass@1_sampled"):
-    if k in b:
+keys = ["eval/greedy_accuracy", "eval/pass@8", "eval/pass@1_sampled"]
+keys += sorted(k for k in a if k.startswith("eval/env/"))  # episode diagnostics (tool use)
+for k in keys:
+    if k in b and k in a:
         print(f"{k:24s} before RL {b[k]:.3f}   after RL {a[k]:.3f}   ({100*(a[k]-b[k]):+.1f} points)")
 print(f"run directory: {run}  (plots: {run}/rl/report.png)   total wall time {time.time()-start:.0f}s")
 PY
