@@ -192,6 +192,21 @@ def episode_context(cfg: RunConfig, tok, engine, scorer, shaping=None):
                           max_new_tokens=r.max_new_tokens, max_episode_tokens=r.max_episode_tokens)
 
 
+def demo_turns(cfg: RunConfig):
+    """Multi-turn SFT demonstrations from the environment (``example -> [(role, text)]``,
+    deterministic per example), or None for single-turn tasks (their ``Example.demo``)."""
+    if not cfg.rollout.env:
+        return None
+    import random
+
+    from reroll.envs import ENVIRONMENTS
+
+    env = ENVIRONMENTS.get(cfg.rollout.env)(**cfg.rollout.env_args)
+    if not hasattr(env, "demo"):
+        raise ValueError(f"environment {cfg.rollout.env!r} gives no demonstrations for SFT")
+    return lambda ex: env.demo(ex, random.Random(f"{cfg.train.seed}:{ex.prompt_id}"))
+
+
 def group_starter(cfg: RunConfig, tok):
     """(example, admission number, version) -> a new group with per-request seeds."""
     from reroll.control.scheduler import request_seed

@@ -44,6 +44,8 @@ def cmd_sft(args) -> int:
     losses = sft(model, tok, task.train, build.encode_prompt(tok, cfg.task.chat), steps=cfg.sft.steps,
                  lr=cfg.sft.lr, batch_size=cfg.sft.batch_size, seed=cfg.train.seed,
                  schedule=cfg.sft.schedule, warmup_steps=cfg.sft.warmup_steps,
+                 demos=build.demo_turns(cfg),
+                 encode_observation=build.encode_observation(tok, cfg.task.chat),
                  log=lambda s, m: rd.log(s, m) if s % 10 == 0 or s == cfg.sft.steps else None)
     out = save_model(model, tok, rd.path / "model")
     rd.close()

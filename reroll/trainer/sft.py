@@ -1,5 +1,10 @@
 """Supervised warm start on task demonstrations: prompt + demo + EOS, loss on the demo and
 EOS tokens only, so that a tiny model starts RL with a non-zero success rate.
+
+A multi-turn demonstration is a list of ``(role, text)`` turns after the prompt, exactly as
+the multi-turn workflow produces them: "policy" turns are tokenized as the text the policy
+would sample (loss on them), "env" turns as the workflow appends observations (no loss);
+EOS (with loss) follows the last policy turn.
 """
 
 from __future__ import annotations
@@ -13,13 +18,34 @@ from reroll.rollout import Example, Rollout
 from reroll.trainer.batch import collate, token_logprobs
 
 
-def demo_rollout(ex: Example, encode, eos_id: int, tok) -> Rollout:
+def demo_rollout(ex: Example, encode, eos_id: int, tok, turns=None,
+                 encode_observation=None) -> Rollout:
+    if turns is not None:
+        return turns_rollout(ex, encode, eos_id, tok, turns, encode_observation)
     if ex.demo is None:
         raise ValueError(f"example {ex.prompt_id} has no demonstration; SFT needs task demos")
     p = encode(ex.prompt)
     d = tok(ex.demo, add_special_tokens=False).input_ids + [eos_id]
     r = Rollout(prompt_id=ex.prompt_id, group_id="sft", tokens=p + d, prompt_len=len(p))
     r.loss_mask = [False] * len(p) + [True] * len(d)
+    return r
+
+
+def turns_rollout(ex: Example, encode, eos_id: int, tok, turns, encode_observation) -> Rollout:
+    """Prompt, then each turn's tokens (policy: loss; env: none), then EOS (loss)."""
+    tokens = list(encode(ex.prompt))
+    mask = [False] * len(tokens)
+    for role, text in turns:
+        if role not in ("policy", "env"):
+            raise ValueError(f"example {ex.prompt_id}: demo turn role must be policy or env, "
+                             f"got {role!r}")
+        ids = (tok(text, add_special_tokens=False).input_ids if role == "policy"
+               else encode_observation(text))
+        tokens += ids
+        mask += [role == "policy"] * len(ids)
+    r = Rollout(prompt_id=ex.prompt_id, group_id="sft", tokens=tokens + [eos_id],
+                prompt_len=len(encode(ex.prompt)))
+    r.loss_mask = mask + [True]
     return r
 
 
@@ -39,13 +65,16 @@ def lr_factor(step: int, *, steps: int, warmup_steps: int, schedule: str) -> flo
 
 def sft(model, tok, examples: list[Example], encode, *, steps: int, lr: float, batch_size: int,
         seed: int = 0, schedule: str = "constant", warmup_steps: int = 20,
-        log=None) -> list[float]:
+        log=None, demos=None, encode_observation=None) -> list[float]:
     """Train in place; returns the loss per step (mean negative log-likelihood per token).
 
     The default schedule is constant after warm-up, so accuracy grows with `steps` instead of
     depending on where a decay to zero happens to end (a tiny model's accuracy jumps sharply
-    while it learns carrying, and a decaying schedule freezes it mid-jump)."""
-    rows = [demo_rollout(ex, encode, tok.eos_token_id, tok) for ex in examples]
+    while it learns carrying, and a decaying schedule freezes it mid-jump). ``demos(example)
+    -> [(role, text), ...]`` gives multi-turn demonstrations (see the module docstring)."""
+    rows = [demo_rollout(ex, encode, tok.eos_token_id, tok,
+                         demos(ex) if demos is not None else None, encode_observation)
+            for ex in examples]
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(

@@ -37,3 +37,22 @@ def test_sft_loss_falls_on_demonstrations(tiny):
                  batch_size=32, warmup_steps=5)
     # a random-init char model starts near log(vocab); 30 steps on 1-digit sums must cut it
     assert losses[-1] < 0.6 * losses[0]
+
+
+def test_a_multi_turn_demo_has_loss_on_policy_turns_and_eos_only(tiny):
+    from reroll import build
+    from reroll.rollout import Example
+    from reroll.trainer.sft import demo_rollout
+
+    _, tok = tiny
+    ex = Example("m", "12*3=", "36")
+    turns = [("policy", "<calc>12*3</calc>"), ("env", "<res>36</res>"), ("policy", "36")]
+    r = demo_rollout(ex, build.encode_prompt(tok), tok.eos_token_id, tok, turns,
+                     build.encode_observation(tok))
+    P = 1 + 5  # BOS + "12*3="
+    assert r.prompt_len == P
+    # 17 policy characters, 13 env characters, 2 policy characters, EOS
+    assert r.loss_mask == [False] * P + [True] * 17 + [False] * 13 + [True] * 2 + [True]
+    assert tok.decode(r.tokens, skip_special_tokens=True) == \
+        "12*3=<calc>12*3</calc><res>36</res>36"
+    assert r.tokens[-1] == tok.eos_token_id
