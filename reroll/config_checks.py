@@ -1,10 +1,13 @@
 """Checks of a loaded config that need more than its types: registry choices and their
-hyperparameters (against each component's signature, so a typo fails before any work
-starts), ranges, and combinations that would silently do nothing. Imports the registries,
-so `reroll.config` itself stays free of torch; `load_config` calls `validate`."""
+hyperparameters (against each component's signature and declared ranges, so a typo or an
+out-of-range value fails before any work starts), ranges of every numeric field,
+combinations that would silently do nothing or break a promise (a "synchronous" run with
+stale tokens), and warnings for values that are legal but almost surely wrong. Imports the
+registries, so `reroll.config` itself stays free of torch; `load_config` calls `validate`."""
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING
 
 from reroll.errors import ConfigError
@@ -12,60 +15,149 @@ from reroll.errors import ConfigError
 if TYPE_CHECKING:
     from reroll.config import RunConfig
 
+# the valid interval of every numeric field (keys as on the command line)
+RANGES = {
+    "log_every": "[1, inf)", "ckpt_every": "[1, inf)", "record_every": "[0, inf)",
+    "model.hidden_size": "[1, inf)", "model.num_layers": "[1, inf)",
+    "model.num_heads": "[1, inf)", "model.num_kv_heads": "[1, inf)",
+    "model.intermediate_size": "[1, inf)", "model.max_position": "[2, inf)",
+    "rollout.group_size": "[1, inf)", "rollout.batch_groups": "[1, inf)",
+    "rollout.max_new_tokens": "[1, inf)", "rollout.temperature": "[0, inf)",
+    "rollout.top_p": "(0, 1]", "rollout.top_k": "[0, inf)", "rollout.max_turns": "[1, inf)",
+    "rollout.max_episode_tokens": "[0, inf)", "engine.max_batch": "[0, inf)",
+    "reward.workers": "[0, inf)", "reward.timeout_s": "(0, inf)",
+    "algo.kl_coef": "[0, inf)", "algo.overlong_buffer": "[0, inf)",
+    "algo.overlong_penalty": "[0, inf)",
+    "train.lr": "(0, inf)", "train.weight_decay": "[0, inf)", "train.warmup_steps": "[0, inf)",
+    "train.grad_clip": "[0, inf)", "train.minibatches": "[1, inf)",
+    "train.micro_batch": "[1, inf)",
+    "sft.steps": "[0, inf)", "sft.lr": "(0, inf)", "sft.batch_size": "[1, inf)",
+    "sft.warmup_steps": "[0, inf)",
+    "eval.n_examples": "[0, inf)", "eval.k": "[1, inf)", "eval.temperature": "[0, inf)",
+    "eval.every": "[0, inf)",
+    "runtime.max_staleness": "[0, inf)", "runtime.overprovision": "[1, inf)",
+    "runtime.engine_workers": "[1, inf)", "runtime.scoring_workers": "[0, inf)",
+    "runtime.threads": "[1, inf)",
+}
+
+
+def _get(cfg, key: str):
+    node = cfg
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node
+
 
 def validate(cfg: RunConfig) -> None:
-    """Check registry-backed choices and their hyperparameters (imports the registries)."""
-    from reroll.registry import RegistryError
+    """Check registry-backed choices, ranges and combinations; warn on likely mistakes."""
+    from reroll.registry import RegistryError, check_range
 
+    for key, rng in RANGES.items():
+        err = check_range(key, _get(cfg, key), rng)
+        if err:
+            raise ConfigError(err)
     try:
-        from reroll import algo, tasks, verifiers
-
-        a = cfg.algo
-        algo.ADVANTAGES.check_kwargs(a.advantage, a.advantage_args, "algo.advantage_args")
-        algo.SURROGATES.check_kwargs(a.surrogate, a.surrogate_args, "algo.surrogate_args")
-        algo.AGGREGATIONS.check_kwargs(a.aggregation, a.aggregation_args, "algo.aggregation_args")
-        algo.KL_ESTIMATORS.get(a.kl)
-        algo.CORRECTIONS.check_kwargs(a.correction, a.correction_args, "algo.correction_args")
-        tasks.TASKS.check_kwargs(cfg.task.name, cfg.task.args, "task.args")
-        for i, v in enumerate(cfg.reward.verifiers):
-            where = f"reward.verifiers[{i}]"
-            extra = set(v) - {"name", "weight", "args"}
-            if "name" not in v or extra:
-                raise ConfigError(f"{where}: expects keys name, weight, args; got {sorted(v)}")
-            verifiers.VERIFIERS.check_kwargs(v["name"], v.get("args", {}), where)
-        if not getattr(algo.ADVANTAGES.get(a.advantage), "uses_scalar_reward", True):
-            shaping = [k for k, on in (("algo.kl_in_reward", a.kl_in_reward and a.kl_coef > 0),
-                                       ("algo.overlong_buffer", a.overlong_buffer > 0)) if on]
-            if shaping:
-                raise ConfigError(
-                    f"algo.advantage {a.advantage!r} normalises the reward components, not the "
-                    f"scalar reward, so {' and '.join(shaping)} would have no effect; turn "
-                    f"them off or pick another advantage")
+        _registries(cfg)
     except RegistryError as e:
         raise ConfigError(str(e)) from None
-    positive = {"rollout.group_size": cfg.rollout.group_size,
-                "rollout.batch_groups": cfg.rollout.batch_groups,
-                "rollout.max_new_tokens": cfg.rollout.max_new_tokens,
-                "train.minibatches": cfg.train.minibatches, "train.micro_batch": cfg.train.micro_batch,
-                "log_every": cfg.log_every, "ckpt_every": cfg.ckpt_every,
-                "runtime.threads": cfg.runtime.threads, "reward.timeout_s": cfg.reward.timeout_s}
-    for key, v in positive.items():
-        if v <= 0:
-            raise ConfigError(f"{key} must be > 0, got {v}")
-    if not 0 <= cfg.algo.overlong_buffer <= cfg.rollout.max_new_tokens:
+    _combinations(cfg)
+    _warnings(cfg)
+
+
+def _registries(cfg: RunConfig) -> None:
+    from reroll import algo, envs, tasks, verifiers
+    from reroll.engine.base import ENGINES
+    from reroll.workflows import WORKFLOWS
+
+    a = cfg.algo
+    algo.ADVANTAGES.check_kwargs(a.advantage, a.advantage_args, "algo.advantage_args")
+    algo.SURROGATES.check_kwargs(a.surrogate, a.surrogate_args, "algo.surrogate_args")
+    algo.AGGREGATIONS.check_kwargs(a.aggregation, a.aggregation_args, "algo.aggregation_args")
+    algo.KL_ESTIMATORS.get(a.kl)
+    algo.CORRECTIONS.check_kwargs(a.correction, a.correction_args, "algo.correction_args")
+    tasks.TASKS.check_kwargs(cfg.task.name, cfg.task.args, "task.args")
+    _engine_registered(ENGINES, cfg.engine.name)
+    workflow = WORKFLOWS.get(cfg.rollout.workflow)
+    if cfg.rollout.env:
+        envs.ENVIRONMENTS.check_kwargs(cfg.rollout.env, cfg.rollout.env_args, "rollout.env_args")
+    if not getattr(workflow, "uses_verifiers", True) and not cfg.rollout.env:
+        raise ConfigError(f"rollout.workflow {cfg.rollout.workflow!r} needs an environment: "
+                          f"set rollout.env (one of {', '.join(envs.ENVIRONMENTS.names())})")
+    if cfg.rollout.env and getattr(workflow, "uses_verifiers", True):
+        raise ConfigError(f"rollout.env = {cfg.rollout.env!r} is used only by an environment "
+                          f"workflow; set rollout.workflow = \"multi_turn\" (it is "
+                          f"{cfg.rollout.workflow!r})")
+    for i, v in enumerate(cfg.reward.verifiers):
+        where = f"reward.verifiers[{i}]"
+        extra = set(v) - {"name", "weight", "args"}
+        if "name" not in v or extra:
+            raise ConfigError(f"{where}: expects keys name, weight, args; got {sorted(v)}")
+        verifiers.VERIFIERS.check_kwargs(v["name"], v.get("args", {}), where)
+    if cfg.reward.verifiers:  # build them now: an import path that does not resolve fails here
+        from reroll.verifiers.combine import build_reward
+
+        try:
+            build_reward(cfg.reward.verifiers, {})
+        except (ValueError, TypeError) as e:
+            raise ConfigError(str(e)) from None
+    if not getattr(algo.ADVANTAGES.get(a.advantage), "uses_scalar_reward", True):
+        shaping = [k for k, on in (("algo.kl_in_reward", a.kl_in_reward and a.kl_coef > 0),
+                                   ("algo.overlong_buffer", a.overlong_buffer > 0)) if on]
+        if shaping:
+            raise ConfigError(
+                f"algo.advantage {a.advantage!r} normalises the reward components, not the "
+                f"scalar reward, so {' and '.join(shaping)} would have no effect; turn "
+                f"them off or pick another advantage")
+
+
+def _engine_registered(engines, name: str) -> None:
+    import reroll.engine  # noqa: F401  (registers the built-in engines)
+
+    engines.get(name)
+
+
+def _combinations(cfg: RunConfig) -> None:
+    rt = cfg.runtime
+    if cfg.algo.overlong_buffer > cfg.rollout.max_new_tokens:
         raise ConfigError(f"algo.overlong_buffer must be in [0, rollout.max_new_tokens = "
                           f"{cfg.rollout.max_new_tokens}], got {cfg.algo.overlong_buffer}")
-    if cfg.runtime.kind not in ("local", "ray"):
-        raise ConfigError(f"runtime.kind must be local or ray, got {cfg.runtime.kind!r}")
+    if rt.kind not in ("local", "ray"):
+        raise ConfigError(f"runtime.kind must be local or ray, got {rt.kind!r}")
     if cfg.sft.schedule not in ("constant", "linear"):
         raise ConfigError(f"sft.schedule must be constant or linear, got {cfg.sft.schedule!r}")
-    if cfg.runtime.max_staleness < 0:
-        raise ConfigError("runtime.max_staleness must be >= 0")
-    if cfg.runtime.scoring_workers < 0:
-        raise ConfigError(f"runtime.scoring_workers must be >= 0, got {cfg.runtime.scoring_workers}")
-    if cfg.runtime.scoring_workers and cfg.runtime.kind != "ray":
+    if rt.scoring_workers and rt.kind != "ray":
         raise ConfigError("runtime.scoring_workers places scoring actors on Ray: it needs "
-                          f"runtime.kind = \"ray\" (got {cfg.runtime.kind!r}); the local "
+                          f"runtime.kind = \"ray\" (got {rt.kind!r}); the local "
                           "runtime's scoring processes are reward.workers")
-    if cfg.runtime.overprovision < 1.0:
-        raise ConfigError("runtime.overprovision must be >= 1.0")
+    if rt.max_staleness == 0 and rt.overprovision > 1.0:
+        raise ConfigError(
+            f"runtime.overprovision = {rt.overprovision} with runtime.max_staleness = 0 would "
+            f"train over-provisioned groups one version late, so the run would not be "
+            f"synchronous; keep overprovision = 1 for synchronous RL, or set "
+            f"runtime.max_staleness >= 1 (over-provisioned groups then lag at most one more)")
+    if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
+        raise ConfigError(f"model.dtype must be float32, bfloat16 or float16, got "
+                          f"{cfg.model.dtype!r}")
+    if cfg.model.dtype == "float16":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("model.dtype = float16 on CPU trains without loss scaling and "
+                              "overflows; use bfloat16 or float32")
+
+
+def _warnings(cfg: RunConfig) -> None:
+    from reroll import algo
+
+    def warn(msg: str) -> None:
+        warnings.warn(msg, UserWarning, stacklevel=4)
+
+    if cfg.train.steps <= 0:
+        warn(f"train.steps = {cfg.train.steps}: `reroll train` will not train at all")
+    if cfg.eval.every > 0 and cfg.eval.n_examples == 0:
+        warn("eval.every > 0 with eval.n_examples = 0: evaluation runs on no example")
+    adv = algo.ADVANTAGES.get(cfg.algo.advantage)
+    if cfg.rollout.group_size == 1 and getattr(adv, "group_normalised", False):
+        warn(f"rollout.group_size = 1 with algo.advantage = {cfg.algo.advantage!r}, which "
+             f"normalises within groups: every advantage is 0 or un-baselined; use a "
+             f"group size >= 2 or a batch-level estimator (reinforce_pp)")

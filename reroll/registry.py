@@ -12,7 +12,10 @@ from __future__ import annotations
 import difflib
 import functools
 import inspect
+import math
+import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -26,19 +29,66 @@ def closest(name: str, options: list[str]) -> str:
     return f" (did you mean {match[0]!r}?)" if match else ""
 
 
+@dataclass(frozen=True)
+class Range:
+    """A numeric interval in the usual notation: ``Range.parse("(0, 1]")``; ``inf`` for an
+    open end. ``None`` is accepted where the parameter's default is None."""
+
+    low: float
+    high: float
+    low_open: bool
+    high_open: bool
+    text: str
+
+    @classmethod
+    def parse(cls, text: str) -> Range:
+        m = re.fullmatch(r"\s*([\[(])\s*(-?[\w.]+)\s*,\s*(-?[\w.]+)\s*([\])])\s*", text)
+        if not m:
+            raise ValueError(f"bad range {text!r}; write it like '(0, 1]' or '[0, inf)'")
+        return cls(float(m[2]), float(m[3]), m[1] == "(", m[4] == ")", text.strip())
+
+    def __contains__(self, v: float) -> bool:
+        if not math.isfinite(v) and not (math.isinf(v) and v == self.high and not self.high_open):
+            return False
+        above = v > self.low if self.low_open else v >= self.low
+        below = v < self.high if self.high_open else v <= self.high
+        return above and below
+
+
+def check_range(key: str, value: Any, rng: Range | str, where: str = "") -> str | None:
+    """An error message when ``value`` is not a number in ``rng``, else None."""
+    rng = Range.parse(rng) if isinstance(rng, str) else rng
+    at = f" (in {where})" if where else ""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"{key}{at} must be a number in {rng.text}, got {value!r}"
+    if value not in rng:
+        return f"{key}{at} must be in {rng.text}, got {value!r}"
+    return None
+
+
 class Registry:
     def __init__(self, kind: str):
         self.kind = kind
         self._items: dict[str, Callable] = {}
+        self._ranges: dict[str, dict[str, Range]] = {}
 
-    def register(self, name: str) -> Callable[[Callable], Callable]:
+    def register(self, name: str, ranges: dict[str, str] | None = None
+                 ) -> Callable[[Callable], Callable]:
+        """Register a component; ``ranges`` gives the valid interval of each numeric
+        hyperparameter (checked when the config loads)."""
+
         def deco(fn: Callable) -> Callable:
             if name in self._items:
                 raise RegistryError(f"{self.kind} {name!r} registered twice")
             self._items[name] = fn
+            self._ranges[name] = {k: Range.parse(v) for k, v in (ranges or {}).items()}
             return fn
 
         return deco
+
+    def ranges(self, name: str) -> dict[str, Range]:
+        self.get(name)
+        return dict(self._ranges.get(name, {}))
 
     def names(self) -> list[str]:
         return sorted(self._items)
@@ -73,6 +123,12 @@ class Registry:
             raise RegistryError(
                 f"{self.kind} {name!r} needs hyperparameter(s) {', '.join(missing)}{at}"
             )
+        for key, rng in self._ranges.get(name, {}).items():
+            if key in kwargs and not (kwargs[key] is None and params[key].default is None):
+                err = check_range(f"{self.kind} {name!r} hyperparameter {key!r}", kwargs[key],
+                                  rng, where)
+                if err:
+                    raise RegistryError(err)
 
     def bind(self, name: str, kwargs: dict[str, Any] | None = None, where: str = "") -> Callable:
         """The component with its hyperparameters fixed, after checking them."""

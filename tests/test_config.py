@@ -82,6 +82,6 @@ def test_shaping_with_a_components_only_advantage_is_rejected():
 def test_scoring_actors_need_the_ray_runtime():
     with pytest.raises(ConfigError, match='runtime.scoring_workers .* needs runtime.kind = "ray"'):
         load_config(None, ["runtime.scoring_workers=2"])
-    with pytest.raises(ConfigError, match="runtime.scoring_workers must be >= 0, got -1"):
+    with pytest.raises(ConfigError, match=r"runtime.scoring_workers must be in \[0, inf\), got -1"):
         load_config(None, ["runtime.kind=ray", "runtime.scoring_workers=-1"])
     assert load_config(None, ["runtime.kind=ray", "runtime.scoring_workers=2"]).runtime.scoring_workers == 2

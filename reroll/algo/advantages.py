@@ -46,7 +46,7 @@ def _group_normalise(x: Tensor, ids: Tensor, n_groups: int, norm_by_std: bool,
     return (x - mean) / (std + eps)
 
 
-@ADVANTAGES.register("grpo")
+@ADVANTAGES.register("grpo", ranges={"eps": "[0, 1]"})
 def grpo(rewards: Tensor, components: Tensor, group_index: Tensor, *,
          norm_by_std: bool = True, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
     """A_i = (R_i - mean_g R) / (std_g R + eps), unbiased std.
@@ -74,7 +74,7 @@ def rloo(rewards: Tensor, components: Tensor, group_index: Tensor) -> tuple[Tens
     return adv, _all(rewards.shape[0])
 
 
-@ADVANTAGES.register("reinforce_pp")
+@ADVANTAGES.register("reinforce_pp", ranges={"eps": "[0, 1]"})
 def reinforce_pp(rewards: Tensor, components: Tensor, group_index: Tensor, *,
                  baseline: bool = False, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
     """REINFORCE++: the return (the outcome reward, gamma = 1) whitened over the whole batch.
@@ -91,7 +91,7 @@ def reinforce_pp(rewards: Tensor, components: Tensor, group_index: Tensor, *,
     return whiten(x, eps), _all(rewards.shape[0])
 
 
-@ADVANTAGES.register("mc_grpo")
+@ADVANTAGES.register("mc_grpo", ranges={"mad_eps": "[0, 1]"})
 def mc_grpo(rewards: Tensor, components: Tensor, group_index: Tensor, *,
             mad_eps: float = 1e-3, zero_mad: str = "std") -> tuple[Tensor, Tensor]:
     """Median-centred GRPO: A_i = (R_i - median_g R) / (scale_g + mad_eps).
@@ -120,7 +120,7 @@ def mc_grpo(rewards: Tensor, components: Tensor, group_index: Tensor, *,
     return adv, ~pivot
 
 
-@ADVANTAGES.register("gdpo")
+@ADVANTAGES.register("gdpo", ranges={"eps": "[0, 1]"})
 def gdpo(rewards: Tensor, components: Tensor, group_index: Tensor, *,
          component_weights: list[float] | None = None, eps: float = 1e-6
          ) -> tuple[Tensor, Tensor]:
@@ -144,3 +144,7 @@ def gdpo(rewards: Tensor, components: Tensor, group_index: Tensor, *,
 
 
 gdpo.uses_scalar_reward = False  # read by config_checks.validate: reward shaping cannot reach it
+
+
+for _fn in (grpo, rloo, mc_grpo, gdpo):  # their baseline is the group's own samples
+    _fn.group_normalised = True

@@ -55,7 +55,7 @@ def seq_mean_token_sum(per_token_loss: Tensor, mask: Tensor, n_tokens: float,
     return _check("seq_mean_token_sum", per_token_loss, mask, n_tokens, n_seqs).sum() / n_seqs
 
 
-@AGGREGATIONS.register("seq_mean_token_sum_norm")
+@AGGREGATIONS.register("seq_mean_token_sum_norm", ranges={"divisor": "(0, inf)"})
 def seq_mean_token_sum_norm(per_token_loss: Tensor, mask: Tensor, n_tokens: float,
                             n_seqs: float, *, divisor: float) -> Tensor:
     """sum_{i,t} m l / divisor, a constant independent of response lengths (Dr.GRPO).

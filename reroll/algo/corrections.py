@@ -84,7 +84,7 @@ def _check_cap(name: str, cap: float) -> None:
         raise ValueError(f"correction {name!r}: cap must be > 0, got {cap}")
 
 
-@CORRECTIONS.register("tis_token")
+@CORRECTIONS.register("tis_token", ranges={"cap": "(0, inf)"})
 @torch.no_grad()
 def tis_token(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *, cap: float = 2.0
               ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
@@ -95,7 +95,7 @@ def tis_token(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *, ca
     return _out(rho.clamp(max=cap), m, m, log_rho, rho > cap)
 
 
-@CORRECTIONS.register("tis_seq")
+@CORRECTIONS.register("tis_seq", ranges={"cap": "(0, inf)"})
 @torch.no_grad()
 def tis_seq(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *, cap: float = 2.0
             ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
@@ -112,7 +112,7 @@ def _check_bounds(name: str, lower: float, upper: float) -> None:
                          f"upper={upper}")
 
 
-@CORRECTIONS.register("mis_token")
+@CORRECTIONS.register("mis_token", ranges={"lower": "[0, inf)", "upper": "(0, inf)"})
 @torch.no_grad()
 def mis_token(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *,
               lower: float = 0.0, upper: float = 2.0) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
@@ -124,7 +124,7 @@ def mis_token(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *,
     return _out(rho, keep, m, log_rho, ~keep)
 
 
-@CORRECTIONS.register("mis_seq")
+@CORRECTIONS.register("mis_seq", ranges={"lower": "[0, inf)", "upper": "(0, inf)"})
 @torch.no_grad()
 def mis_seq(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *,
             lower: float = 0.0, upper: float = 2.0) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
@@ -137,7 +137,7 @@ def mis_seq(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *,
     return _out(rho_seq, keep, m, log_rho, ~keep)
 
 
-@CORRECTIONS.register("mis_geo")
+@CORRECTIONS.register("mis_geo", ranges={"lower": "[0, inf)", "upper": "(0, inf)"})
 @torch.no_grad()
 def mis_geo(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *,
             lower: float = 0.999, upper: float = 1.001) -> tuple[Tensor, Tensor, dict[str, Tensor]]:

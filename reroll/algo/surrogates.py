@@ -69,7 +69,8 @@ def _check_clip(where: str, clip_low: float, clip_high: float, dual_clip: float 
         raise ValueError(f"surrogate {where!r}: dual_clip must be > 1, got {dual_clip}")
 
 
-@SURROGATES.register("ppo_clip")
+@SURROGATES.register("ppo_clip", ranges={"clip_low": "[0, 1)", "clip_high": "[0, inf)",
+                                         "dual_clip": "(1, inf)"})
 def ppo_clip(logprobs: Tensor, prox_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
              clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = None
              ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -98,7 +99,7 @@ def _seq_advantage(adv: Tensor, fm: Tensor) -> Tensor:
     return (adv * fm).sum(-1, keepdim=True) / fm.sum(-1, keepdim=True).clamp(min=1.0)
 
 
-@SURROGATES.register("gspo")
+@SURROGATES.register("gspo", ranges={"clip_low": "[0, 1)", "clip_high": "[0, inf)"})
 def gspo(logprobs: Tensor, prox_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
          clip_low: float = 3e-4, clip_high: float = 4e-4) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO: one length-normalised ratio per sequence, s_i = exp(mean_t log r_t).
@@ -117,7 +118,8 @@ def gspo(logprobs: Tensor, prox_logprobs: Tensor, advantages: Tensor, mask: Tens
     return loss, metrics
 
 
-@SURROGATES.register("gspo_token")
+@SURROGATES.register("gspo_token", ranges={"clip_low": "[0, 1)",
+                                             "clip_high": "[0, inf)"})
 def gspo_token(logprobs: Tensor, prox_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
                clip_low: float = 3e-4, clip_high: float = 4e-4
                ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -135,7 +137,7 @@ def gspo_token(logprobs: Tensor, prox_logprobs: Tensor, advantages: Tensor, mask
     return loss, metrics
 
 
-@SURROGATES.register("reinforce")
+@SURROGATES.register("reinforce", ranges={"ratio_cap": "(0, inf)"})
 def reinforce(logprobs: Tensor, prox_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
               ratio: bool = False, ratio_cap: float | None = None
               ) -> tuple[Tensor, dict[str, Tensor]]:

@@ -20,7 +20,7 @@ from reroll.registry import Registry
 FILTERS = Registry("filter")
 
 
-@FILTERS.register("zero_variance")
+@FILTERS.register("zero_variance", ranges={"tol": "[0, inf)"})
 def zero_variance(group_values: Sequence[Sequence[float]], *, tol: float = 0.0
                   ) -> list[str | None]:
     """DAPO dynamic sampling: drop a group whose values are all equal (max - min <= tol), since

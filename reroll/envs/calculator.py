@@ -37,7 +37,8 @@ def parse_call(action: str) -> str | None:
     return action[action.rindex(OPEN) + len(OPEN): -len(CLOSE)]
 
 
-@ENVIRONMENTS.register("calculator")
+@ENVIRONMENTS.register("calculator", ranges={"max_calls": "[0, inf)",
+                                                  "demo_tool_share": "[0, 1]"})
 class Calculator:
     stop_strings = [CLOSE]
 

@@ -21,7 +21,7 @@ def _value(v) -> str:
     return str(v.numerator) if v.denominator == 1 else f"{v.numerator}/{v.denominator}"
 
 
-@ENVIRONMENTS.register("countdown_feedback")
+@ENVIRONMENTS.register("countdown_feedback", ranges={"demo_retry_share": "[0, 1]"})
 class CountdownFeedback:
     stop_strings = ["\n"]
 

@@ -13,7 +13,7 @@ from reroll.envs.base import ENVIRONMENTS, StepResult
 from reroll.rollout import Example
 
 
-@ENVIRONMENTS.register("guess")
+@ENVIRONMENTS.register("guess", ranges={"n": "[2, inf)"})
 class Guess:
     stop_strings = ["\n"]
 

@@ -61,7 +61,8 @@ def make_example(expression: str) -> Example:
                    demo=answer)
 
 
-@TASKS.register("arithmetic")
+@TASKS.register("arithmetic", ranges={"digits": "[1, 18]", "n_train": "[1, inf)",
+                                        "n_test": "[0, inf)", "operands": "[2, 16]"})
 def arithmetic(seed: int, *, digits: int = 2, ops: str = "+", n_train: int = 20000,
                n_test: int = 500, operands: int = 2) -> Task:
     """Seeded integer arithmetic. Operands have at most ``digits`` digits (0 included); one

@@ -57,7 +57,8 @@ def canonical_key(example: Example) -> tuple:
     return tuple(sorted(example.fields["numbers"])), example.fields["target"]
 
 
-@TASKS.register("countdown")
+@TASKS.register("countdown", ranges={"numbers": "[2, 8]", "max_number": "[1, inf)",
+                                      "n_train": "[1, inf)", "n_test": "[0, inf)"})
 def countdown(seed: int, *, numbers: int = 3, max_number: int = 10, n_train: int = 2000,
               n_test: int = 200) -> Task:
     """Seeded countdown instances with ``numbers`` numbers in [1, max_number]. Raises

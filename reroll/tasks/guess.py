@@ -14,7 +14,7 @@ from reroll.rollout import Example
 from reroll.tasks.base import TASKS, Task, require
 
 
-@TASKS.register("guess")
+@TASKS.register("guess", ranges={"n": "[2, inf)", "n_train": "[1, inf)", "n_test": "[0, inf)"})
 def guess(seed: int, *, n: int = 16, n_train: int = 2000, n_test: int = 200) -> Task:
     """Seeded games with secrets in [1, n]."""
     require(n >= 2, "guess", f"n must be >= 2, got {n}")

@@ -85,7 +85,7 @@ class MathVerifier:
         return judged(self.name, float(ok), reason, parsed=found, how=how)
 
 
-@VERIFIERS.register("math")
+@VERIFIERS.register("math", ranges={"float_rounding": "[0, 15]"})
 def math(*, extract: str = "auto", float_rounding: int = 6) -> Verifier:
     """1.0 when the extracted answer is mathematically equivalent to ``example.answer``
     (fractions, LaTeX, decimals, intervals, sets, percentages), else 0.0. ``extract`` is
@@ -135,7 +135,7 @@ class NumericVerifier:
         return judged(self.name, float(ok), reason, parsed=found, how=how)
 
 
-@VERIFIERS.register("numeric")
+@VERIFIERS.register("numeric", ranges={"tolerance": "[0, inf)"})
 def numeric(*, tolerance: float = 1e-6, relative: bool = False,
             extract: str = "last_number") -> Verifier:
     """1.0 when ``|answer - reference| <= tolerance`` (times ``|reference|`` when

@@ -108,7 +108,9 @@ class CodeVerifier:
                       tests=results)
 
 
-@VERIFIERS.register("code")
+@VERIFIERS.register("code", ranges={"cpu_s": "[1, inf)", "wall_s": "(0, inf)",
+                                    "memory_mb": "[16, inf)", "file_mb": "[0, inf)",
+                                    "nproc": "[1, inf)"})
 def code(*, cpu_s: int = 2, wall_s: float = 4.0, memory_mb: int = 512, file_mb: int = 8,
          nproc: int = 32) -> Verifier:
     """Fraction of ``fields["tests"]`` the completion's program passes, each test run in a

@@ -19,6 +19,8 @@ from __future__ import annotations
 import importlib
 import math
 import numbers
+import os
+import sys
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,10 +30,14 @@ from reroll.verifiers.base import VERIFIERS, Verifier, failed, judged
 
 
 def resolve(path: str) -> Callable:
-    """The callable at "pkg.mod:fn" (attribute paths like "mod:Class.method" allowed)."""
+    """The callable at "pkg.mod:fn" (attribute paths like "mod:Class.method" allowed). A
+    module in the current working directory is importable (as with ``python -m``), also
+    when reroll runs as the ``reroll`` console script or in a scoring worker."""
     mod_name, sep, attr = path.partition(":")
     if not sep or not mod_name or not attr:
         raise ValueError(f"verifier 'python': fn={path!r} must look like 'pkg.module:function'")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
     try:
         obj = importlib.import_module(mod_name)
     except ImportError as e:

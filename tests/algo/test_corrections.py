@@ -90,8 +90,13 @@ def test_equal_policies_give_unit_weights_and_full_mask(name):
 
 
 def test_bad_hyperparameters_and_shapes_are_named():
-    with pytest.raises(ValueError, match="'tis_token': cap must be > 0"):
+    # through the registry (what a config does) the range is refused when it loads ...
+    with pytest.raises(KeyError, match=r"'tis_token' hyperparameter 'cap' must be in "
+                                       r"\(0, inf\), got 0.0"):
         run("tis_token", cap=0.0)
+    # ... and the function itself still refuses it when called directly
+    with pytest.raises(ValueError, match="'tis_token': cap must be > 0"):
+        CORRECTIONS.get("tis_token")(PROX, BEHAV, MASK, cap=0.0)
     with pytest.raises(ValueError, match="'mis_seq': need 0 <= lower < upper"):
         run("mis_seq", lower=2.0, upper=1.0)
     with pytest.raises(ValueError, match="must share one"):

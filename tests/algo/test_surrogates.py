@@ -47,8 +47,12 @@ def test_ppo_clip_higher_and_dual_clip():
 
 
 def test_ppo_clip_rejects_bad_bounds():
-    with pytest.raises(ValueError, match="dual_clip must be > 1"):
-        SURROGATES.bind("ppo_clip", {"dual_clip": 0.5})(*ratios_batch(L, A, M))
+    with pytest.raises(KeyError, match=r"'dual_clip' must be in \(1, inf\), got 0.5"):
+        SURROGATES.bind("ppo_clip", {"dual_clip": 0.5})  # refused where the config loads
+    with pytest.raises(KeyError, match=r"'clip_high' must be in \[0, inf\), got -1"):
+        SURROGATES.bind("ppo_clip", {"clip_high": -1})
+    with pytest.raises(ValueError, match="dual_clip must be > 1"):  # and by the function
+        SURROGATES.get("ppo_clip")(*ratios_batch(L, A, M), dual_clip=0.5)
     with pytest.raises(ValueError, match="advantages has shape"):
         SURROGATES.get("ppo_clip")(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2, 2),
                                    torch.ones(2, 3))

@@ -21,8 +21,10 @@ def test_zero_variance_tolerance():
 def test_zero_variance_rejects_nan_and_negative_tol():
     with pytest.raises(ValueError, match="group 1 has a NaN"):
         FILTERS.get("zero_variance")([[1, 0], [float("nan"), 1]])
+    with pytest.raises(KeyError, match=r"'tol' must be in \[0, inf\), got -1"):
+        FILTERS.bind("zero_variance", {"tol": -1})
     with pytest.raises(ValueError, match="tol must be >= 0"):
-        FILTERS.bind("zero_variance", {"tol": -1})([[1]])
+        FILTERS.get("zero_variance")([[1]], tol=-1)
 
 
 def test_dynamic_sampling_filters_on_the_combined_reward_not_the_first_score():

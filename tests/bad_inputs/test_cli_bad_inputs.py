@@ -1,0 +1,93 @@
+"""Every bad input of the config is refused when it loads: `reroll train` exits 2 with one
+line naming the key (and the valid range), and the run directory is not created or
+changed. Values that are legal but almost surely wrong give a warning naming the key."""
+
+import os
+import re
+import warnings
+
+import pytest
+
+from reroll.cli import main
+from reroll.config import load_config
+
+REFUSED = [
+    (["train.lr=-1e-3"], r"train.lr must be in \(0, inf\), got -0.001"),
+    (["rollout.temperature=-1"], r"rollout.temperature must be in \[0, inf\), got -1"),
+    (["rollout.top_p=0"], r"rollout.top_p must be in \(0, 1\], got 0"),
+    (["rollout.top_p=1.5"], r"rollout.top_p must be in \(0, 1\], got 1.5"),
+    (["reward.workers=-1"], r"reward.workers must be in \[0, inf\), got -1"),
+    (["train.grad_clip=-1"], r"train.grad_clip must be in \[0, inf\), got -1"),
+    (["eval.every=-5"], r"eval.every must be in \[0, inf\), got -5"),
+    (["algo.surrogate_args.clip_high=-1"],
+     r"surrogate 'ppo_clip' hyperparameter 'clip_high' .*algo.surrogate_args.* \[0, inf\)"),
+    (["algo.correction_args.cap=-2"],
+     r"correction 'tis_token' hyperparameter 'cap' .* must be in \(0, inf\), got -2"),
+    (["algo.correction=mis_token", "algo.correction_args.upper=0"],
+     r"'upper' .* must be in \(0, inf\), got 0"),
+    (["runtime.overprovision=1.5"], r"runtime.overprovision = 1.5 with runtime.max_staleness "
+                                    r"= 0 .* not be synchronous"),
+    (["model.dtype=float16"], r"float16 on CPU .* use bfloat16 or float32"),
+    (['reward.verifiers=[{name="python", args={fn="nosuchmod:f"}}]'],
+     r"cannot import module 'nosuchmod'"),
+    (['reward.verifiers=[{name="python", args={fn="os.path:no_such_function"}}]'],
+     r"module 'os.path' has no 'no_such_function'"),
+    (["rollout.workflow=multi_turn"], r"needs an environment: set rollout.env"),
+    (["rollout.env=calculator"], r"rollout.env = 'calculator' is used only by .*multi_turn"),
+    (["rollout.workflow=multi_turn", "rollout.env=calculator", "rollout.env_args.max_calls=-1"],
+     r"'max_calls' .* must be in \[0, inf\), got -1"),
+    (["rollout.workflow=nope"], r"unknown workflow 'nope'"),
+    (["engine.name=vllm"], r"unknown engine 'vllm'"),
+    (["task.args.digits=0"], r"'digits' .* must be in \[1, 18\], got 0"),
+]
+
+
+def tree(path):
+    if not path.exists():
+        return None
+    return {str(p.relative_to(path)): p.stat().st_mtime_ns for p in path.rglob("*")}
+
+
+@pytest.mark.parametrize("overrides,message", REFUSED, ids=[" ".join(o) for o, _ in REFUSED])
+def test_bad_input_exits_2_naming_the_key_and_touches_nothing(tmp_path, capsys, overrides,
+                                                               message):
+    out = tmp_path / "run"
+    before = tree(out)
+    code = main(["train", "-", f"out_dir={out}", *overrides, "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("reroll train: error: ") and err.count("\n") == 1, err
+    assert re.search(message, err), err
+    assert tree(out) == before  # nothing created or changed
+
+
+def test_a_reward_module_in_the_working_directory_is_importable(tmp_path, monkeypatch):
+    (tmp_path / "my_reward.py").write_text(
+        "def has_digit(prompts, completions, **kw):\n"
+        "    return [float(any(c.isdigit() for c in completions[0]))]\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(None, ['reward.verifiers=[{name="python", args={fn="my_reward:has_digit"}}]'])
+    assert cfg.reward.verifiers[0]["args"]["fn"] == "my_reward:has_digit"
+
+
+WARNED = [
+    (["train.steps=0"], "train.steps = 0"),
+    (["eval.every=10", "eval.n_examples=0"], "eval.n_examples = 0"),
+    (["rollout.group_size=1"], "rollout.group_size = 1 with algo.advantage = 'grpo'"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", WARNED, ids=[" ".join(o) for o, _ in WARNED])
+def test_likely_mistakes_are_warned_about(overrides, message):
+    with pytest.warns(UserWarning, match=message):
+        load_config(None, overrides)
+
+
+def test_sensible_configs_load_without_warnings():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_config(None, [])
+        load_config(None, ["rollout.group_size=1", "algo.advantage=reinforce_pp"])
+        root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+        for name in ("arithmetic", "calculator"):
+            load_config(os.path.join(root, "configs", f"{name}.toml"))
