@@ -20,9 +20,16 @@ def _common(p: argparse.ArgumentParser) -> None:
 def cmd_train(args) -> int:
     from reroll.config import load_config
     from reroll.runtime import train
+    from reroll.stopping import StopFlag, Stopped, stop_on_signals
 
     cfg = load_config(args.config, args.overrides)
-    last = train(cfg, resume=args.resume, progress=not args.no_progress)
+    try:
+        with stop_on_signals(StopFlag()) as flag:
+            last = train(cfg, resume=args.resume, progress=not args.no_progress, stop=flag)
+    except Stopped as e:
+        again = " ".join(["reroll train", args.config, *args.overrides, "--resume"])
+        print(f"reroll train: {e}; checkpoint written. Resume with: {again}", file=sys.stderr)
+        return e.exit_code
     print(json.dumps({k: round(v, 4) for k, v in last.items() if k.startswith(("reward", "eval"))}))
     return 0
 
@@ -41,6 +48,7 @@ def cmd_sft(args) -> int:
     rd = RunDir(cfg, kind="sft")
     model, tok = build.load_model(build.model_dir(cfg, rd.path), cfg)
     task = build.build_task(cfg)
+    rd.commit()
     losses = sft(model, tok, task.train, build.encode_prompt(tok, cfg.task.chat), steps=cfg.sft.steps,
                  lr=cfg.sft.lr, batch_size=cfg.sft.batch_size, seed=cfg.train.seed,
                  schedule=cfg.sft.schedule, warmup_steps=cfg.sft.warmup_steps,

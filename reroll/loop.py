@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from reroll.config import RunConfig
 from reroll.rollout import Group
 from reroll.runlog import RunDir
+from reroll.stopping import StopFlag, Stopped
 from reroll.trainer.metrics import batch_metrics, progress_bar
 from reroll.trainer.step import TrainerHandle
 
@@ -46,8 +47,14 @@ class WeightTransport(Protocol):
 
 def run(cfg: RunConfig, *, trainer: TrainerHandle, source: BatchSource,
         transport: WeightTransport, run_dir: RunDir, evaluate: Callable[[], dict[str, float]],
-        start_step: int = 0, progress: bool = True) -> dict[str, float]:
-    """Train from ``start_step`` to ``cfg.train.steps``; returns the last step's metrics."""
+        start_step: int = 0, progress: bool = True, stop: StopFlag | None = None
+        ) -> dict[str, float]:
+    """Train from ``start_step`` to ``cfg.train.steps``; returns the last step's metrics.
+
+    A step's metrics row is logged before its checkpoint, so no row is ever lost between
+    the two (a kill after the row and before the checkpoint redoes the step on resume, and
+    the resume truncates the row). With ``stop`` requested (a signal), the loop checkpoints
+    at the end of the current step and raises `Stopped`."""
     step, last = start_step, {}
     bar = progress_bar(cfg.train.steps, step, enabled=progress)
     try:
@@ -63,18 +70,21 @@ def run(cfg: RunConfig, *, trainer: TrainerHandle, source: BatchSource,
             step += 1
             if cfg.record_every and step % cfg.record_every == 0:
                 run_dir.record(step, groups)
-            if step % cfg.ckpt_every == 0 or step == cfg.train.steps:
-                # before publishing: with max_staleness = 0 nothing is in flight now
-                save_checkpoint(run_dir.path, step, trainer, source)
-            transport.publish(trainer.version)
             metrics.update(batch_metrics(groups, before, source.stats(), wait_s=t1 - t0,
                                          train_s=t2 - t1, step_s=time.perf_counter() - t0))
             if cfg.eval.every and step % cfg.eval.every == 0:
                 metrics.update(evaluate())
-            if step % cfg.log_every == 0 or step == cfg.train.steps:
+            stopping = stop is not None and stop.requested
+            if step % cfg.log_every == 0 or step == cfg.train.steps or stopping:
                 run_dir.log(step, metrics)
+            if step % cfg.ckpt_every == 0 or step == cfg.train.steps or stopping:
+                # before publishing: with max_staleness = 0 nothing is in flight now
+                save_checkpoint(run_dir.path, step, trainer, source)
+            transport.publish(trainer.version)
             last = metrics
             bar.update(step, metrics)
+            if stopping:
+                raise Stopped(step, stop.signum)
     finally:
         bar.close()
     return last

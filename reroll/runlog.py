@@ -3,12 +3,20 @@
 Owns the rules that protect finished work: a directory that already holds a run is never
 overwritten (resume it or choose another), and resuming with a config that differs in what
 shapes the run (model, task, algorithm, rollout) is refused with the differing keys named.
+One process at a time holds a run directory (an flock on ``RUN/.lock``, released by the
+kernel when the holder dies, so a lock left by kill -9 is never stale). A run directory
+holds a run only once the run has started (``commit`` writes ``config.toml`` after the
+components are built), so a failed start leaves nothing that blocks the corrected command.
+Resume truncation rewrites the logs atomically, and TensorBoard purges the replayed steps.
 TensorBoard is imported only here.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -50,9 +58,10 @@ class RunDir:
         cfg_file = self.path / "config.toml"
         if cfg_file.exists():
             if not resume:
-                raise ConfigError(
-                    f"run directory {str(self.path)!r} already holds a run ({cfg_file}); "
-                    f"pass --resume to continue it or set out_dir to a new directory")
+                hint = ("pass --resume to continue it or set out_dir to a new directory"
+                        if kind == "train" else "set out_dir to a new directory")
+                raise ConfigError(f"run directory {str(self.path)!r} already holds a run "
+                                  f"({cfg_file}); {hint}")
             diff = config_diff(read_toml(cfg_file), json.loads(json.dumps(to_dict(cfg))))
             if diff:
                 raise ConfigError(f"cannot resume {self.path}: the config differs from the "
@@ -60,21 +69,35 @@ class RunDir:
         elif resume and kind == "train":
             raise ConfigError(f"--resume: {str(self.path)!r} holds no run to resume")
         self.path.mkdir(parents=True, exist_ok=True)
-        cfg_file.write_text(dump_toml(cfg))
+        self._lock = _lock(self.path)
         self._metrics = None
         self._tb = None
         self._rollouts = None
+        self._purge: int | None = None
         self.t0 = time.time()
+
+    def commit(self) -> None:
+        """The run has started: from now on the directory holds it (config.toml)."""
+        tmp = self.path / "config.toml.tmp"
+        tmp.write_text(dump_toml(self.cfg))
+        tmp.replace(self.path / "config.toml")
 
     def truncate(self, step: int) -> None:
         """On resume from the checkpoint at ``step``: forget rows logged after it (they belong
         to updates the checkpoint does not contain and will be redone)."""
         for name in ("metrics.jsonl", "rollouts.jsonl"):
             p = self.path / name
-            if p.exists():
-                rows = [x for x in p.read_text().splitlines() if x.strip()]
-                keep = [x for x in rows if _step_of(x) <= step]
-                p.write_text("".join(x + "\n" for x in keep))
+            if not p.exists():
+                continue
+            tmp = p.with_name(p.name + ".tmp")  # a kill mid-way leaves the original whole
+            with open(p) as src, open(tmp, "w") as dst:
+                for line in src:
+                    if line.strip() and _step_of(line) <= step:
+                        dst.write(line if line.endswith("\n") else line + "\n")
+                dst.flush()
+                os.fsync(dst.fileno())
+            tmp.replace(p)
+        self._purge = step + 1  # TensorBoard drops events of the steps that will be redone
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if self._metrics is None:
@@ -85,7 +108,7 @@ class RunDir:
         if self._tb is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(self.path / "tb"))
+            self._tb = SummaryWriter(str(self.path / "tb"), purge_step=self._purge)
         for k, v in metrics.items():
             if isinstance(v, (int, float)):
                 self._tb.add_scalar(k, v, step)
@@ -106,6 +129,27 @@ class RunDir:
             self._tb.close()
         if self._rollouts is not None:
             self._rollouts.close()
+        if self._lock is not None:
+            self._lock.close()  # releases the flock
+            self._lock = None
+
+
+def _lock(path: Path):
+    """Hold ``path/.lock`` (flock) for this process, or refuse naming the holder."""
+    f = open(path / ".lock", "a+")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise ConfigError(f"run directory {str(path)!r} is in use by {holder}; wait for it "
+                          f"to finish or stop it (one process per run directory)") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"process {os.getpid()} on {socket.gethostname()}\n")
+    f.flush()
+    return f
 
 
 def _step_of(line: str) -> float:

@@ -144,6 +144,9 @@ def test_checkpoint_that_does_not_match_is_refused_with_exit_2(tmp_path, capsys)
           progress=False)
     ck = out / "checkpoints" / "step_000001"
     shutil.copy(other / "checkpoints" / "step_000001" / "optimizer.pt", ck / "optimizer.pt")
+    from reroll.trainer.checkpoint import write_manifest
+
+    write_manifest(ck)  # a whole checkpoint, just of another model (damage is another test)
     files = {p: p.read_bytes() for p in [*ck.rglob("*"), out / "metrics.jsonl"] if p.is_file()}
     code = main(["train", "-", *SMALL, f"out_dir={out}", "train.steps=2", "--resume",
                  "--no-progress"])

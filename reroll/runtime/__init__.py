@@ -11,8 +11,9 @@ from reroll.config import RunConfig
 RUNTIMES = {"local": "reroll.runtime.local", "ray": "reroll.runtime.ray"}
 
 
-def train(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
-    """Run RL training as configured; returns the last logged metrics."""
+def train(cfg: RunConfig, resume: bool = False, progress: bool = True, stop=None) -> dict:
+    """Run RL training as configured; returns the last logged metrics. ``stop``: a
+    `reroll.stopping.StopFlag` the loop checks between steps."""
     import torch
 
     from reroll import build
@@ -29,6 +30,6 @@ def train(cfg: RunConfig, resume: bool = False, progress: bool = True) -> dict:
         init_dir = build.model_dir(cfg, rd.path)
         if ckpt:
             rd.truncate(checkpoint.read_state(ckpt).get("step", 0))
-        return run(cfg, rd, ckpt, init_dir, runtime.components, progress=progress)
+        return run(cfg, rd, ckpt, init_dir, runtime.components, progress=progress, stop=stop)
     finally:
         rd.close()

@@ -44,7 +44,7 @@ class Transport:
 
 
 def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_components,
-        progress: bool = True) -> dict:
+        progress: bool = True, stop=None) -> dict:
     """Build everything, run `reroll.loop.run`, and close what was built in reverse order."""
     from reroll.loop import run as run_loop
     from reroll.trainer.evaluate import evaluate
@@ -81,6 +81,8 @@ def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_com
         def evaluator() -> dict[str, float]:
             return evaluate(parts.trainer.policy(), tok, test, parts.scorer, encode, cfg, k=1)
 
+        rd.commit()  # everything is built: from now on the directory holds this run
         return run_loop(cfg, trainer=parts.trainer, source=source,
                         transport=Transport(parts.trainer, source), run_dir=rd,
-                        evaluate=evaluator, start_step=state.get("step", 0), progress=progress)
+                        evaluate=evaluator, start_step=state.get("step", 0), progress=progress,
+                        stop=stop)

@@ -5,7 +5,11 @@ Layout of ``RUN/checkpoints/step_000123/``: ``model/`` (a loadable model directo
 `reroll eval` works on any checkpoint), ``optimizer.pt``, ``rng.pt``, ``state.json`` (step,
 version, data cursor, counters) and ``buffers.jsonl`` (one Group per line). A checkpoint is
 written to a temporary directory and renamed, so a kill during the write leaves the previous
-checkpoint intact. Knows nothing of how the buffers are used.
+checkpoint intact; ``manifest.json`` (written last) lists every file with its size and
+SHA-256, so a checkpoint damaged afterwards (a truncated safetensors file, say) is found
+before it is loaded, and `latest` falls back to the previous complete one with a warning.
+A full disk is an error naming the path, and the previous checkpoint stays intact. Knows
+nothing of how the buffers are used.
 
 The trainer's process writes the checkpoint (on the Ray runtime, the trainer actor): on a
 multi-node cluster the run directory must be on storage that every node shares.
@@ -13,9 +17,12 @@ multi-node cluster the run directory must be on storage that every node shares.
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import random
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -37,14 +44,73 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, say); the previous one is intact."""
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_manifest(ckpt: Path) -> None:
+    files = sorted(p for p in ckpt.rglob("*") if p.is_file() and p.name != "manifest.json")
+    (ckpt / "manifest.json").write_text(json.dumps(
+        {str(p.relative_to(ckpt)): {"bytes": p.stat().st_size, "sha256": _digest(p)}
+         for p in files}, indent=1))
+
+
+def damage(ckpt: Path) -> str | None:
+    """What is wrong with a checkpoint (a missing or altered file), or None if it is whole.
+    A checkpoint written before manifests existed is taken as whole."""
+    man = ckpt / "manifest.json"
+    if not man.is_file():
+        return None if (ckpt / "state.json").is_file() else f"{ckpt / 'state.json'} is missing"
+    try:
+        files = json.loads(man.read_text())
+    except json.JSONDecodeError:
+        return f"{man} is not valid JSON"
+    for rel, want in files.items():
+        p = ckpt / rel
+        if not p.is_file():
+            return f"{p} is missing"
+        if p.stat().st_size != want["bytes"]:
+            return f"{p} has {p.stat().st_size} bytes, {want['bytes']} were written"
+        if _digest(p) != want["sha256"]:
+            return f"{p} does not match its checksum"
+    return None
+
+
 def save(run_dir: Path, step: int, model, tokenizer, optimizer, state: dict[str, Any],
          groups: list[Group] = (), keep: int = 2, lr_scheduler=None) -> Path:
     root = Path(run_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        _write(tmp, model, tokenizer, optimizer, state, step, groups, lr_scheduler)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        prev = latest(run_dir, check=False)
+        why = "no space left on device" if e.errno == errno.ENOSPC else str(e)
+        raise CheckpointWriteError(
+            e.errno, f"could not write the checkpoint of step {step} at {tmp}: {why}; the "
+                     f"previous checkpoint ({prev or 'none'}) is intact") from e
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    (root / "latest.tmp").write_text(final.name)
+    (root / "latest.tmp").replace(root / "latest")  # atomic: never an empty marker
+    for old in sorted(root.glob("step_*"))[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _write(tmp: Path, model, tokenizer, optimizer, state, step, groups, lr_scheduler) -> None:
     model.save_pretrained(tmp / "model")
     tokenizer.save_pretrained(tmp / "model")
     torch.save({"optimizer": optimizer.state_dict(),
@@ -55,23 +121,34 @@ def save(run_dir: Path, step: int, model, tokenizer, optimizer, state: dict[str,
     with open(tmp / "buffers.jsonl", "w") as f:
         for g in groups:
             f.write(g.to_json() + "\n")
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    (root / "latest.tmp").write_text(final.name)
-    (root / "latest.tmp").replace(root / "latest")  # atomic: never an empty marker
-    for old in sorted(root.glob("step_*"))[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
+    write_manifest(tmp)
 
 
-def latest(run_dir: Path) -> Path | None:
+def latest(run_dir: Path, check: bool = True) -> Path | None:
+    """The newest complete checkpoint. With ``check``, a damaged one is skipped with a
+    warning naming the file (the previous one is used); if every one is damaged, a
+    CheckpointError names the newest's damage."""
     root = Path(run_dir) / "checkpoints"
     marker = root / "latest"
     name = marker.read_text().strip() if marker.is_file() else ""
-    if name.startswith("step_") and (root / name).is_dir():
-        return root / name
-    found = sorted(root.glob("step_*")) if root.is_dir() else []
-    return found[-1] if found else None
+    found = sorted(root.glob("step_*"), reverse=True) if root.is_dir() else []
+    if name.startswith("step_") and (root / name) in found:  # the marker's first
+        found.remove(root / name)
+        found.insert(0, root / name)
+    if not check:
+        return found[0] if found else None
+    first_damage = None
+    for ck in found:
+        bad = damage(ck)
+        if bad is None:
+            if first_damage:
+                warnings.warn(f"checkpoint damaged ({first_damage}); resuming from the "
+                              f"previous complete checkpoint {ck}", RuntimeWarning, stacklevel=2)
+            return ck
+        first_damage = first_damage or bad
+    if first_damage:
+        raise CheckpointError(f"no complete checkpoint in {root}: {first_damage}")
+    return None
 
 
 def check_optimizer_state(ckpt: Path, optimizer, saved: dict[str, Any]) -> None:

@@ -1,0 +1,120 @@
+"""Runs and files: one process per run directory, a failed start leaves nothing that blocks
+the corrected command, SIGINT/SIGTERM stop at a safe point with a checkpoint and a resume
+line, a damaged latest checkpoint falls back to the previous one, a full disk is a clear
+error that keeps the previous checkpoint, and resume truncation never cuts a log."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from reroll.config import ConfigError, load_config
+from reroll.runlog import RunDir, read_metrics, read_rollouts
+from reroll.runtime import train
+from reroll.trainer import checkpoint
+
+SMALL = ["model.max_position=32", "task.args.digits=1", "task.args.n_train=80",
+         "task.args.n_test=20", "rollout.group_size=4", "rollout.batch_groups=4",
+         "rollout.max_new_tokens=4", "reward.workers=0", "log_every=1", "train.lr=3e-4",
+         "runtime.threads=1"]
+
+
+def cfg(out, *extra):
+    return load_config(None, SMALL + [f"out_dir={out}", *extra])
+
+
+def test_one_process_per_run_directory(tmp_path):
+    first = RunDir(cfg(tmp_path))
+    with pytest.raises(ConfigError, match=rf"in use by process {os.getpid()}"):
+        RunDir(cfg(tmp_path))
+    first.close()
+    RunDir(cfg(tmp_path)).close()  # released: the next one gets it
+
+
+def test_a_failed_start_leaves_nothing_that_blocks_the_corrected_command(tmp_path):
+    with pytest.raises(Exception, match="no_such_dir"):
+        train(cfg(tmp_path, f"init={tmp_path / 'no_such_dir'}", "train.steps=1"),
+              progress=False)
+    assert not (tmp_path / "config.toml").exists()
+    train(cfg(tmp_path, "train.steps=1"), progress=False)  # the corrected command runs
+    assert [m["step"] for m in read_metrics(tmp_path)] == [1]
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_stops_at_a_safe_point_with_a_checkpoint_and_resume_continues(tmp_path, sig,
+                                                                               code):
+    args = SMALL + [f"out_dir={tmp_path}", "train.steps=40", "ckpt_every=1000"]
+    proc = subprocess.Popen([sys.executable, "-m", "reroll.cli", "train", "-", *args,
+                             "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(read_metrics(tmp_path)) < 2 and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == code, err
+    last = err.strip().splitlines()[-1]
+    assert "checkpoint written. Resume with: reroll train -" in last and "--resume" in last
+    ck = checkpoint.latest(tmp_path)
+    stopped = checkpoint.read_state(ck)["step"]
+    assert 2 <= stopped < 40 and [m["step"] for m in read_metrics(tmp_path)] == \
+        list(range(1, stopped + 1))
+    train(load_config(None, args), resume=True, progress=False)
+    assert [m["step"] for m in read_metrics(tmp_path)] == list(range(1, 41))  # each once
+    ids = [g["group_id"] for _, g in read_rollouts(tmp_path)]
+    assert len(ids) == 160 and len(set(ids)) == 160
+
+
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path):
+    train(cfg(tmp_path, "train.steps=4", "ckpt_every=2"), progress=False)
+    st = tmp_path / "checkpoints" / "step_000004" / "model" / "model.safetensors"
+    st.write_bytes(st.read_bytes()[: st.stat().st_size // 2])  # truncated
+    with pytest.warns(RuntimeWarning, match=r"model.safetensors has \d+ bytes.*step_000002"):
+        assert checkpoint.latest(tmp_path).name == "step_000002"
+    with pytest.warns(RuntimeWarning):
+        train(cfg(tmp_path, "train.steps=4", "ckpt_every=2"), resume=True, progress=False)
+    assert [m["step"] for m in read_metrics(tmp_path)] == [1, 2, 3, 4]
+    assert checkpoint.damage(tmp_path / "checkpoints" / "step_000004") is None  # rewritten
+    (tmp_path / "checkpoints" / "step_000002" / "state.json").write_text("{")
+    (tmp_path / "checkpoints" / "step_000004" / "optimizer.pt").write_bytes(b"x")
+    with pytest.raises(ConfigError, match=r"no complete checkpoint.*optimizer.pt has 1 bytes"):
+        checkpoint.latest(tmp_path)
+
+
+def test_a_full_disk_is_a_clear_error_and_the_previous_checkpoint_stays(tmp_path, monkeypatch):
+    train(cfg(tmp_path, "train.steps=2", "ckpt_every=2"), progress=False)
+    import errno
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "write_manifest", full)  # the last write of a checkpoint
+    with pytest.raises(checkpoint.CheckpointWriteError,
+                       match=r"step 4 .*no space left on device; the previous checkpoint "
+                             r".*step_000002\) is intact"):
+        train(cfg(tmp_path, "train.steps=4", "ckpt_every=2"), resume=True, progress=False)
+    assert checkpoint.latest(tmp_path).name == "step_000002"
+    assert not list((tmp_path / "checkpoints").glob(".tmp*"))  # no half-written directory
+
+
+def test_resume_truncation_is_atomic(tmp_path, monkeypatch):
+    rd = RunDir(cfg(tmp_path))
+    rows = "".join(f'{{"step": {i}, "x": 1}}\n' for i in range(1, 6))
+    (tmp_path / "metrics.jsonl").write_text(rows)
+    real = os.replace
+
+    def killed(*a):
+        raise KeyboardInterrupt  # dies between writing the kept rows and the rename
+
+    monkeypatch.setattr("pathlib.Path.replace", lambda self, target: killed())
+    with pytest.raises(KeyboardInterrupt):
+        rd.truncate(3)
+    assert (tmp_path / "metrics.jsonl").read_text() == rows  # the original is whole
+    monkeypatch.undo()
+    rd.truncate(3)
+    assert [m["step"] for m in read_metrics(tmp_path)] == [1, 2, 3]
+    assert real is os.replace
+    rd.close()
