@@ -28,16 +28,33 @@ def quiet_transformers() -> None:
     tlog.set_verbosity_error()
 
 
+def weights_dir(path: str | Path) -> Path:
+    """The model directory a user means by ``path``: a model directory itself, an sft output
+    or checkpoint directory (its ``model/``), or an RL run directory (the model of its
+    latest complete checkpoint)."""
+    p = Path(path)
+    if (p / "config.json").is_file():
+        return p
+    if (p / "model" / "config.json").is_file():
+        return p / "model"
+    if (p / "checkpoints").is_dir():
+        from reroll.trainer import checkpoint
+
+        ck = checkpoint.latest(p)
+        if ck is not None:
+            return ck / "model"
+    raise FileNotFoundError(f"{p} holds no model: expected a model directory (config.json), "
+                            f"an sft or checkpoint directory (model/), or a run directory "
+                            f"with checkpoints/")
+
+
 def model_dir(cfg: RunConfig, run_dir: Path) -> Path:
-    """Where the starting weights come from: `init`, else `model.path`, else a tiny model
-    built from `model.*` into RUN/init (random init, seeded)."""
+    """Where the starting weights come from: `init` (see `weights_dir`), else `model.path`,
+    else a tiny model built from `model.*` into RUN/init (random init, seeded)."""
     from reroll.models import build_tiny
 
     if cfg.init:
-        p = Path(cfg.init)
-        if (p / "model" / "config.json").is_file():  # an sft output dir or a checkpoint dir
-            p = p / "model"
-        return p
+        return weights_dir(cfg.init)
     if cfg.model.path:
         return Path(cfg.model.path)
     target = run_dir / "init"

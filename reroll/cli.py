@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -63,15 +64,17 @@ def cmd_sft(args) -> int:
 
 def cmd_eval(args) -> int:
     from reroll import build
-    from reroll.config import load_config
+    from reroll.config import ConfigError, load_config
     from reroll.trainer.evaluate import evaluate
 
     cfg = load_config(args.config, args.overrides)
     build.set_threads(cfg)
-    ck = Path(args.checkpoint)
-    if (ck / "model" / "config.json").is_file():
-        ck = ck / "model"
-    model, tok = build.load_model(ck, cfg)
+    if args.output:  # fail now, not after a long evaluation
+        out = Path(args.output)
+        if out.is_dir() or not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
+            raise ConfigError(f"--output {str(out)!r}: cannot write a file there (its "
+                              f"directory must exist and be writable)")
+    model, tok = build.load_model(build.weights_dir(args.checkpoint), cfg)
     task = build.build_task(cfg)
     scorer = build.build_scorer(cfg, task)
     try:
@@ -106,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_sft)
     p = sub.add_parser("eval", help="greedy accuracy and pass@k on the held-out split")
     _common(p)
-    p.add_argument("--checkpoint", required=True, help="model dir, sft dir or checkpoint dir")
+    p.add_argument("--checkpoint", required=True,
+                   help="model dir, sft dir, checkpoint dir, or run dir (its latest checkpoint)")
     p.add_argument("--output", help="also write the metrics JSON here")
     p.set_defaults(fn=cmd_eval)
     p = sub.add_parser("report", help="plot a run's metrics to RUN_DIR/report.png")

@@ -118,3 +118,25 @@ def test_resume_truncation_is_atomic(tmp_path, monkeypatch):
     assert [m["step"] for m in read_metrics(tmp_path)] == [1, 2, 3]
     assert real is os.replace
     rd.close()
+
+
+def test_eval_and_init_follow_a_run_directorys_latest_checkpoint(tmp_path, capsys):
+    import json
+
+    from reroll.cli import main
+
+    run = tmp_path / "run"
+    train(cfg(run, "train.steps=2", "ckpt_every=1"), progress=False)
+    base = SMALL + ["eval.n_examples=4", "eval.k=1"]
+    # --output is checked before the evaluation runs
+    assert main(["eval", "-", *base, "--checkpoint", str(run), "--output",
+                 str(tmp_path / "no" / "dir" / "m.json")]) == 2
+    assert "--output" in capsys.readouterr().err
+    assert main(["eval", "-", *base, "--checkpoint", str(run), "--output",
+                 str(tmp_path / "m.json")]) == 0
+    assert "eval/greedy_accuracy" in json.loads((tmp_path / "m.json").read_text())
+    from reroll.build import weights_dir
+
+    assert weights_dir(run) == run / "checkpoints" / "step_000002" / "model"
+    train(cfg(tmp_path / "next", f"init={run}", "train.steps=1"), progress=False)
+    assert main(["eval", "-", *base, "--checkpoint", str(tmp_path / "nothing")]) == 2
