@@ -75,20 +75,25 @@ def rloo(rewards: Tensor, components: Tensor, group_index: Tensor) -> tuple[Tens
 
 
 @ADVANTAGES.register("reinforce_pp", ranges={"eps": "[0, 1]"})
-def reinforce_pp(rewards: Tensor, components: Tensor, group_index: Tensor, *,
-                 baseline: bool = False, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
-    """REINFORCE++: the return (the outcome reward, gamma = 1) whitened over the whole batch.
+def reinforce_pp(rewards: Tensor, components: Tensor, group_index: Tensor,
+                 token_counts: Tensor | None = None, *, baseline: bool = False,
+                 eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+    """REINFORCE++: the return (the outcome reward, gamma = 1) whitened over all valid tokens
+    of the batch (ALGORITHMS.md 1.8): with ``token_counts`` [N] (the trainer passes each
+    sample's trainable tokens) a sample weighs as many tokens as it has.
 
     ``baseline=True`` subtracts the group mean first (REINFORCE++-baseline), with no per-group
-    std. Whitening is over sequences (each sample counts once), not token-weighted; any KL
-    penalty is folded into ``rewards`` by the caller before this runs.
+    std; a singleton group's mean is taken as 0 (GRPO's rule), so its lone sample keeps its
+    reward rather than getting 0. Any KL penalty is folded into ``rewards`` by the caller.
     """
     check_inputs(rewards, components, group_index, "advantage 'reinforce_pp'")
     x = rewards
     if baseline:
         ids, g = dense_ids(group_index)
-        x = rewards - group_mean(rewards, ids, g)
-    return whiten(x, eps), _all(rewards.shape[0])
+        mean = torch.where(singleton(ids, g), torch.zeros_like(rewards),
+                           group_mean(rewards, ids, g))
+        x = rewards - mean
+    return whiten(x, eps, token_counts), _all(rewards.shape[0])
 
 
 @ADVANTAGES.register("mc_grpo", ranges={"mad_eps": "[0, 1]"})

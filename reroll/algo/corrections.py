@@ -26,25 +26,36 @@ from reroll.registry import Registry
 CORRECTIONS = Registry("correction")
 
 
+LOG_CLAMP = 20.0  # exp(+-20): ratios beyond are as good as infinite or zero
+
+
 def _log_rho(prox: Tensor, behav: Tensor, mask: Tensor, name: str) -> tuple[Tensor, Tensor]:
-    """(bool mask, log rho [B, T] clamped to [-20, 20] and 0 off the mask), no grad."""
+    """(bool mask, log rho [B, T], 0 off the mask; not clamped), no grad. Per-token uses
+    clamp each token's log-ratio; per-sequence uses clamp the sum (`_seq_sum`), so large
+    per-token ratios of opposite sign cancel exactly as in the product (ALGORITHMS.md 2.4)."""
     if prox.shape != behav.shape or prox.shape != mask.shape or prox.dim() != 2:
         raise ValueError(f"correction {name!r}: prox_logprobs {tuple(prox.shape)}, behav_logprobs "
                          f"{tuple(behav.shape)} and mask {tuple(mask.shape)} must share one [B, T]")
     m = mask > 0
-    d = torch.where(m, prox.detach() - behav.detach(), torch.zeros_like(prox))
-    return m, d.clamp(-20.0, 20.0)
+    return m, torch.where(m, prox.detach() - behav.detach(), torch.zeros_like(prox))
+
+
+def _tok(log_rho: Tensor) -> Tensor:
+    """Per-token ratio rho_t, its log clamped to [-20, 20]."""
+    return log_rho.clamp(-LOG_CLAMP, LOG_CLAMP).exp()
 
 
 def _seq_sum(log_rho: Tensor, m: Tensor) -> Tensor:
-    """Sum of log rho over each sequence's trainable tokens, broadcast to [B, T]."""
-    return (log_rho * m).sum(-1, keepdim=True).clamp(-20.0, 20.0).expand_as(log_rho)
+    """Sum of log rho over each sequence's trainable tokens, then clamped, broadcast to
+    [B, T]: log of prod_t rho_t."""
+    return (log_rho * m).sum(-1, keepdim=True).clamp(-LOG_CLAMP, LOG_CLAMP).expand_as(log_rho)
 
 
 def _metrics(log_rho: Tensor, weights: Tensor, m: Tensor, dropped: Tensor) -> dict[str, Tensor]:
     fm = m.to(log_rho.dtype)
     n = fm.sum()
     denom = n.clamp(min=1.0)
+    log_rho = log_rho.clamp(-LOG_CLAMP, LOG_CLAMP)  # diagnostics: finite whatever the gap
     rho = log_rho.exp()
     has = n > 0
     zero = torch.zeros((), dtype=log_rho.dtype)
@@ -91,7 +102,7 @@ def tis_token(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *, ca
     """Truncated IS per token: w_t = min(rho_t, cap); no token is masked."""
     _check_cap("tis_token", cap)
     m, log_rho = _log_rho(prox_logprobs, behav_logprobs, mask, "tis_token")
-    rho = log_rho.exp()
+    rho = _tok(log_rho)
     return _out(rho.clamp(max=cap), m, m, log_rho, rho > cap)
 
 
@@ -119,7 +130,7 @@ def mis_token(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *,
     """Masked IS per token: w_t = rho_t where lower <= rho_t <= upper, else the token is masked."""
     _check_bounds("mis_token", lower, upper)
     m, log_rho = _log_rho(prox_logprobs, behav_logprobs, mask, "mis_token")
-    rho = log_rho.exp()
+    rho = _tok(log_rho)
     keep = (rho >= lower) & (rho <= upper)
     return _out(rho, keep, m, log_rho, ~keep)
 
@@ -147,6 +158,7 @@ def mis_geo(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *,
     _check_bounds("mis_geo", lower, upper)
     m, log_rho = _log_rho(prox_logprobs, behav_logprobs, mask, "mis_geo")
     n = m.sum(-1, keepdim=True).clamp(min=1)  # [B, 1]
-    geo = ((log_rho * m).sum(-1, keepdim=True) / n).exp().expand_as(log_rho)  # [B, T]
+    mean_log = ((log_rho * m).sum(-1, keepdim=True) / n).clamp(-LOG_CLAMP, LOG_CLAMP)
+    geo = mean_log.exp().expand_as(log_rho)  # [B, T]
     keep = (geo >= lower) & (geo <= upper)
     return _out(torch.ones_like(log_rho), keep, m, log_rho, ~keep)

@@ -86,8 +86,20 @@ def group_median(x: Tensor, ids: Tensor, n_groups: int) -> tuple[Tensor, Tensor]
     return median, is_pivot
 
 
-def whiten(x: Tensor, eps: float) -> Tensor:
-    """(x - mean) / (std + eps) over the whole batch [N], unbiased std; 0s for N = 1."""
-    if x.numel() < 2:
+def whiten(x: Tensor, eps: float, weights: Tensor | None = None) -> Tensor:
+    """(x - mean) / (std + eps) over the whole batch [N], unbiased std; 0s for N = 1.
+
+    ``weights`` [N] (token counts): each sample counts as that many tokens, as whitening
+    "over all valid tokens of the batch" does when a sample's advantage is broadcast over
+    its tokens: mean = sum w x / W, var = sum w (x - mean)^2 / (W - 1), W = sum w."""
+    if weights is None:
+        if x.numel() < 2:
+            return torch.zeros_like(x)
+        return (x - x.mean()) / (x.std(unbiased=True) + eps)
+    w = weights.to(x.dtype)
+    total = w.sum()
+    if total < 2:
         return torch.zeros_like(x)
-    return (x - x.mean()) / (x.std(unbiased=True) + eps)
+    mean = (w * x).sum() / total
+    var = (w * (x - mean) ** 2).sum() / (total - 1)
+    return (x - mean) / (var.sqrt() + eps)

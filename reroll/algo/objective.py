@@ -14,6 +14,7 @@ needs is a method here. Must not know about models, batches or the optimiser.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -68,9 +69,14 @@ class Objective:
         """Whether a reference policy's log-probs are needed (in the loss or the reward)."""
         return self.kl_coef > 0
 
-    def advantages(self, rewards: Tensor, components: Tensor, group_index: Tensor
-                   ) -> tuple[Tensor, Tensor]:
-        """rewards [N], components [N, K], group_index [N] -> (advantages [N], include [N])."""
+    def advantages(self, rewards: Tensor, components: Tensor, group_index: Tensor,
+                   token_counts: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """rewards [N], components [N, K], group_index [N] -> (advantages [N], include [N]).
+        ``token_counts`` [N] reaches estimators that weigh samples by tokens (they declare a
+        ``token_counts`` parameter; the others never see it)."""
+        if token_counts is not None and "token_counts" in inspect.signature(
+                self.advantage_fn).parameters:
+            return self.advantage_fn(rewards, components, group_index, token_counts)
         return self.advantage_fn(rewards, components, group_index)
 
     def kl_reward_penalty(self, logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) -> Tensor:

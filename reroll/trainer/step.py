@@ -104,7 +104,8 @@ class Trainer:
             # sequence-level KL folded into the reward before advantages (RLOO / REINFORCE++ style)
             pen = self.objective.kl_reward_penalty(prox, ref, batch.mask)  # [N, T]
             rewards = rewards - pen.sum(-1)
-        adv, include = self.objective.advantages(rewards, comps, gidx)  # [N], [N]
+        adv, include = self.objective.advantages(rewards, comps, gidx,
+                                                 batch.mask.sum(-1))  # [N], [N]
         batch.mask = batch.mask * include.float()[:, None]
         adv_tok = adv[:, None].expand_as(batch.mask).contiguous()  # [N, T]
         sample_w = torch.tensor([r.sample_weight for r in rollouts], dtype=torch.float32)  # [N]

@@ -59,9 +59,37 @@ def test_reinforce_pp_whitens_over_the_whole_batch():
 
 def test_reinforce_pp_baseline_subtracts_group_mean_then_whitens():
     adv, _ = ADVANTAGES.bind("reinforce_pp", {"baseline": True})(REWARDS, COMPS, GROUPS)
-    # centred: 0.5, 1, -0.5, 0, -0.5, -1, 0.5 (mean 0); sum of squares 3; var 3/6, std 0.707107
-    s = math.sqrt(0.5) + 1e-6
-    close(adv, [0.5 / s, 1 / s, -0.5 / s, 0.0, -0.5 / s, -1 / s, 0.5 / s])
+    # centred: 0.5, 1, -0.5, 3 (the singleton: group mean taken as 0, GRPO's rule), -0.5, -1,
+    # 0.5; their mean 3/7; deviations 1/14, 4/7, -13/14, 18/7, -13/14, -10/7, 1/14;
+    # sum of squares 10.714286, unbiased var / 6 = 1.785714, std 1.336306
+    c = torch.tensor([0.5, 1.0, -0.5, 3.0, -0.5, -1.0, 0.5])
+    dev = c - 3 / 7
+    assert abs(float((dev ** 2).sum()) - 10.714286) < 1e-5
+    close(adv, (dev / (math.sqrt(10.714286 / 6) + 1e-6)).tolist())
+
+
+def test_reinforce_pp_whitens_over_tokens_when_given_token_counts():
+    # rewards [1, 0] with 3 and 1 tokens: mean (3*1 + 0) / 4 = 0.75;
+    # var (3 * 0.25^2 + 1 * 0.75^2) / (4 - 1) = 0.75 / 3 = 0.25, std 0.5 -> [0.5, -1.5]
+    r = torch.tensor([1.0, 0.0])
+    adv, _ = ADVANTAGES.get("reinforce_pp")(r, r[:, None], torch.tensor([0, 1]),
+                                            torch.tensor([3, 1]), eps=0.0)
+    close(adv, [0.5, -1.5])
+    # one token each: the per-sequence whitening ((1 - 0.5) / 0.7071 = 0.7071)
+    adv, _ = ADVANTAGES.get("reinforce_pp")(r, r[:, None], torch.tensor([0, 1]),
+                                            torch.tensor([1, 1]), eps=0.0)
+    close(adv, [0.707107, -0.707107])
+    # the objective passes token counts only to estimators that take them
+    from reroll.algo import build_objective
+    from reroll.config import AlgoConfig
+
+    obj = build_objective(AlgoConfig(advantage="reinforce_pp", advantage_args={"eps": 0.0}))
+    close(obj.advantages(r, r[:, None], torch.tensor([0, 1]), torch.tensor([3, 1]))[0],
+          [0.5, -1.5])
+    grpo = build_objective(AlgoConfig(advantage="grpo"))
+    # grpo ignores them: group [1, 0] -> +-0.5 / 0.707107 = +-0.707107 whatever the lengths
+    close(grpo.advantages(r, r[:, None], torch.tensor([0, 0]), torch.tensor([3, 1]))[0],
+          [0.707107, -0.707107])
 
 
 # MC-GRPO: three groups of three.

@@ -102,3 +102,29 @@ def test_bad_hyperparameters_and_shapes_are_named():
     with pytest.raises(ValueError, match="must share one"):
         CORRECTIONS.get("none")(PROX, BEHAV[:, :2], MASK)
     assert math.isfinite(float(run("tis_seq")[2]["is/ratio_max"]))
+
+
+def test_sequence_level_corrections_clamp_the_sum_not_each_token():
+    # one sequence, token log-ratios [30, -25]: prod rho = e^(30 - 25) = e^5 = 148.41.
+    # Clamping each token first to +-20 would give e^(20 - 20) = 1 (a wrong "on-policy").
+    prox = torch.tensor([[0.0, -25.0]])
+    behav = torch.tensor([[-30.0, 0.0]])
+    mask = torch.ones(1, 2)
+    # tis_seq, cap 200: weight min(e^5, 200) = 148.41 on both tokens
+    w, m, _ = CORRECTIONS.get("tis_seq")(prox, behav, mask, cap=200.0)
+    close(w, [[math.exp(5), math.exp(5)]], tol=1e-2)
+    # cap 2: truncated to 2
+    w, _, _ = CORRECTIONS.get("tis_seq")(prox, behav, mask, cap=2.0)
+    close(w, [[2.0, 2.0]])
+    # mis_seq, bounds [0, 2]: e^5 is outside -> the whole sequence masked
+    w, m, _ = CORRECTIONS.get("mis_seq")(prox, behav, mask, lower=0.0, upper=2.0)
+    close(m, [[0.0, 0.0]])
+    # mis_seq, bounds [0, 200]: kept with weight e^5
+    w, m, _ = CORRECTIONS.get("mis_seq")(prox, behav, mask, lower=0.0, upper=200.0)
+    close(m, [[1.0, 1.0]]) and close(w, [[math.exp(5), math.exp(5)]], tol=1e-2)
+    # mis_geo: geometric mean e^(5/2) = 12.18, outside [0.999, 1.001] -> masked
+    _, m, _ = CORRECTIONS.get("mis_geo")(prox, behav, mask)
+    close(m, [[0.0, 0.0]])
+    # per-token TIS still clamps each token: min(e^20, 2) = 2 and e^-20 = 2.06e-9
+    w, _, _ = CORRECTIONS.get("tis_token")(prox, behav, mask, cap=2.0)
+    close(w, [[2.0, math.exp(-20)]], tol=1e-8)
