@@ -112,8 +112,36 @@ class Trainer:
 
         metrics: dict[str, float] = {}
         n = len(batch)
-        order = torch.arange(n)
         mb_size = -(-n // self.minibatches)
+        # several optimiser steps per update: a non-finite loss in a later mini-batch must not
+        # leave the earlier ones applied (the version would not say so), so keep a copy
+        saved = self._snapshot() if self.minibatches > 1 else None
+        try:
+            self._minibatches(batch, prox, ref, adv_tok, sample_w, include, n, mb_size, metrics)
+        except FloatingPointError:
+            if saved is not None:
+                self.model.load_state_dict(saved[0])
+                self.opt.load_state_dict(saved[1])
+            self.opt.zero_grad(set_to_none=True)
+            raise
+        self.sched.step()  # the warm-up counts RL steps, not mini-batches
+        metrics["lr"] = self.sched.get_last_lr()[0]
+        self.version += 1
+        metrics.update(version_lag_metrics(batch, self.version - 1))
+        metrics["adv/mean"] = float(adv.mean())
+        metrics["adv/abs_mean"] = float(adv.abs().mean())
+        metrics["train/tokens"] = batch.n_tokens
+        return metrics
+
+    def _snapshot(self) -> tuple[dict, dict]:
+        import copy
+
+        return ({k: v.detach().clone() for k, v in self.model.state_dict().items()},
+                copy.deepcopy(self.opt.state_dict()))
+
+    def _minibatches(self, batch, prox, ref, adv_tok, sample_w, include, n, mb_size,
+                     metrics) -> None:
+        order = torch.arange(n)
         for mb in micro_slices(n, mb_size):
             idx = order[mb]
             mbatch = batch.slice(idx)
@@ -133,7 +161,7 @@ class Trainer:
                 if not torch.isfinite(loss):
                     raise FloatingPointError(
                         f"non-finite loss {float(loss)} at trainer version {self.version}; "
-                        f"weights left at the last good update")
+                        f"weights and optimiser left at the last good update")
                 loss.backward()
                 for k, v in m.items():  # per micro-batch: max/min combine, others average
                     v = float(v)
@@ -150,14 +178,6 @@ class Trainer:
                 raise FloatingPointError(f"non-finite gradient norm at version {self.version}")
             self.opt.step()
             metrics["grad_norm"] = float(gn)
-        self.sched.step()  # the warm-up counts RL steps, not mini-batches
-        metrics["lr"] = self.sched.get_last_lr()[0]
-        self.version += 1
-        metrics.update(version_lag_metrics(batch, self.version - 1))
-        metrics["adv/mean"] = float(adv.mean())
-        metrics["adv/abs_mean"] = float(adv.abs().mean())
-        metrics["train/tokens"] = batch.n_tokens
-        return metrics
 
     # ---- the rest of TrainerHandle ------------------------------------------------------
     def weights(self) -> dict[str, torch.Tensor]:

@@ -2,6 +2,7 @@
 flattened in group order, advantages are per group whatever its size, and each sample's
 weight reaches the loss."""
 
+import pytest
 import torch
 
 from reroll.algo import build_objective
@@ -83,3 +84,21 @@ def test_env_metrics_average_per_episode_sums_of_step_info():
     assert m == {"env/turns": 1.5, "env/reward": 0.5, "env/tool_called": 1.0,
                  "env/tool_ok": 0.5}
     assert env_metrics([Rollout(prompt_id="p", group_id="g", tokens=[1], prompt_len=1)]) == {}
+
+
+def test_a_non_finite_loss_after_some_minibatches_stepped_restores_weights_and_optimiser(tiny):
+    model, _ = tiny
+    t = Trainer(model, build_objective(AlgoConfig(correction="none")), pad_id=0, lr=1e-2,
+                minibatches=2, micro_batch=2, grad_clip=0.0)
+    t.step(groups_of([[1.0, 0.0], [1.0, 0.0]]))  # optimiser state exists now
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    opt_before = {k: v.clone() for k, v in t.opt.state[next(iter(model.parameters()))].items()}
+    groups = groups_of([[1.0, 0.0], [1.0, 0.0]])
+    groups[1].rollouts[0].reward = float("nan")  # group 1's advantages, so only mini-batch 2
+    with pytest.raises(FloatingPointError, match="weights and optimiser left at the last good"):
+        t.step(groups)
+    assert t.version == 1
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # mini-batch 1 was undone
+    opt_after = t.opt.state[next(iter(model.parameters()))]
+    assert all(torch.equal(opt_before[k], opt_after[k]) for k in opt_before)
