@@ -21,7 +21,7 @@ from fractions import Fraction
 
 from reroll.rollout import Example, Rollout, Score
 from reroll.verifiers.base import VERIFIERS, Verifier, judged
-from reroll.verifiers.extract import check_mode, extract
+from reroll.verifiers.extract import answer_phrase, check_mode, extract, last_boxed
 
 
 class _NoTimeoutWarning(logging.Filter):
@@ -43,6 +43,11 @@ def _mv():
 
 def _as_latex(text: str) -> str:
     return text if ("$" in text or "\\boxed" in text) else f"${text}$"
+
+
+def _strip_currency(text: str) -> str:
+    """``\\$18.90`` (an escaped dollar sign, as in ``\\boxed{\\$18.90}``) -> ``18.90``."""
+    return text.replace("\\$", "").strip()
 
 
 @functools.lru_cache(maxsize=65536)
@@ -70,19 +75,28 @@ class MathVerifier:
         found, how = extract(rollout.completion, self.extract)
         if found is None:
             return judged(self.name, 0.0, f"no answer found (extract={self.extract})", parsed=None)
+        found = _strip_currency(found)
+        stated = answer_phrase(rollout.completion) if self.extract == "auto" else None
+        if how == "boxed" and stated is not None:
+            stated = _strip_currency(last_boxed(stated) or stated)
+            if not self._judge(stated, example)[0]:  # a box and a different stated answer
+                return judged(self.name, 0.0, f"the boxed answer {found!r} and the stated final "
+                              f"answer {stated!r} are not both right", parsed=found, how=how)
+        ok, reason = self._judge(found, example)
+        return judged(self.name, float(ok), reason, parsed=found, how=how)
+
+    def _judge(self, found: str, example: Example) -> tuple[bool, str]:
         gold = _parse_gold(example.answer)
         if all(isinstance(g, str) for g in gold):  # no math in the reference: compare text
             same = _norm_text(found) == _norm_text(example.answer)
-            return judged(self.name, float(same), "reference is not math; compared as text "
-                          + ("(equal)" if same else "(different)"), parsed=found, how=how)
+            return same, "reference is not math; compared as text " + (
+                "(equal)" if same else "(different)")
         pred = _mv().parse(_as_latex(found), parsing_timeout=None)
         if not pred:
-            return judged(self.name, 0.0, f"could not parse answer {found!r}", parsed=found,
-                          how=how)
+            return False, f"could not parse answer {found!r}"
         ok = _mv().verify(list(gold), pred, float_rounding=self.float_rounding,
                           timeout_seconds=None)
-        reason = "equivalent" if ok else f"{pred[-1]!s} is not equivalent to {gold[-1]!s}"
-        return judged(self.name, float(ok), reason, parsed=found, how=how)
+        return ok, "equivalent" if ok else f"{pred[-1]!s} is not equivalent to {gold[-1]!s}"
 
 
 @VERIFIERS.register("math", ranges={"float_rounding": "[0, 15]"})

@@ -123,3 +123,29 @@ def test_math_rejects_unknown_extract_mode_naming_it():
 ])
 def test_extract_modes_find_the_final_answer(text, mode, found):
     assert extract(text, mode) == found
+
+
+@pytest.mark.parametrize("completion,expected", [
+    (r"The total is \boxed{\$18.90}", 1.0),  # an escaped dollar sign is not part of the number
+    (r"\boxed{\$18.90} dollars", 1.0),
+    (r"\boxed{\$18.00}", 0.0),
+])
+def test_an_escaped_dollar_in_the_box_is_ignored(completion, expected):
+    assert judge("18.90", completion).value == expected
+
+
+@pytest.mark.parametrize("completion,expected", [
+    # a box and a different stated final answer: not correct, whichever is right
+    (r"so \boxed{12}. Final answer: 13", 0.0),
+    (r"so \boxed{13}. Final answer: 12", 0.0),
+    # the same answer boxed and stated (even the box inside the phrase): correct
+    (r"so \boxed{13}. Final answer: 13", 1.0),
+    (r"The answer is \boxed{13}.", 1.0),
+    (r"The answer is \boxed{26/2}.", 1.0),
+])
+def test_a_boxed_answer_contradicted_by_the_stated_final_answer_is_not_correct(completion,
+                                                                              expected):
+    s = judge("13", completion)
+    assert s.value == expected, s.info
+    if expected == 0.0 and "12" in completion.split("Final answer:")[1]:
+        assert "not both right" in s.info["reason"]
