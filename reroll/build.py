@@ -9,6 +9,7 @@ Length shaping counts policy-sampled tokens only (environment tokens never count
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 from reroll.config import RunConfig
@@ -106,10 +107,32 @@ def build_trainer(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
     return trainer
 
 
-def build_task(cfg: RunConfig):
-    from reroll.tasks import TASKS
+def build_task(cfg: RunConfig, tok=None, model_path: Path | None = None):
+    """The task; given the tokenizer and model, prompts that leave the model no room to
+    answer are refused (or skipped and counted with ``task.skip_long_prompts``) now."""
+    import warnings
 
-    return TASKS.get(cfg.task.name)(cfg.task.seed, **cfg.task.args)
+    from reroll.tasks import TASKS
+    from reroll.tasks.base import check_prompt_lengths
+
+    task = TASKS.get(cfg.task.name)(cfg.task.seed, **cfg.task.args)
+    if tok is not None and model_path is not None:
+        where = f"task {cfg.task.name!r}" + (f" ({cfg.task.args['path']})"
+                                             if "path" in cfg.task.args else "")
+        n = check_prompt_lengths(task, encode_prompt(tok, cfg.task.chat),
+                                 context_length(model_path), where=where,
+                                 skip=cfg.task.skip_long_prompts)
+        if n:
+            warnings.warn(f"{where}: skipped {n} example(s) whose prompt leaves no room to "
+                          f"answer (task.skip_long_prompts)", UserWarning, stacklevel=2)
+    return task
+
+
+def context_length(model_path: Path) -> int:
+    """Tokens a model directory's config allows (as the engine caps it)."""
+    cfg = json.loads((Path(model_path) / "config.json").read_text())
+    limit = cfg.get("max_position_embeddings") or cfg.get("n_positions") or 2048
+    return min(int(limit), 2048)
 
 
 def encode_prompt(tok, chat: bool = False):

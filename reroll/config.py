@@ -57,6 +57,9 @@ class TaskConfig:
     """Keyword arguments of the task builder, checked against its signature at load."""
     seed: int = 0
     """Seed of the task's generator and of its train/test split."""
+    skip_long_prompts: bool = False
+    """Drop (and count) examples whose prompt leaves the model no room to answer, instead of
+    refusing the data when it loads."""
     chat: bool = False
     """Render prompts (and environment turns) with the tokenizer's chat template. Needs a
     tokenizer that has one; the tiny-model tokenizer ships a small template."""

@@ -44,3 +44,29 @@ def require(ok: bool, task: str, message: str) -> None:
     """Raise a TaskError about hyperparameters of ``task`` unless ``ok``."""
     if not ok:
         raise TaskError(f"task {task!r}: {message}")
+
+
+def check_prompt_lengths(task: Task, encode, limit: int, *, where: str, skip: bool = False
+                         ) -> int:
+    """Every prompt must leave the engine room to sample (fewer than ``limit`` tokens). A
+    longer one is a TaskError naming it (``where`` says which task or file), found when the
+    data loads rather than when the row is drawn mid-run; with ``skip`` such examples are
+    dropped from both splits instead, and their number returned (the caller reports it)."""
+    dropped = 0
+    for split in ("train", "test"):
+        kept = []
+        for i, ex in enumerate(getattr(task, split)):
+            n = len(encode(ex.prompt))
+            if n < limit:
+                kept.append(ex)
+            elif skip:
+                dropped += 1
+            else:
+                raise TaskError(f"{where}: prompt {ex.prompt_id!r} ({split} example {i}) has "
+                                f"{n} tokens, but the model holds {limit} in all (its context "
+                                f"length); shorten it, or set task.skip_long_prompts = true to "
+                                f"skip such prompts (counted)")
+        setattr(task, split, kept)
+    if not task.train:
+        raise TaskError(f"{where}: no train prompt fits the model's {limit}-token context")
+    return dropped

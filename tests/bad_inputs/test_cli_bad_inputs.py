@@ -91,3 +91,22 @@ def test_sensible_configs_load_without_warnings():
         root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
         for name in ("arithmetic", "calculator"):
             load_config(os.path.join(root, "configs", f"{name}.toml"))
+
+
+def test_a_prompt_longer_than_the_model_holds_is_found_when_the_data_loads(tmp_path, capsys):
+    import json
+
+    data = tmp_path / "d.jsonl"
+    rows = [{"prompt": "1+1=", "answer": "2"}] * 3 + [{"prompt": "9" * 40 + "=", "answer": "9"}]
+    data.write_text("".join(json.dumps(dict(r, id=str(i))) + "\n" for i, r in enumerate(rows)))
+    args = ["train", "-", "task.name=jsonl", f'task.args={{path="{data}", id_field="id", '
+            f'test_fraction=0.25}}', "model.max_position=32", "train.steps=1", "reward.workers=0",
+            "rollout.group_size=2", "rollout.batch_groups=1", "runtime.threads=1",
+            "--no-progress"]
+    out = tmp_path / "run"
+    assert main([*args, f"out_dir={out}"]) == 2
+    err = capsys.readouterr().err
+    assert "prompt '3'" in err and "42 tokens" in err and "holds 32" in err and str(data) in err
+    assert not (out / "config.toml").exists()  # the run did not start
+    with pytest.warns(UserWarning, match="skipped 1 example"):
+        assert main([*args, f"out_dir={tmp_path / 'skip'}", "task.skip_long_prompts=true"]) == 0
