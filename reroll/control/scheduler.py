@@ -126,9 +126,10 @@ class Scheduler:
             return
         self.dropped["scoring_abandoned"] += 1
         self.abandoned.append(pid)
+        err = next((s.error for r in g.rollouts for s in r.scores if not s.ok),
+                   "a sample has no reward")
         warnings.warn(f"prompt {pid!r}: scoring failed {self.score_failures[pid]} times, "
-                      f"giving up on it (last error: {self._last_error})", RuntimeWarning,
-                      stacklevel=2)
+                      f"giving up on it (last error: {err})", RuntimeWarning, stacklevel=2)
 
     # ---- hand-out ----------------------------------------------------------------------
     def take(self, n: int, trainer_version: int) -> list[Group]:

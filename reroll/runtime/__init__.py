@@ -28,8 +28,8 @@ def train(cfg: RunConfig, resume: bool = False, progress: bool = True, stop=None
     try:
         ckpt = checkpoint.latest(rd.path) if resume else None
         init_dir = build.model_dir(cfg, rd.path)
-        if ckpt:
-            rd.truncate(checkpoint.read_state(ckpt).get("step", 0))
+        if resume:  # rows after the checkpoint (all of them if none was written) are redone
+            rd.truncate(checkpoint.read_state(ckpt).get("step", 0) if ckpt else 0)
         return run(cfg, rd, ckpt, init_dir, runtime.components, progress=progress, stop=stop)
     finally:
         rd.close()
