@@ -197,6 +197,19 @@ def build_scorer(cfg: RunConfig, task):
                        timeout_s=cfg.reward.timeout_s)
 
 
+def check_sandbox(cfg: RunConfig, task) -> None:
+    """A reward that runs policy-written programs needs an isolated sandbox (or the user's
+    opt-in): checked, and the isolation level reported, before the run starts."""
+    from reroll.verifiers import VERIFIERS
+
+    specs = cfg.reward.verifiers or [task.verifier]
+    if uses_verifiers(cfg) and any(getattr(VERIFIERS.get(s["name"]), "needs_sandbox", False)
+                                   for s in specs):
+        from reroll.verifiers.sandbox import require_isolation
+
+        require_isolation(cfg.reward.sandbox.allow_unisolated)
+
+
 def engine_slots(cfg: RunConfig) -> int:
     """KV-cache slots: `engine.max_batch`, or enough for the samples in flight."""
     if cfg.engine.max_batch:

@@ -104,6 +104,13 @@ class EngineConfig:
 
 
 @dataclass
+class SandboxConfig:
+    allow_unisolated: bool = False
+    """Score `code` rewards even where the sandbox has neither namespaces (root) nor Landlock,
+    so that policy-written programs could write outside their directory (warned)."""
+
+
+@dataclass
 class RewardConfig:
     verifiers: list[dict[str, Any]] = field(default_factory=list)
     """Reward components: a list of {name, weight, args}. Empty: the task's default verifier
@@ -112,6 +119,8 @@ class RewardConfig:
     """Scoring worker processes (0 = score in a thread of the main process)."""
     timeout_s: float = 10.0
     """Per-call scoring timeout; a verifier that exceeds it yields an error score."""
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    """How policy-written programs run (the `code` verifier)."""
 
 
 @dataclass

@@ -57,6 +57,7 @@ def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_com
         done.callback(parts.scorer.close)
         tok = build.load_tokenizer(init_dir)
         task = build.build_task(cfg, tok, init_dir)
+        build.check_sandbox(cfg, task)
         prompts = PromptStream(task.train, cfg.train.seed, **state.get("prompts", {}))
         r = cfg.rollout
         sched = Scheduler(prompts, build.group_starter(cfg, tok), group_size=r.group_size,

@@ -122,3 +122,6 @@ def code(*, cpu_s: int = 2, wall_s: float = 4.0, memory_mb: int = 512, file_mb: 
             raise ValueError(f"verifier 'code': {key} must be > 0, got {v}")
     return CodeVerifier(Limits(cpu_s=cpu_s, wall_s=wall_s, memory_mb=memory_mb,
                                file_mb=file_mb, nproc=nproc))
+
+
+code.needs_sandbox = True  # read when a run starts: the sandbox's isolation is checked

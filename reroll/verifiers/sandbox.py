@@ -19,11 +19,14 @@ program and then:
 Where ``unshare`` is permitted (root, CI), the bootstrap runs in new network, PID and mount
 namespaces (``unshare -n -p -m -f --kill-child``): no network interface but loopback-down,
 every process of the run dies with the bootstrap (fork bombs included), and ``/tmp``,
-``/var/tmp`` and ``/dev/shm`` are private empty tmpfs mounts. FALLBACK when it is not
-permitted: no namespaces; network is blocked by an audit hook prepended to the program
-(``socket.__new__`` raises PermissionError), which a determined program can evade (e.g.
-with ctypes); descendants that leave the process group may outlive the run; world-writable
-directories stay writable. ``isolation()`` says which mode is in effect.
+``/var/tmp`` and ``/dev/shm`` are private empty tmpfs mounts. Without namespaces (an
+unprivileged user): the bootstrap is a child subreaper, so descendants that leave the
+process group (``setsid`` daemons) are found and killed when the program ends, and where the
+kernel has Landlock the program can write only beneath its working directory
+(`reroll.verifiers.confine`); network is blocked only by an audit hook prepended to the
+program (``socket.__new__`` raises PermissionError), which a determined program can evade
+(e.g. with ctypes). ``isolation()`` says which mode is in effect; ``require_isolation``
+refuses to score code with neither namespaces nor Landlock unless the user opts in.
 """
 
 from __future__ import annotations
@@ -36,7 +39,12 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
+import warnings
 from dataclasses import dataclass, field
+
+from reroll.errors import ConfigError
+from reroll.verifiers.confine import LANDLOCK, REAP, SUBREAPER, landlock_abi, landlock_syscalls
 
 BOOT_FAIL = 121  # the bootstrap's own exit code when it cannot start the program
 MARK = "reroll-sandbox:"
@@ -78,6 +86,7 @@ try:
         cfg["env"]["HOME"] = "/tmp/work"
 except OSError as e:
     fail("setup failed: %r" % e)
+#SUBREAPER#
 t0 = time.monotonic()
 pid = os.fork()
 if pid == 0:
@@ -88,6 +97,7 @@ if pid == 0:
             resource.setrlimit(getattr(resource, name), (soft, hard))
         if cfg["uid"] is not None:
             os.setgroups([]); os.setgid(cfg["gid"]); os.setuid(cfg["uid"])
+#LANDLOCK#
         os.execve(cfg["python"], [cfg["python"], "-I", "main.py"], cfg["env"])
     except BaseException as e:
         fail("could not start the program: %r" % e)
@@ -106,10 +116,16 @@ try:
     os.killpg(pid, signal.SIGKILL)  # leftovers of the program's process group
 except OSError:
     pass
+#REAP#
 os.write(status, json.dumps({"timed_out": timed_out, "wall_s": time.monotonic() - t0,
     "exit": os.waitstatus_to_exitcode(st), "maxrss_kb": ru.ru_maxrss}).encode())
 os._exit(0)
 """
+
+
+_BOOT = (_BOOT.replace("#SUBREAPER#\n", SUBREAPER)
+         .replace("#LANDLOCK#\n", textwrap.indent(LANDLOCK, " " * 8))
+         .replace("#REAP#\n", REAP))
 
 
 class SandboxError(RuntimeError):
@@ -158,8 +174,33 @@ def isolation() -> dict:
         except (OSError, subprocess.SubprocessError):
             ns = False
     uid = 65534 if root else None
+    abi = landlock_abi() if landlock_syscalls() else 0
+    level = "namespaces" if ns else ("landlock" if abi else "none")
     return {"namespaces": ns, "unshare": unshare if ns else None, "uid": uid, "gid": uid,
-            "network": "netns" if ns else "audit-hook", "python": _interpreter(uid)}
+            "network": "netns" if ns else "audit-hook", "python": _interpreter(uid),
+            "landlock": abi, "subreaper": True, "level": level}
+
+
+def require_isolation(allow_unisolated: bool) -> dict:
+    """The isolation in force, reported once; a ConfigError when programs could write
+    outside their directory (no namespaces, no Landlock) unless the user opted in."""
+    iso = isolation()
+    mechs = [m for m, on in (("namespaces", iso["namespaces"]),
+                             (f"landlock ABI {iso['landlock']}", iso["landlock"]),
+                             ("uid drop", iso["uid"] is not None), ("subreaper", True),
+                             ("rlimits", True)) if on]
+    line = f"code sandbox isolation: {iso['level']} ({', '.join(mechs)})"
+    if iso["level"] == "none":
+        if not allow_unisolated:
+            raise ConfigError(f"{line}: policy-written programs could write and delete files "
+                              f"outside their directory. Run where namespaces (root) or "
+                              f"Landlock are available, or set "
+                              f"reward.sandbox.allow_unisolated = true to accept the risk")
+        warnings.warn(f"{line}; running unisolated (reward.sandbox.allow_unisolated)",
+                      RuntimeWarning, stacklevel=2)
+    else:
+        print(line, file=sys.stderr)
+    return iso
 
 
 _PROBE = ("import os, sys; os.setgroups([]); os.setgid(int(sys.argv[2])); "
@@ -231,6 +272,7 @@ def run_python(source: str, stdin: str = "", limits: Limits | None = None) -> Ru
             "mount": iso["namespaces"], "tmpfs": ["/tmp", "/var/tmp", "/dev/shm"],
             "tmpfs_kb": limits.file_mb * 1024, "wall_s": limits.wall_s,
             "uid": iso["uid"], "gid": iso["gid"], "python": iso["python"],
+            "landlock": iso["landlock"], "landlock_sys": landlock_syscalls(),
             "env": {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": work,
                     "PYTHONIOENCODING": "utf-8"},
             "limits": [("RLIMIT_CPU", limits.cpu_s, limits.cpu_s + 1),
