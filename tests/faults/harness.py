@@ -107,7 +107,7 @@ def run_trial(out: Path, *, seed: int, steps: int = 8, staleness: int = 2,
         resume = (out / "config.toml").exists()
         proc = _start(out, args, resume)
         t.resumes += resume
-        hit = _wait_kill(proc, out, where, rng.uniform(1.0, 8.0), timeout)
+        hit = _wait_kill(proc, out, where, rng.uniform(3.0, 14.0), timeout)
         if hit is None:
             err = proc.communicate(timeout=timeout)[1]
             if proc.returncode != 0:
