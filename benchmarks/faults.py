@@ -29,6 +29,9 @@ def main() -> None:
     plans += [("kill inside a checkpoint write", dict(seed=100 + s, staleness=2 * (s % 2),
                                                       plan=("checkpoint",)))
               for s in range(a.window_trials)]
+    plans += [("kill while the initial model is saved", dict(seed=300 + s, staleness=0,
+                                                             plan=("init",)))
+              for s in range(a.window_trials)]
     plans += [("kill inside resume truncation", dict(seed=200 + s, staleness=2 * (s % 2),
                                                      plan=("random", "truncate")))
               for s in range(a.window_trials)]

@@ -59,9 +59,15 @@ def model_dir(cfg: RunConfig, run_dir: Path) -> Path:
     if cfg.model.path:
         return Path(cfg.model.path)
     target = run_dir / "init"
-    if not (target / "config.json").is_file():
+    if not (target / "config.json").is_file():  # built aside and renamed: a kill mid-way
+        import shutil                              # never leaves a half-written model
+
         quiet_transformers()
-        build_tiny(cfg.model, target, seed=cfg.train.seed)
+        tmp = run_dir / ".init.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(target, ignore_errors=True)
+        build_tiny(cfg.model, tmp, seed=cfg.train.seed)
+        tmp.rename(target)
     return target
 
 

@@ -84,6 +84,8 @@ def _wait_kill(proc: subprocess.Popen, out: Path, where: str, at_s: float, timeo
             hit = "inside a checkpoint write"
         elif where == "truncate" and (out / "metrics.jsonl.tmp").exists():
             hit = "inside resume truncation"
+        elif where == "init" and (out / ".init.tmp").exists():
+            hit = "inside building the initial model"
         if hit:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
