@@ -60,7 +60,7 @@ def model_dir(cfg: RunConfig, run_dir: Path) -> Path:
         return Path(cfg.model.path)
     target = run_dir / "init"
     if not (target / "config.json").is_file():  # built aside and renamed: a kill mid-way
-        import shutil                              # never leaves a half-written model
+        import shutil  # never leaves a half-written model
 
         quiet_transformers()
         tmp = run_dir / ".init.tmp"

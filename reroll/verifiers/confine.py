@@ -9,8 +9,10 @@ probe of what this kernel offers. Must not know about tests, scores or rewards.
 - Landlock (Linux >= 5.13 with Landlock enabled): before exec, the program is confined so
   that it can create, write, truncate, rename or delete files only beneath its working
   directory (reads stay allowed). ``PR_SET_NO_NEW_PRIVS`` is set first, as Landlock needs.
-- seccomp is not applied: a filter written without libseccomp would be an x86-64-only BPF
-  program; the resource limits and Landlock are what bound an unprivileged run here.
+- seccomp (x86-64): a small BPF filter makes the syscalls a sandboxed program has no use
+  for and that escapes are built from fail with EPERM (`DENIED`: ptrace, mount, unshare,
+  setns, bpf, perf_event_open, keyctl, module and kexec loading, ...), and refuses the x32
+  ABI. Other architectures run without it (reported by ``isolation()``).
 """
 
 from __future__ import annotations
@@ -53,6 +55,46 @@ if cfg["landlock"]:
     if _libc.syscall(_restrict, _rs, 0) != 0:
         fail("landlock_restrict_self failed, errno %d" % _ct.get_errno())
 """
+
+DENIED = {"ptrace": 101, "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161,
+          "swapon": 167, "reboot": 169, "init_module": 175, "delete_module": 176,
+          "kexec_load": 246, "add_key": 248, "request_key": 249, "keyctl": 250,
+          "unshare": 272, "perf_event_open": 298, "setns": 308, "process_vm_readv": 310,
+          "process_vm_writev": 311, "finit_module": 313, "bpf": 321, "userfaultfd": 323,
+          "open_by_handle_at": 304, "kexec_file_load": 320}
+
+# Run in the child before exec when cfg["seccomp"] (x86-64 syscall numbers to deny) is set.
+SECCOMP = r"""
+if cfg["seccomp"]:
+    import ctypes as _ct, struct as _st
+    _libc = _ct.CDLL(None, use_errno=True)
+    _nrs = cfg["seccomp"]
+    def _ins(code, jt, jf, k):
+        return _st.pack("HBBI", code, jt, jf, k)
+    _deny = 0x00050000 | 1  # SECCOMP_RET_ERRNO | EPERM
+    _prog = [_ins(0x20, 0, 0, 4),  # A = arch
+             _ins(0x15, 1, 0, 0xC000003E),  # x86-64? skip the next
+             _ins(0x06, 0, 0, 0x7FFF0000),  # another arch: allow (no filter for it)
+             _ins(0x20, 0, 0, 0),  # A = syscall number
+             _ins(0x35, len(_nrs) + 1, 0, 0x40000000)]  # x32 ABI: deny
+    for _i, _nr in enumerate(_nrs):
+        _prog.append(_ins(0x15, len(_nrs) - _i, 0, _nr))  # listed: jump to deny
+    _prog += [_ins(0x06, 0, 0, 0x7FFF0000), _ins(0x06, 0, 0, _deny)]
+    _buf = _ct.create_string_buffer(b"".join(_prog))
+    class _Fprog(_ct.Structure):
+        _fields_ = [("len", _ct.c_ushort), ("filter", _ct.c_void_p)]
+    _fp = _Fprog(len(_prog), _ct.cast(_buf, _ct.c_void_p))
+    if _libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        fail("no_new_privs failed, errno %d" % _ct.get_errno())
+    if _libc.prctl(22, 2, _ct.byref(_fp), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        fail("seccomp filter failed, errno %d" % _ct.get_errno())
+"""
+
+
+def seccomp_denied() -> list[int]:
+    """Syscall numbers the filter denies on this machine ([] where it is not applied)."""
+    return sorted(DENIED.values()) if platform.machine() == "x86_64" else []
+
 
 # Run after the program exited: kill every descendant that is still alive (re-parented here).
 REAP = r"""

@@ -44,7 +44,15 @@ import warnings
 from dataclasses import dataclass, field
 
 from reroll.errors import ConfigError
-from reroll.verifiers.confine import LANDLOCK, REAP, SUBREAPER, landlock_abi, landlock_syscalls
+from reroll.verifiers.confine import (
+    LANDLOCK,
+    REAP,
+    SECCOMP,
+    SUBREAPER,
+    landlock_abi,
+    landlock_syscalls,
+    seccomp_denied,
+)
 
 BOOT_FAIL = 121  # the bootstrap's own exit code when it cannot start the program
 MARK = "reroll-sandbox:"
@@ -98,6 +106,7 @@ if pid == 0:
         if cfg["uid"] is not None:
             os.setgroups([]); os.setgid(cfg["gid"]); os.setuid(cfg["uid"])
 #LANDLOCK#
+#SECCOMP#
         os.execve(cfg["python"], [cfg["python"], "-I", "main.py"], cfg["env"])
     except BaseException as e:
         fail("could not start the program: %r" % e)
@@ -125,6 +134,7 @@ os._exit(0)
 
 _BOOT = (_BOOT.replace("#SUBREAPER#\n", SUBREAPER)
          .replace("#LANDLOCK#\n", textwrap.indent(LANDLOCK, " " * 8))
+         .replace("#SECCOMP#\n", textwrap.indent(SECCOMP, " " * 8))
          .replace("#REAP#\n", REAP))
 
 
@@ -178,7 +188,8 @@ def isolation() -> dict:
     level = "namespaces" if ns else ("landlock" if abi else "none")
     return {"namespaces": ns, "unshare": unshare if ns else None, "uid": uid, "gid": uid,
             "network": "netns" if ns else "audit-hook", "python": _interpreter(uid),
-            "landlock": abi, "subreaper": True, "level": level}
+            "landlock": abi, "seccomp": bool(seccomp_denied()), "subreaper": True,
+            "level": level}
 
 
 def require_isolation(allow_unisolated: bool) -> dict:
@@ -187,6 +198,7 @@ def require_isolation(allow_unisolated: bool) -> dict:
     iso = isolation()
     mechs = [m for m, on in (("namespaces", iso["namespaces"]),
                              (f"landlock ABI {iso['landlock']}", iso["landlock"]),
+                             ("seccomp", iso.get("seccomp")),
                              ("uid drop", iso["uid"] is not None), ("subreaper", True),
                              ("rlimits", True)) if on]
     line = f"code sandbox isolation: {iso['level']} ({', '.join(mechs)})"
@@ -273,6 +285,7 @@ def run_python(source: str, stdin: str = "", limits: Limits | None = None) -> Ru
             "tmpfs_kb": limits.file_mb * 1024, "wall_s": limits.wall_s,
             "uid": iso["uid"], "gid": iso["gid"], "python": iso["python"],
             "landlock": iso["landlock"], "landlock_sys": landlock_syscalls(),
+            "seccomp": seccomp_denied(),
             "env": {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": work,
                     "PYTHONIOENCODING": "utf-8"},
             "limits": [("RLIMIT_CPU", limits.cpu_s, limits.cpu_s + 1),

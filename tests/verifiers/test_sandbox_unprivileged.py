@@ -1,6 +1,7 @@
 """The code sandbox as an unprivileged user (dropped to `nobody`: no namespaces): hostile
-programs cannot write or delete the user's files outside their directory (Landlock), and a
-`setsid` daemon does not outlive the run (child subreaper). A control shows the same user
+programs cannot write or delete the user's files outside their directory (Landlock), the
+syscalls escapes are built from fail (seccomp: unshare, ptrace, bpf), and a `setsid` daemon
+does not outlive the run (child subreaper). A control shows the same user
 can write and delete those files outside the sandbox, so the checks are not vacuous."""
 
 import json
@@ -23,6 +24,11 @@ pytestmark = pytest.mark.skipif(
 HOSTILE = {
     "write": "open('{victim}/escape.txt', 'w').write('x')",
     "delete": "import os; os.remove('{victim}/victim.txt')",
+    "escape_syscalls": (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "for nr, args in ((272, (0x10000000,)), (101, (16, 1, 0, 0)), (321, (0, 0, 0))):\n"
+        "    print(libc.syscall(nr, *args), ctypes.get_errno())\n"),  # unshare, ptrace, bpf
     "daemon": (
         "import os, time\n"
         "r, w = os.pipe()\n"
@@ -80,6 +86,8 @@ def test_an_unprivileged_run_is_confined_to_its_directory_and_leaves_no_process(
         assert not (victim / "escape.txt").exists()
         assert out["delete"]["exit"] != 0 and "PermissionError" in out["delete"]["stderr"]
         assert (victim / "victim.txt").read_text() == "keep me"
+        if iso["seccomp"]:  # x86-64: the escape syscalls fail with EPERM (errno 1)
+            assert out["escape_syscalls"]["stdout"].split("\n")[:3] == ["-1 1"] * 3, out
         pid = int(out["daemon"]["stdout"].strip())
         assert not Path(f"/proc/{pid}").exists()  # the setsid daemon was killed and reaped
     finally:
@@ -91,6 +99,7 @@ def test_unisolated_code_scoring_is_refused_unless_opted_in(monkeypatch):
     from reroll.verifiers import sandbox
 
     none = {"namespaces": False, "unshare": None, "uid": None, "gid": None, "landlock": 0,
+            "seccomp": False,
             "subreaper": True, "level": "none", "network": "audit-hook", "python": sys.executable}
     monkeypatch.setattr(sandbox, "isolation", lambda: none)
     with pytest.raises(ConfigError, match="allow_unisolated = true"):
