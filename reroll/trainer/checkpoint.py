@@ -94,13 +94,16 @@ def save(run_dir: Path, step: int, model, tokenizer, optimizer, state: dict[str,
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         _write(tmp, model, tokenizer, optimizer, state, step, groups, lr_scheduler)
-    except OSError as e:
+    except (OSError, RuntimeError) as e:  # torch's own writer reports ENOSPC as RuntimeError
+        free = shutil.disk_usage(root).free if root.exists() else 0
+        full = getattr(e, "errno", None) == errno.ENOSPC or free < (1 << 20)
         shutil.rmtree(tmp, ignore_errors=True)
         prev = latest(run_dir, check=False)
-        why = "no space left on device" if e.errno == errno.ENOSPC else str(e)
+        why = "no space left on device" if full else f"{type(e).__name__}: {e}"
         raise CheckpointWriteError(
-            e.errno, f"could not write the checkpoint of step {step} at {tmp}: {why}; the "
-                     f"previous checkpoint ({prev or 'none'}) is intact") from e
+            errno.ENOSPC if full else getattr(e, "errno", None) or errno.EIO,
+            f"could not write the checkpoint of step {step} at {tmp}: {why}; the previous "
+            f"checkpoint ({prev or 'none'}) is intact") from e
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     (root / "latest.tmp").write_text(final.name)

@@ -1,4 +1,4 @@
-"""Runs and files: one process per run directory, a failed start leaves nothing that blocks
+"""Runs and files (faults around them): one process per run directory, a failed start leaves nothing that blocks
 the corrected command, SIGINT/SIGTERM stop at a safe point with a checkpoint and a resume
 line, a damaged latest checkpoint falls back to the previous one, a full disk is a clear
 error that keeps the previous checkpoint, and resume truncation never cuts a log."""
@@ -140,3 +140,48 @@ def test_eval_and_init_follow_a_run_directorys_latest_checkpoint(tmp_path, capsy
     assert weights_dir(run) == run / "checkpoints" / "step_000002" / "model"
     train(cfg(tmp_path / "next", f"init={run}", "train.steps=1"), progress=False)
     assert main(["eval", "-", *base, "--checkpoint", str(tmp_path / "nothing")]) == 2
+
+
+def test_a_second_process_on_a_running_directory_is_refused_naming_the_first(tmp_path):
+    args = SMALL + [f"out_dir={tmp_path}", "train.steps=400", "ckpt_every=1000"]
+    first = subprocess.Popen([sys.executable, "-m", "reroll.cli", "train", "-", *args,
+                              "--no-progress"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not read_metrics(tmp_path):
+            time.sleep(0.05)
+        second = subprocess.run([sys.executable, "-m", "reroll.cli", "train", "-", *args,
+                                 "--resume", "--no-progress"], capture_output=True, text=True,
+                                timeout=120)
+        assert second.returncode == 2
+        assert f"in use by process {first.pid}" in second.stderr
+        assert first.poll() is None  # the first run goes on untouched
+    finally:
+        first.kill()
+        first.wait()
+
+
+def test_a_full_disk_tmpfs_keeps_the_previous_checkpoint(tmp_path):
+    import errno
+
+    # how much a run with one checkpoint takes; the tmpfs holds that and half a checkpoint
+    ref = tmp_path / "ref"
+    train(cfg(ref, "train.steps=2", "ckpt_every=2"), progress=False)
+    used = sum(p.stat().st_size for p in ref.rglob("*") if p.is_file())
+    ck = sum(p.stat().st_size for p in (ref / "checkpoints").rglob("*") if p.is_file())
+    kb = (used + ck // 2) // 1024 + 64
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kb}k", "tmpfs",
+                                            str(mnt)], capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        with pytest.raises(checkpoint.CheckpointWriteError) as e:
+            train(cfg(mnt / "run", "train.steps=4", "ckpt_every=2"), progress=False)
+        assert e.value.errno == errno.ENOSPC
+        assert "no space left on device" in str(e.value) and "step_000002" in str(e.value)
+        assert checkpoint.latest(mnt / "run").name == "step_000002"  # intact, verified
+        assert not list((mnt / "run" / "checkpoints").glob(".tmp*"))
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
