@@ -160,7 +160,7 @@ class Trainer:
                 loss, m = self.objective.loss(inp)
                 if not torch.isfinite(loss):
                     raise FloatingPointError(
-                        f"non-finite loss {float(loss)} at trainer version {self.version}; "
+                        f"non-finite loss {float(loss.detach())} at trainer version {self.version}; "
                         f"weights and optimiser left at the last good update")
                 loss.backward()
                 for k, v in m.items():  # per micro-batch: max/min combine, others average
