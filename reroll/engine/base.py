@@ -9,7 +9,9 @@ Owns the contracts only. Two layers:
   call to one turn of a multi-turn episode (see `reroll.engine.requests.make_request`).
   ``update_weights(weights, version, interrupt=True)`` aborts in-flight requests, keeps their
   prefix (tokens, log-probs, versions), swaps the weights and resumes them (a resume is
-  counted on the record): their awaitables simply resolve later. ``sync()`` brings every
+  counted on the record): their awaitables simply resolve later. ``abort(ids)`` stops
+  requests for good (a pruner, an over-provisioned group no longer needed): their awaitables
+  resolve with ``finish = "abort"`` and the prefix kept. ``sync()`` brings every
   in-flight record up to date for a checkpoint without interrupting anything.
 - `EngineCore` is the step-wise engine an `EngineService` drives from its own thread:
   `reroll.engine.TorchEngine` in this process, or `reroll.runtime.ray.RayEnginePool` over
@@ -46,6 +48,12 @@ class Engine(Protocol):
         """New weights between decode steps. ``interrupt``: abort, keep prefixes, resume
         under the new weights; otherwise running requests keep the keys/values computed
         with the old weights (only their new tokens carry the new version)."""
+        ...
+
+    async def abort(self, sample_ids: list[str] | None = None) -> list[Rollout]:
+        """Stop the named in-flight requests (all if None): their awaitables resolve to
+        their records with ``finish = "abort"`` and the prefix sampled so far (tokens,
+        log-probs, versions); generating such a record again resumes it. Returns them."""
         ...
 
     async def sync(self) -> None:

@@ -72,6 +72,35 @@ class EngineService:
                 self._submitted = [r.sample_id for r in aborted] + self._submitted
                 self._wake.set()
 
+    async def abort(self, sample_ids: list[str] | None = None) -> list[Rollout]:
+        """Stop the named requests (all if None) between decode steps. Their awaitables
+        resolve to their records with ``finish = "abort"`` and every token sampled so far
+        (log-probs and versions kept); generating such a record again resumes it."""
+        self._start()
+        self._yield = True
+        wanted = None if sample_ids is None else set(sample_ids)
+        async with self._lock:
+            aborted = self.core.abort(sample_ids)
+            # submitted but not yet handed to the core: nothing sampled, finish "abort"
+            queued = [i for i in self._submitted if wanted is None or i in wanted]
+            self._submitted = [i for i in self._submitted if i not in set(queued)]
+        out = []
+        for r in aborted:
+            out.append(self._resolve(r))
+        for i in queued:
+            if i in self._futures:
+                r = self._futures[i][0]
+                r.finish = "abort"
+                out.append(self._resolve(r))
+        return out
+
+    def _resolve(self, r: Rollout) -> Rollout:
+        orig, fut, _ = self._futures.pop(r.sample_id)
+        _adopt(orig, r)
+        if not fut.done():
+            fut.set_result(orig)
+        return orig
+
     async def sync(self) -> None:
         self._start()
         self._yield = True
@@ -112,10 +141,7 @@ class EngineService:
                         self._yield = False
                         finished = await loop.run_in_executor(self._pool, self._run)
                     for r in finished:
-                        orig, fut, _ = self._futures.pop(r.sample_id)
-                        _adopt(orig, r)
-                        if not fut.done():
-                            fut.set_result(orig)
+                        self._resolve(r)
                     await asyncio.sleep(0)  # let the workflows that were woken submit more
         except asyncio.CancelledError:
             raise

@@ -127,3 +127,36 @@ def test_an_engine_failure_reaches_every_waiting_caller(lm):
 
     out = asyncio.run(main())
     assert all(isinstance(e, RuntimeError) and "device-side assert" in str(e) for e in out)
+
+
+def test_abort_resolves_with_the_prefix_and_generating_again_resumes_it(lm):
+    """`Engine.abort`: the awaitable resolves at once with finish "abort" and the tokens
+    sampled so far (log-probs and versions aligned); a request still queued resolves with
+    nothing sampled; generating the aborted record again continues it to its limit."""
+    model, tok = lm
+    r = make(tok, "hello world ", temperature=1.0, max_new_tokens=20, seed=5)
+    q = make(tok, "abc ", temperature=1.0, max_new_tokens=20, seed=6)
+    ref = make(tok, "hello world ", temperature=1.0, max_new_tokens=20, seed=5)
+    TorchEngine(model, tok, max_batch=2).generate([ref])
+
+    async def main():
+        svc = EngineService(TorchEngine(model, tok, max_batch=2), max_steps_per_call=1)
+        fut = svc.generate(r)
+        while svc.stats()["tokens_generated"] < 3:
+            await asyncio.sleep(0.001)
+        fq = svc.generate(q)  # submitted in this pass: still queued when abort comes
+        got = await svc.abort([r.sample_id, q.sample_id])
+        assert fut.done() and fq.done() and (await fut) is r and (await fq) is q
+        assert {x.sample_id for x in got} == {r.sample_id, q.sample_id}
+        k = r.response_len
+        assert r.finish == "abort" and 3 <= k < 20 and not r.finished
+        assert q.finish == "abort" and q.response_len == 0
+        assert r.tokens == ref.tokens[:len(r.tokens)] and r.logprobs == ref.logprobs[:len(r.tokens)]
+        assert len(r.tokens) == len(r.logprobs) == len(r.versions) == len(r.loss_mask)
+        await svc.generate(r)  # a resume under the same weights
+        await svc.close()
+        return k
+
+    k = asyncio.run(main())
+    assert r.finish == "length" and r.response_len == 20 and r.resume_count == 1
+    assert r.tokens[:r.prompt_len + k] == ref.tokens[:r.prompt_len + k]
