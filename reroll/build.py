@@ -299,13 +299,15 @@ def build_filters(cfg: RunConfig, combine) -> list:
 
 
 def build_shaping(cfg: RunConfig):
-    """DAPO's soft overlong punishment as a reward-shaping term, or None."""
+    """DAPO's soft overlong punishment as a reward-shaping term, or None. Measured in
+    policy-sampled tokens against the sample's limit (a multi-turn episode's limit covers
+    all its turns; environment tokens never count)."""
     if cfg.algo.overlong_buffer <= 0:
         return None
     import torch
 
     from reroll.algo.shaping import overlong_penalty
 
-    L, buf, k = cfg.rollout.max_new_tokens, cfg.algo.overlong_buffer, cfg.algo.overlong_penalty
+    L, buf, k = cfg.rollout.policy_token_limit, cfg.algo.overlong_buffer, cfg.algo.overlong_penalty
     return lambda r: float(overlong_penalty(torch.tensor([float(r.n_sampled)]), max_len=L,
                                             buffer=buf, factor=k)[0])

@@ -93,6 +93,15 @@ class RolloutConfig:
     """multi_turn: most policy-sampled tokens per episode, over all turns (environment tokens
     do not count). 0: max_turns * max_new_tokens. `max_new_tokens` limits each turn."""
 
+    @property
+    def policy_token_limit(self) -> int:
+        """Most policy-sampled tokens one sample may hold: the response limit of a
+        single-turn sample, the episode limit of a multi-turn one (what length shaping
+        measures against; environment tokens never count)."""
+        if self.workflow == "single_turn" and not self.env:
+            return self.max_new_tokens
+        return self.max_episode_tokens or self.max_turns * self.max_new_tokens
+
 
 @dataclass
 class EngineConfig:

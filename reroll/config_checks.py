@@ -118,9 +118,10 @@ def _engine_registered(engines, name: str) -> None:
 
 def _combinations(cfg: RunConfig) -> None:
     rt = cfg.runtime
-    if cfg.algo.overlong_buffer > cfg.rollout.max_new_tokens:
-        raise ConfigError(f"algo.overlong_buffer must be in [0, rollout.max_new_tokens = "
-                          f"{cfg.rollout.max_new_tokens}], got {cfg.algo.overlong_buffer}")
+    limit = cfg.rollout.policy_token_limit
+    if cfg.algo.overlong_buffer > limit:
+        raise ConfigError(f"algo.overlong_buffer must be in [0, {limit}] (the policy tokens a "
+                          f"sample may hold), got {cfg.algo.overlong_buffer}")
     if rt.kind not in ("local", "ray"):
         raise ConfigError(f"runtime.kind must be local or ray, got {rt.kind!r}")
     if cfg.sft.schedule not in ("constant", "linear"):

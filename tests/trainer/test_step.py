@@ -109,3 +109,38 @@ def test_a_non_finite_loss_after_some_minibatches_stepped_restores_weights_and_o
     assert all(torch.equal(before[k], after[k]) for k in before)  # mini-batch 1 was undone
     opt_after = t.opt.state[next(iter(model.parameters()))]
     assert all(torch.equal(opt_before[k], opt_after[k]) for k in opt_before)
+
+
+def test_groups_of_different_sizes_collate_log_and_checkpoint_as_they_are(tiny, tmp_path):
+    """Variable-size groups end to end: collation keeps one row per sample, the step's
+    metrics count samples (not groups x a fixed size), and a checkpoint gives back each
+    unconsumed group with its own size and target."""
+    from reroll.trainer import checkpoint
+    from reroll.trainer.batch import collate
+    from reroll.trainer.metrics import batch_metrics
+
+    model, tok = tiny
+    groups = groups_of([[1.0, 0.0], [1.0, 1.0, 0.0, 0.0, 1.0]])
+    groups[1].rollouts[4].append(9, -1.0, 0)  # one sample one token longer
+    rollouts = [r for g in groups for r in g.rollouts]
+    b = collate(rollouts, pad_id=0)
+    assert b.input_ids.shape == (7, 6)  # 7 samples; longest 3 prompt + 3 sampled tokens
+    assert b.mask.sum(-1).tolist() == [2.0] * 6 + [3.0]  # policy tokens per row
+    empty = {"engine": {}, "counters": {"started": 2, "consumed": 2, "dropped": {}},
+             "score_errors": {}}
+    m = batch_metrics(groups, empty, empty, wait_s=0.0, train_s=0.0, step_s=1.0)
+    assert m["pipeline/groups_in_batch"] == 2 and m["pipeline/samples_in_batch"] == 7
+    assert m["reward/mean"] == pytest.approx(4 / 7) and m["reward/accuracy"] == pytest.approx(4 / 7)
+    assert m["length/mean"] == pytest.approx(15 / 7) and m["length/max"] == 3
+    assert m["throughput/trajectories_per_s"] == 7
+
+    t = Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=1e-3, tokenizer=tok)
+    partial = groups_of([[1.0], [0.0, 1.0, 1.0]])
+    partial[1].rollouts[2].finish = "running"  # still generating when the checkpoint came
+    ck = t.save_checkpoint(tmp_path, 1, {"version": 1}, partial)
+    back = checkpoint.read_groups(ck)
+    assert [len(g.rollouts) for g in back] == [1, 3]
+    assert [g.target_size for g in back] == [1, 3]
+    assert [[r.finish for r in g.rollouts] for g in back] == [["stop"], ["stop", "stop", "running"]]
+    assert [[r.tokens for r in g.rollouts] for g in back] == \
+        [[r.tokens for r in g.rollouts] for g in partial]

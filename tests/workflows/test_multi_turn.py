@@ -160,3 +160,74 @@ def test_single_turn_as_a_one_turn_environment_equals_the_single_turn_workflow(t
     w0 = load_file(str(a / "init" / "model.safetensors"))
     assert any(not (w0[k] == wa[k]).all() for k in wa)  # training moved the weights
     assert all((wa[k] == wb[k]).all() for k in wa)  # bitwise the same run
+
+
+def test_length_shaping_measures_policy_tokens_against_the_episode_limit(tiny):
+    """Overlong shaping of a multi-turn sample: policy tokens only, against the episode's
+    limit (max_episode_tokens, else max_turns * max_new_tokens), not one turn's."""
+    g, _, _ = run_group(tiny, lambda: Scripted(turns=10, obs="<long-observation>"),
+                        per_turn=3, episode=7, turns=10, temperature=0.0)
+    r = max(g.rollouts, key=lambda x: x.n_sampled)
+    assert len(r.tokens) - r.prompt_len > r.n_sampled  # environment tokens are in the record
+    assert r.n_sampled > 4  # long enough to be penalised
+    cfg = load_config(None, ["rollout.workflow=multi_turn", "rollout.env=guess",
+                             "rollout.max_new_tokens=3", "rollout.max_episode_tokens=8",
+                             "rollout.max_turns=10", "algo.overlong_buffer=4"])
+    assert cfg.rollout.policy_token_limit == 8
+    # expected limit 8 - 4 = 4; penalty -(n_sampled - 4) / 4, clamped to [-1, 0]
+    want = -min(max(r.n_sampled - 4, 0), 4) / 4
+    assert build.build_shaping(cfg)(r) == pytest.approx(want)
+    # the episode limit (turns x per turn when max_episode_tokens is 0) admits a buffer
+    # longer than one turn, which the old per-turn check refused
+    cfg = load_config(None, ["rollout.workflow=multi_turn", "rollout.env=guess",
+                             "rollout.max_new_tokens=3", "rollout.max_turns=4",
+                             "algo.overlong_buffer=10"])
+    assert cfg.rollout.policy_token_limit == 12
+    assert build.build_shaping(cfg)(r) == pytest.approx(-min(max(r.n_sampled - 2, 0), 10) / 10)
+
+
+def test_every_recorded_rollout_of_a_real_multi_turn_run_replays_to_its_transcript(tmp_path):
+    """A real `train` run on the guess environment: every rollout in rollouts.jsonl, replayed
+    through a fresh environment turn by turn (each policy turn decoded from the stored
+    tokens), gives back exactly the stored observation tokens; no environment token carries
+    loss, a version or a log-prob, and the policy tokens respect the turn and episode limits."""
+    from reroll.envs import ENVIRONMENTS
+    from reroll.rollout import Group
+    from reroll.runtime import train
+
+    cfg = load_config("configs/guess.toml", [
+        f"out_dir={tmp_path}", "train.steps=2", "record_every=1", "eval.every=0",
+        "rollout.batch_groups=4", "rollout.group_size=4", "task.args.n_train=40",
+        "task.args.n_test=8", "ckpt_every=2", "log_every=1"])
+    train(cfg, progress=False)
+    tok = build.load_tokenizer(tmp_path / "init")
+    lines = (tmp_path / "rollouts.jsonl").read_text().splitlines()
+    import json
+
+    groups = [Group.from_dict(json.loads(x)["group"]) for x in lines]
+    assert len(groups) == 8
+    n_env_turns = 0
+    for g in groups:
+        for r in g.rollouts:
+            env = ENVIRONMENTS.get("guess")(**cfg.rollout.env_args)
+            assert env.reset(g.example) == ""
+            spans = [s for s in r.spans if s.end > r.prompt_len]
+            turns = [s for s in spans if s.source == "sampled"]
+            assert len(turns) <= cfg.rollout.max_turns
+            assert all(s.end - s.start <= cfg.rollout.max_new_tokens for s in turns)
+            assert r.n_sampled <= cfg.rollout.policy_token_limit
+            expect_env: list[int] = []
+            for s in turns:
+                res = env.step(tok.decode(r.tokens[s.start:s.end], skip_special_tokens=True))
+                eos = r.tokens[s.end - 1] == tok.eos_token_id  # the policy ended the episode
+                if not res.done and not eos:
+                    expect_env += build.encode_observation(tok)(res.observation)
+            env_tokens = [t for s in spans if s.source == "env" for t in r.tokens[s.start:s.end]]
+            assert env_tokens == expect_env
+            n_env_turns += len([s for s in spans if s.source == "env"])
+            for s in spans:
+                if s.source == "env":
+                    idx = range(s.start, s.end)
+                    assert not any(r.loss_mask[t] for t in idx)
+                    assert all(r.versions[t] == -1 and r.logprobs[t] == 0.0 for t in idx)
+    assert n_env_turns > 0  # the run did interleave observations
