@@ -141,7 +141,7 @@ def build(seed: int, name: str, *, path: str, test_path: str, test_fraction: flo
     return Task(name=name, train=train, test=test, verifier={"name": verifier, "args": {}})
 
 
-@TASKS.register("jsonl")
+@TASKS.register("jsonl", ranges={"test_fraction": "[0, 1)"})
 def jsonl(seed: int, *, path: str, prompt_field: str = "prompt", answer_field: str = "answer",
           demo_field: str = "", id_field: str = "", test_path: str = "",
           test_fraction: float = 0.1, verifier: str = "math",
@@ -153,7 +153,7 @@ def jsonl(seed: int, *, path: str, prompt_field: str = "prompt", answer_field: s
                  demo_field=demo_field, id_field=id_field, prompt_template=prompt_template)
 
 
-@TASKS.register("parquet")
+@TASKS.register("parquet", ranges={"test_fraction": "[0, 1)"})
 def parquet(seed: int, *, path: str, prompt_field: str = "prompt", answer_field: str = "answer",
             demo_field: str = "", id_field: str = "", test_path: str = "",
             test_fraction: float = 0.1, verifier: str = "math",

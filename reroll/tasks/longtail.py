@@ -62,7 +62,9 @@ def _sample(rng: random.Random, n: int, split: str, held: dict[int, set[str]], *
     return out
 
 
-@TASKS.register("longtail")
+@TASKS.register("longtail", ranges={"n_train": "[1, inf)", "n_test": "[0, inf)",
+                                    "min_count": "[1, inf)", "max_count": "[1, inf)",
+                                    "alpha": "(0, inf)", "test_letters": "[1, 51]"})
 def longtail(seed: int, *, n_train: int = 4000, n_test: int = 200, min_count: int = 2,
              max_count: int = 31, alpha: float = 1.0, test_letters: int = 10) -> Task:
     """Seeded letter repetition with Pareto(``min_count``, ``alpha``) counts capped at
