@@ -2,7 +2,9 @@
 
 Owns the optimiser and the order of operations of an update: rewards -> advantages (a pure
 function of the groups, never stored) -> collate -> proximal log-probs with the weights at the
-start of the update -> mini-batches of micro-batches -> clip -> AdamW. The math is the
+start of the update (a forward pass of their own only with several mini-batches or a KL
+penalty in the reward; with one mini-batch they are the loss forward's, detached) ->
+mini-batches of micro-batches -> clip -> AdamW. The math is the
 `Objective` from `reroll.algo`; this file only looks it up and feeds it. Knows nothing of
 engines or scheduling; checkpoints go through `reroll.trainer.checkpoint` into the run
 directory the caller names.
@@ -75,8 +77,10 @@ class Trainer:
     def __init__(self, model: torch.nn.Module, objective, *, pad_id: int, lr: float,
                  weight_decay: float = 0.0, warmup_steps: int = 0, grad_clip: float = 1.0, minibatches: int = 1,
                  micro_batch: int = 64, temperature: float = 1.0,
-                 ref_model: torch.nn.Module | None = None, version: int = 0, tokenizer=None):
+                 ref_model: torch.nn.Module | None = None, version: int = 0, tokenizer=None,
+                 reuse_prox: bool = True):
         self.model, self.objective, self.ref_model = model, objective, ref_model
+        self.reuse_prox = reuse_prox  # False: always a separate proximal forward (textbook)
         self.tokenizer = tokenizer  # saved next to the weights in checkpoints
         self.pad_id, self.grad_clip, self.minibatches = pad_id, grad_clip, minibatches
         self.micro_batch, self.temperature, self.version = micro_batch, temperature, version
@@ -98,9 +102,15 @@ class Trainer:
         rollouts, rewards, comps, gidx = flatten(groups)
         batch = collate(rollouts, self.pad_id)
         self.model.eval()  # no dropout: proximal and current log-probs share one function
-        prox = self._logprobs(self.model, batch)  # [N, T] weights at the start of the update
         ref = self._logprobs(self.ref_model, batch) if self.ref_model is not None else None
-        if ref is not None and self.objective.kl_in_reward:
+        kl_reward = ref is not None and self.objective.kl_in_reward
+        # pi_prox is the policy at the start of the update. With one mini-batch the loss's own
+        # forward runs at exactly those weights, so its detached log-probs are pi_prox and a
+        # separate forward pass would compute the same numbers again (TRL and verl skip it too).
+        prox = None
+        if self.minibatches > 1 or kl_reward or not self.reuse_prox:
+            prox = self._logprobs(self.model, batch)  # [N, T]
+        if kl_reward:
             # sequence-level KL folded into the reward before advantages (RLOO / REINFORCE++ style)
             pen = self.objective.kl_reward_penalty(prox, ref, batch.mask)  # [N, T]
             rewards = rewards - pen.sum(-1)
@@ -151,8 +161,9 @@ class Trainer:
             for ms in micro_slices(len(idx), self.micro_batch):
                 sub = mbatch.slice(ms)
                 sel = idx[ms]
-                logp = token_logprobs(self.model, sub, self.temperature)
-                inp = LossInputs(logprobs=logp, prox_logprobs=prox[sel],
+                logp = token_logprobs(self.model, sub, self.temperature)  # [b, T]
+                inp = LossInputs(logprobs=logp,
+                                 prox_logprobs=logp.detach() if prox is None else prox[sel],
                                  behav_logprobs=sub.behav_logprobs, advantages=adv_tok[sel],
                                  mask=sub.mask, n_tokens=n_tok, n_seqs=n_seq,
                                  ref_logprobs=None if ref is None else ref[sel],

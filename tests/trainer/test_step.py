@@ -144,3 +144,30 @@ def test_groups_of_different_sizes_collate_log_and_checkpoint_as_they_are(tiny, 
     assert [[r.finish for r in g.rollouts] for g in back] == [["stop"], ["stop", "stop", "running"]]
     assert [[r.tokens for r in g.rollouts] for g in back] == \
         [[r.tokens for r in g.rollouts] for g in partial]
+
+
+@pytest.mark.parametrize("correction", ["tis_token", "mis_seq"])
+def test_one_minibatch_reuses_the_loss_forward_as_pi_prox_with_the_same_update(tiny, correction):
+    """With one mini-batch, pi_prox (the policy at the start of the update) is what the
+    loss's own forward computes: skipping the separate proximal pass gives bitwise the same
+    weights, optimiser state and metrics as the textbook order (a forward pass fewer)."""
+    model, tok = tiny
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    out = []
+    for reuse in (True, False):
+        model.load_state_dict(start)
+        groups = groups_of([[1.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+        for i, r in enumerate(r for g in groups for r in g.rollouts):
+            r.logprobs[-2:] = [-3.5 + 0.1 * i, -4.2]  # behaviour log-probs unlike the policy's
+        t = Trainer(model, build_objective(AlgoConfig(correction=correction)), pad_id=0,
+                    lr=1e-2, micro_batch=3, reuse_prox=reuse)
+        calls = []
+        orig = t._logprobs
+        t._logprobs = lambda m, b, calls=calls, orig=orig: calls.append(1) or orig(m, b)
+        m = t.step(groups)
+        out.append(({k: v.clone() for k, v in model.state_dict().items()}, m, len(calls)))
+    (w_a, m_a, calls_a), (w_b, m_b, calls_b) = out
+    assert (calls_a, calls_b) == (0, 1)  # the reused path makes no proximal pass
+    assert all(torch.equal(w_a[k], w_b[k]) for k in w_a)
+    assert any(not torch.equal(w_a[k], start[k]) for k in w_a)  # the step did move the weights
+    assert m_a == m_b
