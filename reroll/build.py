@@ -200,7 +200,19 @@ def build_scorer(cfg: RunConfig, task):
     if not uses_verifiers(cfg):
         return EnvReward()
     return ScoringPool(cfg.reward.verifiers, task.verifier, workers=cfg.reward.workers,
-                       timeout_s=cfg.reward.timeout_s)
+                       timeout_s=cfg.reward.timeout_s, inline=score_inline(cfg, task))
+
+
+def score_inline(cfg: RunConfig, task) -> bool:
+    """Whether verifiers run in the rollout loop itself (``reward.inline``): "auto" when
+    every component is registered ``cheap`` (microseconds each: a process round trip per
+    rollout would cost far more than the verdict)."""
+    from reroll.verifiers import VERIFIERS
+
+    if cfg.reward.inline != "auto":
+        return cfg.reward.inline == "always"
+    specs = cfg.reward.verifiers or [task.verifier]
+    return all(VERIFIERS.trait(s["name"], "cheap", False) for s in specs)
 
 
 def check_sandbox(cfg: RunConfig, task) -> None:

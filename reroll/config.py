@@ -126,6 +126,11 @@ class RewardConfig:
     with weight 1. The scalar reward is the weighted sum; components stay visible."""
     workers: int = 1
     """Scoring worker processes (0 = score in a thread of the main process)."""
+    inline: str = "auto"
+    """Score in the rollout loop itself, with no process or thread hand-off: "auto" when
+    every reward component is a verifier registered as cheap (exact, numeric, countdown:
+    pure, bounded, microseconds), "always" (trusted verifiers: no timeout, and a crash takes
+    the run down), "never" (always the worker pool)."""
     timeout_s: float = 10.0
     """Per-call scoring timeout; a verifier that exceeds it yields an error score."""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)

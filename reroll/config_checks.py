@@ -122,6 +122,9 @@ def _combinations(cfg: RunConfig) -> None:
     if cfg.algo.overlong_buffer > limit:
         raise ConfigError(f"algo.overlong_buffer must be in [0, {limit}] (the policy tokens a "
                           f"sample may hold), got {cfg.algo.overlong_buffer}")
+    if cfg.reward.inline not in ("auto", "always", "never"):
+        raise ConfigError(f"reward.inline must be auto, always or never, got "
+                          f"{cfg.reward.inline!r}")
     if rt.kind not in ("local", "ray"):
         raise ConfigError(f"runtime.kind must be local or ray, got {rt.kind!r}")
     if cfg.sft.schedule not in ("constant", "linear"):

@@ -71,17 +71,20 @@ class Registry:
         self.kind = kind
         self._items: dict[str, Callable] = {}
         self._ranges: dict[str, dict[str, Range]] = {}
+        self._traits: dict[str, dict[str, Any]] = {}
 
-    def register(self, name: str, ranges: dict[str, str] | None = None
+    def register(self, name: str, ranges: dict[str, str] | None = None, **traits: Any
                  ) -> Callable[[Callable], Callable]:
         """Register a component; ``ranges`` gives the valid interval of each numeric
-        hyperparameter (checked when the config loads)."""
+        hyperparameter (checked when the config loads); ``traits`` are facts about the
+        component that wiring may ask for (e.g. a verifier's ``cheap=True``)."""
 
         def deco(fn: Callable) -> Callable:
             if name in self._items:
                 raise RegistryError(f"{self.kind} {name!r} registered twice")
             self._items[name] = fn
             self._ranges[name] = {k: Range.parse(v) for k, v in (ranges or {}).items()}
+            self._traits[name] = dict(traits)
             return fn
 
         return deco
@@ -89,6 +92,10 @@ class Registry:
     def ranges(self, name: str) -> dict[str, Range]:
         self.get(name)
         return dict(self._ranges.get(name, {}))
+
+    def trait(self, name: str, key: str, default: Any = None) -> Any:
+        self.get(name)
+        return self._traits.get(name, {}).get(key, default)
 
     def names(self) -> list[str]:
         return sorted(self._items)

@@ -149,7 +149,7 @@ class NumericVerifier:
         return judged(self.name, float(ok), reason, parsed=found, how=how)
 
 
-@VERIFIERS.register("numeric", ranges={"tolerance": "[0, inf)"})
+@VERIFIERS.register("numeric", ranges={"tolerance": "[0, inf)"}, cheap=True)
 def numeric(*, tolerance: float = 1e-6, relative: bool = False,
             extract: str = "last_number") -> Verifier:
     """1.0 when ``|answer - reference| <= tolerance`` (times ``|reference|`` when
@@ -181,7 +181,7 @@ class ExactVerifier:
         return judged(self.name, float(ok), reason, parsed=found, how=how)
 
 
-@VERIFIERS.register("exact")
+@VERIFIERS.register("exact", cheap=True)
 def exact(*, normalize: bool = True, case_sensitive: bool = False,
           extract: str = "none") -> Verifier:
     """1.0 when the extracted answer equals ``example.answer`` as a string. ``normalize``

@@ -12,6 +12,11 @@ silently turned into 0.0.
 
 A registry entry is a factory whose keyword-only parameters are the hyperparameters, e.g.
 ``VERIFIERS.register("numeric")`` on ``def numeric(*, tolerance=1e-6) -> Verifier``.
+``VERIFIERS.register(..., cheap=True)`` says a verifier is pure Python on the completion's
+text, costs microseconds (linear in the text), runs no user code and does no I/O: it is
+safe to call inline, in the rollout loop, with no timeout and no process around it
+(``reward.inline = "auto"``). math-verify (sympy can hang), regexes given by the user,
+user functions and code execution are not cheap.
 """
 
 from __future__ import annotations

@@ -14,6 +14,11 @@ past ``timeout_s`` or kills its worker (``os._exit``, segfault) gives an error S
 the reason, the worker is killed and replaced, and the pool keeps going. Components that
 finished before the culprit keep their scores; those after it get an error "not run".
 
+``inline = True``: ``submit`` scores in the caller's thread and returns a finished Future:
+no hand-off, no process, no timeout. Only for verifiers registered ``cheap`` (pure, bounded,
+microseconds); `reroll.build.build_scorer` decides (``reward.inline``). Exceptions still
+become error Scores.
+
 ``workers = 0``: calls run in a background thread of this process, each call in its own
 daemon thread joined with the timeout. Exceptions are still captured, but a call that hangs
 can only be *abandoned* (its thread keeps running), not killed, and a verifier that calls
@@ -117,14 +122,14 @@ class ScoringPool(Scorer):
     """``submit(rollout, example) -> Future[list[Score]]``; see the module docstring."""
 
     def __init__(self, reward_specs: list[dict], default_spec: dict, *, workers: int = 1,
-                 timeout_s: float = 10.0):
+                 timeout_s: float = 10.0, inline: bool = False):
         if workers < 0:
             raise ValueError(f"ScoringPool: workers must be >= 0, got {workers}")
         if not timeout_s > 0:
             raise ValueError(f"ScoringPool: timeout_s must be > 0, got {timeout_s}")
         self.reward: Reward = build_reward(reward_specs, default_spec)  # validates specs here
         self._specs, self._default = list(reward_specs), dict(default_spec)
-        self.workers, self.timeout_s = workers, timeout_s
+        self.workers, self.timeout_s, self.inline = workers, timeout_s, inline
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._lock = threading.Lock()
         self._next_id = 0
@@ -134,7 +139,7 @@ class ScoringPool(Scorer):
                                        "wait_s": 0.0}
         self._threads = [threading.Thread(target=self._slot, args=(i,), daemon=True,
                                           name=f"reroll-scoring-{i}")
-                         for i in range(max(workers, 1))]
+                         for i in range(0 if inline else max(workers, 1))]
         for t in self._threads:
             t.start()
 
@@ -146,7 +151,13 @@ class ScoringPool(Scorer):
             if self._closed:
                 raise RuntimeError("ScoringPool.submit after close()")
             self._next_id += 1
-            self._jobs.put(_Job(self._next_id, rollout, example, fut, time.perf_counter()))
+            job = _Job(self._next_id, rollout, example, fut, time.perf_counter())
+            if not self.inline:
+                self._jobs.put(job)
+        if self.inline:
+            t0 = time.perf_counter()
+            scores = [score_one(c, rollout, example) for c in self.reward.components]
+            self._finish(job, scores, None, t0)
         return fut
 
     def stats(self) -> dict[str, Any]:
@@ -161,7 +172,8 @@ class ScoringPool(Scorer):
                     "crashes": s["crashes"], "worker_restarts": s["worker_restarts"],
                     "skipped": s["skipped"],
                     "mean_latency_s": s["latency_s"] / n, "mean_wait_s": s["wait_s"] / n,
-                    "pending": self._jobs.qsize(), "workers": self.workers}
+                    "pending": self._jobs.qsize(), "workers": 0 if self.inline else self.workers,
+                    "inline": self.inline}
 
     def close(self) -> None:
         """Finish the calls already submitted, then stop the workers."""

@@ -111,7 +111,7 @@ class CountdownVerifier:
                       result=str(value))
 
 
-@VERIFIERS.register("countdown")
+@VERIFIERS.register("countdown", cheap=True)
 def countdown(*, use_all: bool = False, extract: str = "auto") -> Verifier:
     """1.0 when the completion's expression equals ``fields["target"]`` using each of
     ``fields["numbers"]`` at most once (exactly once each when ``use_all``), else 0.0."""

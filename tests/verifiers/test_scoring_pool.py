@@ -110,3 +110,56 @@ def test_submit_after_close_and_bad_arguments_raise():
         ScoringPool([], {"name": "exact"}, workers=-1)
     with pytest.raises(KeyError, match="unknown verifier 'nope'"):
         ScoringPool([{"name": "nope"}], {}, workers=1)
+
+
+def test_inline_scoring_answers_at_once_with_the_pools_values_and_errors(specs):
+    """inline=True: the Future is already resolved when submit returns (scored in the
+    caller's thread, no process), with the same values as the pool; a raising verifier is
+    still an error Score, and the stats count the calls."""
+    import threading
+
+    cheap = [{"name": "exact", "weight": 2.0}, {"name": "numeric", "weight": 0.5}]
+    ex = Example("p", "q", "12")
+    texts = ["12", " 12 ", "12.0", "13", ""]
+    with ScoringPool(cheap, {}, workers=1, timeout_s=30) as pool:
+        want = [pool.submit(rollout(t), ex).result(timeout=120) for t in texts]
+    before = set(threading.enumerate())
+    with ScoringPool(cheap, {}, workers=1, timeout_s=30, inline=True) as pool:
+        assert set(threading.enumerate()) == before  # no dispatcher thread, no worker
+        futs = [pool.submit(rollout(t), ex) for t in texts]
+        assert all(f.done() for f in futs)
+        got = [f.result() for f in futs]
+        assert pool.stats()["calls"] == 5 and pool.stats()["inline"] is True
+    assert [[(s.name, s.value) for s in g] for g in got] == \
+        [[(s.name, s.value) for s in w] for w in want]
+    # exact (weight 2) then numeric (weight 0.5): "12" 2.5; " 12 " 2.5 (normalised);
+    # "12.0" 0 + 0.5; "13" 0; "" 0
+    assert [pool.combine(g) for g in got] == [2.5, 2.5, 0.5, 0.0, 0.0]
+    with ScoringPool(specs, {}, inline=True) as pool:
+        s = pool.submit(rollout("raise"), EX).result()
+    assert not s[0].ok and "RuntimeError: asked to raise" in s[0].error and s[1].ok
+
+
+@pytest.mark.parametrize("verifiers, inline, expect", [
+    ([], "auto", True),  # the arithmetic task's numeric verifier is cheap
+    ([{"name": "exact"}, {"name": "numeric"}], "auto", True),
+    ([{"name": "math"}], "auto", False),  # math-verify can hang: the pool keeps a timeout
+    ([{"name": "exact"}, {"name": "format", "args": {"pattern": "x"}}], "auto", False),
+    ([{"name": "math"}], "always", True),
+    ([], "never", False),
+])
+def test_reward_inline_auto_scores_inline_only_when_every_verifier_is_cheap(verifiers, inline,
+                                                                            expect):
+    from reroll import build
+    from reroll.config import RunConfig
+    from reroll.tasks import TASKS
+
+    cfg = RunConfig()
+    cfg.reward.verifiers, cfg.reward.inline = verifiers, inline
+    task = TASKS.get("arithmetic")(0, n_train=4, n_test=2)
+    assert build.score_inline(cfg, task) is expect
+    pool = build.build_scorer(cfg, task)
+    try:
+        assert pool.inline is expect
+    finally:
+        pool.close()
