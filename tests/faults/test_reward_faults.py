@@ -1,24 +1,31 @@
 """A user reward that raises, hangs past reward.timeout_s, or kills its worker process, in a
 real run: the run finishes, every failed sample is counted as a score error (never trained
-as 0: its group is dropped and the prompt retried), and the good prompts train."""
+as 0: its group is dropped and the prompt retried), and the good prompts train. The crash
+is certain: the first call of the run kills its worker, and the pool counts it."""
+
+import os
 
 import pytest
 
 from reroll.config import load_config
 from reroll.runlog import read_metrics, read_rollouts
 from reroll.runtime import train
+from reroll.verifiers.pool import ScoringPool
 
 REWARD = '''
 import os, time
 
+CRASHED = {crashed!r}
+
 def flaky(prompts, completions, answer, **kw):
+    if not os.path.exists(CRASHED):  # the first call of the run kills its scoring worker
+        open(CRASHED, "w").write(str(os.getpid()))
+        os._exit(3)
     p = prompts[0]
     if p.startswith("3+"):
         raise ValueError("cannot score " + p)
     if p.startswith("4+"):
         time.sleep(30)  # past reward.timeout_s
-    if p.startswith("5+") and completions[0][:1] == "7":
-        os._exit(3)  # the scoring worker dies
     return [float(any(c.isdigit() for c in completions[0]))]
 '''
 
@@ -26,8 +33,17 @@ def flaky(prompts, completions, answer, **kw):
 @pytest.mark.parametrize("workers", [1])
 def test_a_reward_that_raises_hangs_or_crashes_is_counted_not_trained(tmp_path, monkeypatch,
                                                                       workers):
-    (tmp_path / "flaky_reward.py").write_text(REWARD)
+    crashed = tmp_path / "crashed.pid"
+    (tmp_path / "flaky_reward.py").write_text(REWARD.format(crashed=str(crashed)))
     monkeypatch.chdir(tmp_path)
+    pools = []
+    init = ScoringPool.__init__
+
+    def recording(self, *a, **kw):
+        init(self, *a, **kw)
+        pools.append(self)
+
+    monkeypatch.setattr(ScoringPool, "__init__", recording)
     cfg = load_config(None, [
         "model.max_position=32", "task.args.digits=1", "task.args.n_train=60",
         "task.args.n_test=10", "rollout.group_size=2", "rollout.batch_groups=4",
@@ -43,3 +59,9 @@ def test_a_reward_that_raises_hangs_or_crashes_is_counted_not_trained(tmp_path, 
     assert not trained & {"3+", "4+"}  # never trained: their scores are errors, not 0s
     for _, g in read_rollouts(tmp_path / "run"):
         assert all(r["reward"] is not None for r in g["rollouts"])
+    # the worker really died (in a scoring process, not this one), once, and was replaced
+    assert crashed.is_file() and int(crashed.read_text()) != os.getpid()
+    stats = [p.stats() for p in pools]
+    assert sum(s["crashes"] for s in stats) == 1, stats
+    assert sum(s["worker_restarts"] for s in stats) >= 1, stats
+    assert sum(s["errors"].get("python", 0) for s in stats) >= last["score_errors/python"]
