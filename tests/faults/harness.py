@@ -1,13 +1,18 @@
 """Fault injection for real `reroll train` runs (shared by tests/faults and
 benchmarks/faults.py): start the CLI in a subprocess, kill it with SIGKILL at a chosen moment
 (a random time, inside a checkpoint write, inside a resume's log truncation), resume until the
-run finishes, then count what was lost or done twice."""
+run finishes, then count what was lost or done twice.
+
+``Forker`` starts the CLI by forking a warm interpreter (torch and reroll already imported)
+instead of a fresh one: the same `reroll.cli.main` in its own process, killed with SIGKILL
+the same way, but without the ~2.5 s of imports, so that many kills fit in a test run."""
 
 from __future__ import annotations
 
 import json
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
@@ -31,6 +36,7 @@ class Trial:
     group_ids: list[str] = field(default_factory=list)
     consumed: int = 0
     buffered_lost: int = 0
+    logs_cut: int = 0  # kills inside truncation after which a log was not whole (must be 0)
 
     @property
     def rows_lost(self) -> int:
@@ -54,10 +60,130 @@ class Trial:
                     or self.consumed != self.steps * self.batch)
 
 
-def _start(out: Path, args: list[str], resume: bool) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "reroll.cli", "train", "-", *args, f"out_dir={out}",
-           "--no-progress"] + (["--resume"] if resume else [])
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+class Forker:
+    """A warm interpreter that forks one `reroll train` process per ``start``: use as a
+    context manager; ``start(argv, stderr_path)`` returns a Popen-like handle."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, __file__, "--forker"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self._buf = b""
+        if self._line(timeout=120) != "ready":
+            raise RuntimeError("the fork server did not start")
+
+    def _line(self, timeout: float | None) -> str | None:
+        """The next line from the server; None if none came within ``timeout``."""
+        end = None if timeout is None else time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = None if end is None else max(0.0, end - time.monotonic())
+            if not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                raise RuntimeError(f"the fork server died (exit {self.proc.wait()})")
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.decode()
+
+    def start(self, argv: list[str], stderr: Path) -> _Forked:
+        self.proc.stdin.write((json.dumps([argv, str(stderr)]) + "\n").encode())
+        self.proc.stdin.flush()
+        return _Forked(self, int(self._line(timeout=60)), stderr)
+
+    def __enter__(self) -> Forker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+class _Forked:
+    """What `_wait_kill` and `run_trial` use of a Popen, for a process the server forked."""
+
+    def __init__(self, server: Forker, pid: int, stderr: Path):
+        self.server, self.pid, self.stderr, self.returncode = server, pid, stderr, None
+
+    def poll(self, timeout: float = 0.0) -> int | None:
+        if self.returncode is None:
+            line = self.server._line(timeout)
+            if line is not None:
+                self.returncode = int(line.split()[1])
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.poll(timeout) is None:
+            raise subprocess.TimeoutExpired("forked reroll train", timeout)
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[None, str]:
+        self.wait(timeout)
+        return None, self.stderr.read_text()
+
+
+def _serve() -> None:
+    """The fork server (``harness.py --forker``): one JSON line [argv, stderr path] per run;
+    answers the child's pid, then ``exit CODE`` when it ends (-9 when killed by SIGKILL)."""
+    import contextlib
+    import tempfile
+
+    import torch  # noqa: F401  everything a run imports, so that children start warm
+    from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+
+    import reroll.build  # noqa: F401
+    import reroll.loop  # noqa: F401
+    import reroll.runtime.compose  # noqa: F401
+    import reroll.runtime.local  # noqa: F401
+    from reroll.cli import main
+    from reroll.config import load_config
+    from reroll.models import tiny
+
+    with tempfile.TemporaryDirectory() as d, open(os.devnull, "w") as null, \
+            contextlib.redirect_stderr(null):  # transformers imports the model's code lazily
+        tiny.load(tiny.build_tiny(load_config(None, BASE).model, d))
+
+    out = sys.stdout.buffer
+    out.write(b"ready\n")
+    out.flush()
+    for line in sys.stdin:
+        argv, err = json.loads(line)
+        pid = os.fork()
+        if pid == 0:  # the run: its own stdio, the server's pipes closed
+            code = 1
+            try:
+                null = os.open(os.devnull, os.O_RDWR)
+                os.dup2(null, 0)
+                os.dup2(null, 1)
+                os.dup2(os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), 2)
+                sys.stdin = open(os.devnull)
+                sys.stdout = open(1, "w", closefd=False)
+                sys.stderr = open(2, "w", buffering=1, closefd=False)
+                code = main(argv)
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else 1
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        out.write(f"{pid}\n".encode())
+        out.flush()
+        status = os.waitpid(pid, 0)[1]
+        out.write(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
+        out.flush()
+
+
+def _start(out: Path, args: list[str], resume: bool, forker: Forker | None = None):
+    argv = ["train", "-", *args, f"out_dir={out}", "--no-progress"] + (
+        ["--resume"] if resume else [])
+    if forker is not None:
+        return forker.start(argv, out.parent / f".{out.name}.stderr")
+    return subprocess.Popen([sys.executable, "-m", "reroll.cli", *argv],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def _latest_buffer(out: Path) -> set[str]:
@@ -71,8 +197,28 @@ def _latest_buffer(out: Path) -> set[str]:
     return {json.loads(x)["group_id"] for x in buf.read_text().splitlines() if x.strip()}
 
 
-def _wait_kill(proc: subprocess.Popen, out: Path, where: str, at_s: float, timeout: float
-               ) -> str | None:
+def _pad_logs(out: Path, mb: float) -> None:
+    """Append ``mb`` MB of rows from after any checkpoint to rollouts.jsonl (a long run's log
+    whose tail a resume must cut): the resume's truncation then lasts long enough to be hit."""
+    p = out / "rollouts.jsonl"
+    if not p.is_file() or mb <= 0:
+        return
+    row: dict = {"group": {}}
+    for x in reversed(p.read_text().splitlines()):  # the last whole row (a kill may cut one)
+        try:
+            row = json.loads(x)
+            break
+        except ValueError:
+            continue
+    row["step"] = 10**9  # after any checkpoint: the truncation drops it
+    line = (json.dumps(row) + "\n").encode()
+    with open(p, "ab") as f:
+        if p.stat().st_size and not p.read_bytes().endswith(b"\n"):
+            f.write(b"\n")
+        f.write(line * max(1, int(mb * 2**20 / len(line))))
+
+
+def _wait_kill(proc, out: Path, where: str, at_s: float, timeout: float) -> str | None:
     """Kill ``proc`` at the moment ``where`` names; returns what was hit (None: it ended)."""
     t0 = time.monotonic()
     ck = out / "checkpoints"
@@ -82,7 +228,8 @@ def _wait_kill(proc: subprocess.Popen, out: Path, where: str, at_s: float, timeo
             hit = "random"
         elif where == "checkpoint" and ck.is_dir() and any(ck.glob(".tmp_step_*")):
             hit = "inside a checkpoint write"
-        elif where == "truncate" and (out / "metrics.jsonl.tmp").exists():
+        elif where == "truncate" and ((out / "metrics.jsonl.tmp").exists()
+                                      or (out / "rollouts.jsonl.tmp").exists()):
             hit = "inside resume truncation"
         elif where == "init" and (out / ".init.tmp").exists():
             hit = "inside building the initial model"
@@ -95,21 +242,30 @@ def _wait_kill(proc: subprocess.Popen, out: Path, where: str, at_s: float, timeo
 
 
 def run_trial(out: Path, *, seed: int, steps: int = 8, staleness: int = 2,
-              plan: tuple[str, ...] = ("random",), timeout: float = 240) -> Trial:
-    """Run to the end, killing once per entry of ``plan`` ("random", "checkpoint",
-    "truncate"); a planned kill whose moment never came is recorded as "missed (...)"
-    (the run then finished by itself)."""
+              plan: tuple[str, ...] = ("random",), timeout: float = 240,
+              kill_s: tuple[float, float] = (3.0, 14.0), pad_mb: float = 8.0,
+              extra: tuple[str, ...] = (), forker: Forker | None = None) -> Trial:
+    """Run to the end, killing once per entry of ``plan`` ("random": at a time drawn from
+    ``kill_s`` after the process started; "checkpoint", "truncate", "init": inside that
+    window); a planned kill whose moment never came is recorded as "missed (...)" (the run
+    then finished by itself). Before a "truncate" resume the logs get ``pad_mb`` MB of rows
+    to cut, and after a kill inside the truncation both logs must still be whole."""
     rng = random.Random(seed)
     args = BASE + [f"train.steps={steps}", f"runtime.max_staleness={staleness}"] + (
-        ["runtime.overprovision=1.5"] if staleness else [])
+        ["runtime.overprovision=1.5"] if staleness else []) + list(extra)
     t = Trial(steps=steps)
     buffered: set[str] = set()  # groups a checkpoint held when a kill came
     finished = False
     for where in plan:
         resume = (out / "config.toml").exists()
-        proc = _start(out, args, resume)
+        logs = {}
+        if where == "truncate" and resume:
+            _pad_logs(out, pad_mb)
+            logs = {n: (out / n).read_bytes() for n in ("metrics.jsonl", "rollouts.jsonl")
+                    if (out / n).is_file()}
+        proc = _start(out, args, resume, forker)
         t.resumes += resume
-        hit = _wait_kill(proc, out, where, rng.uniform(3.0, 14.0), timeout)
+        hit = _wait_kill(proc, out, where, rng.uniform(*kill_s), timeout)
         if hit is None:
             err = proc.communicate(timeout=timeout)[1]
             if proc.returncode != 0:
@@ -118,10 +274,16 @@ def run_trial(out: Path, *, seed: int, steps: int = 8, staleness: int = 2,
             finished = True
             break
         t.kills.append(hit)
+        if hit == "inside resume truncation":  # each log is the original or its cut, whole
+            for name, before in logs.items():
+                now = (out / name).read_bytes()
+                kept = b"".join(x + b"\n" for x in before.splitlines()
+                                if x.strip() and _step_of(x) <= _ckpt_step(out))
+                t.logs_cut += now not in (before, kept)
         buffered |= _latest_buffer(out)
     if not finished:
         resume = (out / "config.toml").exists()
-        final = _start(out, args, resume)
+        final = _start(out, args, resume, forker)
         t.resumes += resume
         err = final.communicate(timeout=timeout)[1]
         if final.returncode != 0:
@@ -134,3 +296,22 @@ def run_trial(out: Path, *, seed: int, steps: int = 8, staleness: int = 2,
     went_on = set(t.group_ids) | _latest_buffer(out)
     t.buffered_lost = len(buffered - went_on)
     return t
+
+
+def _step_of(line: bytes) -> float:
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return float("inf")
+
+
+def _ckpt_step(out: Path) -> int:
+    marker = out / "checkpoints" / "latest"
+    if not marker.is_file():
+        return 0
+    state = out / "checkpoints" / marker.read_text().strip() / "state.json"
+    return json.loads(state.read_text()).get("step", 0) if state.is_file() else 0
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--forker"]:
+    _serve()
