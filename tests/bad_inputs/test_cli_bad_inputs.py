@@ -1,6 +1,8 @@
 """Every bad input of the config is refused when it loads: `reroll train` exits 2 with one
 line naming the key (and the valid range), and the run directory is not created or
-changed. Values that are legal but almost surely wrong give a warning naming the key."""
+changed: neither a directory that did not exist nor an existing run's directory (every file
+byte-identical, no mtime changed). Values that are legal but almost surely wrong give a
+warning naming the key."""
 
 import os
 import re
@@ -43,9 +45,12 @@ REFUSED = [
 
 
 def tree(path):
+    """Every entry under ``path`` (itself included): its mtime and, for a file, its bytes."""
     if not path.exists():
         return None
-    return {str(p.relative_to(path)): p.stat().st_mtime_ns for p in path.rglob("*")}
+    return {str(p.relative_to(path)): (p.stat().st_mtime_ns,
+                                       p.read_bytes() if p.is_file() else None)
+            for p in [path, *sorted(path.rglob("*"))]}
 
 
 @pytest.mark.parametrize("overrides,message", REFUSED, ids=[" ".join(o) for o, _ in REFUSED])
@@ -110,3 +115,67 @@ def test_a_prompt_longer_than_the_model_holds_is_found_when_the_data_loads(tmp_p
     assert not (out / "config.toml").exists()  # the run did not start
     with pytest.warns(UserWarning, match="skipped 1 example"):
         assert main([*args, f"out_dir={tmp_path / 'skip'}", "task.skip_long_prompts=true"]) == 0
+
+
+SMALL = ["model.max_position=32", "task.args.digits=1", "task.args.n_train=40",
+         "task.args.n_test=8", "rollout.group_size=2", "rollout.batch_groups=2",
+         "rollout.max_new_tokens=3", "reward.workers=0", "runtime.threads=1", "train.steps=1",
+         "sft.steps=1", "sft.batch_size=4", "sft.warmup_steps=0"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """An existing `reroll train` run and an existing `reroll sft` run (shared: the tests
+    that use them must leave them unchanged)."""
+    root = tmp_path_factory.mktemp("existing")
+    assert main(["train", "-", *SMALL, f"out_dir={root / 'train'}", "--no-progress"]) == 0
+    assert main(["sft", "-", *SMALL, f"out_dir={root / 'sft'}"]) == 0
+    assert (root / "train" / "checkpoints" / "latest").is_file()
+    assert (root / "sft" / "config.toml").is_file() and (root / "sft" / "model").is_dir()
+    return root
+
+
+RESUME_REFUSED = REFUSED + [
+    (["rollout.group_size=4"], r"cannot resume .*config differs .*rollout.group_size: 2 -> 4"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", RESUME_REFUSED,
+                         ids=[" ".join(o) for o, _ in RESUME_REFUSED])
+def test_bad_input_to_a_resume_leaves_the_existing_run_untouched(runs, capsys, overrides,
+                                                                 message):
+    out = runs / "train"
+    before = tree(out)
+    code = main(["train", "-", *SMALL, f"out_dir={out}", *overrides, "--resume",
+                 "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("reroll train: error: ") and err.count("\n") == 1, err
+    assert re.search(message, err), err
+    assert tree(out) == before  # every file byte-identical, no mtime changed
+
+
+def test_train_into_an_existing_run_without_resume_is_refused_and_touches_nothing(runs,
+                                                                                   capsys):
+    out = runs / "train"
+    before = tree(out)
+    assert main(["train", "-", *SMALL, f"out_dir={out}", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a run" in err and "pass --resume to continue it" in err, err
+    assert tree(out) == before
+
+
+@pytest.mark.parametrize("existing", ["sft", "train"])
+def test_sft_into_an_existing_run_does_not_suggest_a_resume_it_lacks(runs, capsys, existing):
+    out = runs / existing
+    before = tree(out)
+    assert main(["sft", "-", *SMALL, f"out_dir={out}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("reroll sft: error: ") and err.count("\n") == 1, err
+    assert f"run directory {str(out)!r} already holds a run" in err, err
+    assert err.rstrip().endswith("set out_dir to a new directory"), err
+    assert "resume" not in err, err  # `reroll sft` has no --resume ...
+    with pytest.raises(SystemExit) as e:  # ... as its parser says
+        main(["sft", "-", *SMALL, f"out_dir={out}", "--resume"])
+    assert e.value.code == 2 and "unrecognized arguments: --resume" in capsys.readouterr().err
+    assert tree(out) == before
