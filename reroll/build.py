@@ -284,9 +284,13 @@ def group_starter(cfg: RunConfig, tok):
     from reroll.rollout import new_group
 
     encode, params = encode_prompt(tok, cfg.task.chat), sampling_params(cfg, tok)
+    encoded: dict[str, list[int]] = {}  # prompts come back every epoch: tokenise each once
 
     def start(ex, seq: int, version: int):
-        g = new_group(ex, cfg.rollout.group_size, encode(ex.prompt), params, version)
+        ids = encoded.get(ex.prompt)
+        if ids is None:
+            ids = encoded[ex.prompt] = encode(ex.prompt)
+        g = new_group(ex, cfg.rollout.group_size, ids, params, version)
         for r in g.rollouts:
             r.sampling.seed = request_seed(cfg.train.seed, seq, r.index_in_group)
         return g

@@ -59,10 +59,10 @@ def run(cfg: RunConfig, *, trainer: TrainerHandle, source: BatchSource,
     bar = progress_bar(cfg.train.steps, step, enabled=progress)
     try:
         if cfg.eval.every and step == 0:  # the starting point of the accuracy curve
-            run_dir.log(0, evaluate())
+            run_dir.log(0, timed(evaluate))
+        before = source.stats()  # counters are monotone: a step's delta is after - before
         while step < cfg.train.steps:
             t0 = time.perf_counter()
-            before = source.stats()
             groups = source.next_batch(trainer.version)
             t1 = time.perf_counter()
             metrics = trainer.step(groups)
@@ -70,10 +70,12 @@ def run(cfg: RunConfig, *, trainer: TrainerHandle, source: BatchSource,
             step += 1
             if cfg.record_every and step % cfg.record_every == 0:
                 run_dir.record(step, groups)
-            metrics.update(batch_metrics(groups, before, source.stats(), wait_s=t1 - t0,
+            after = source.stats()
+            metrics.update(batch_metrics(groups, before, after, wait_s=t1 - t0,
                                          train_s=t2 - t1, step_s=time.perf_counter() - t0))
+            before = after
             if cfg.eval.every and step % cfg.eval.every == 0:
-                metrics.update(evaluate())
+                metrics.update(timed(evaluate))
             stopping = stop is not None and stop.requested
             if step % cfg.log_every == 0 or step == cfg.train.steps or stopping:
                 run_dir.log(step, metrics)
@@ -88,6 +90,14 @@ def run(cfg: RunConfig, *, trainer: TrainerHandle, source: BatchSource,
     finally:
         bar.close()
     return last
+
+
+def timed(evaluate: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """Evaluation metrics plus how long they took (``time/eval_s``: wall time that is not
+    training, e.g. for time-to-accuracy comparisons)."""
+    t0 = time.perf_counter()
+    out = evaluate()
+    return {**out, "time/eval_s": time.perf_counter() - t0}
 
 
 def save_checkpoint(run_dir: Path, step: int, trainer: TrainerHandle, source: BatchSource) -> Path:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
 Finish = Literal["stop", "length", "abort", "pruned", "error", "running"]
@@ -288,7 +288,9 @@ def new_group(example: Example, size: int, prompt_tokens: list[int], sampling: S
     rollouts = [
         Rollout(prompt_id=example.prompt_id, group_id=gid, tokens=list(prompt_tokens),
                 prompt_len=len(prompt_tokens), index_in_group=i,
-                sampling=SamplingParams(**asdict(sampling)), start_version=version)
+                sampling=replace(sampling, stop_token_ids=list(sampling.stop_token_ids),
+                                 stop_strings=list(sampling.stop_strings)),
+                start_version=version)
         for i in range(size)
     ]
     return Group(group_id=gid, example=example, target_size=size, rollouts=rollouts,

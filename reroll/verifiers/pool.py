@@ -52,7 +52,7 @@ class _Job:
     job_id: int
     rollout: Rollout
     example: Example
-    future: Future
+    future: Future | None  # None: scored inline by `score`
     submitted: float
 
 
@@ -159,6 +159,17 @@ class ScoringPool(Scorer):
             scores = [score_one(c, rollout, example) for c in self.reward.components]
             self._finish(job, scores, None, t0)
         return fut
+
+    def score(self, rollout: Rollout, example: Example) -> list[Score]:
+        """Inline scorers only: the Scores now, in the caller's thread (no Future)."""
+        if not self.inline:
+            raise RuntimeError("ScoringPool.score is for inline scoring; use submit")
+        t0 = time.perf_counter()
+        scores = [score_one(c, rollout, example) for c in self.reward.components]
+        with self._lock:
+            self._next_id += 1
+        self._finish(_Job(self._next_id, rollout, example, None, t0), scores, None, t0)
+        return scores
 
     def stats(self) -> dict[str, Any]:
         """calls, errors per component (the culprits), timeouts, crashes, worker restarts,
@@ -289,4 +300,5 @@ class ScoringPool(Scorer):
                     st["skipped"] += 1
                 else:
                     st["errors"][s.name] += 1
-        job.future.set_result(scores)
+        if job.future is not None:
+            job.future.set_result(scores)

@@ -50,7 +50,10 @@ class EpisodeContext:
     async def score(self, r: Rollout, example: Example) -> None:
         """Run the verifiers on ``r``; sets its scores and reward (None when one failed)."""
         r.timings["score_submit"] = _now()
-        scores = await asyncio.wrap_future(self.scorer.submit(r, example))
+        if getattr(self.scorer, "inline", False):  # cheap verifiers: no Future, no hand-off
+            scores = self.scorer.score(r, example)
+        else:
+            scores = await asyncio.wrap_future(self.scorer.submit(r, example))
         r.timings["score_done"] = _now()
         self.set_scores(r, scores)
 
