@@ -4,9 +4,9 @@ Runs the main job's RL configuration (configs/arithmetic.toml: 16 prompts x 8 sa
 synchronous GRPO, one torch thread per side) for ``--steps`` steps with this checkout and
 with another commit (``--base``, checked out into a temporary git worktree), from the same
 SFT warm start (built once with this checkout), alternating the two ``--repeats`` times so
-that machine load hits both alike. Prints the median seconds per step of each (the first
-``--skip`` steps left out) and the ratio. Training goes through each checkout's own
-`train` entry point, in a fresh subprocess with that checkout first on ``sys.path``.
+that machine load hits both alike. Prints the median seconds per step of each (wall time
+between consecutive steps' log rows; the first ``--skip`` steps left out) and the ratio.
+Training goes through each checkout's own `train` entry point, in a fresh subprocess with that checkout first on ``sys.path``.
 
     python benchmarks/step_time.py --base 29c34a5 --steps 80 --repeats 3
 """
@@ -50,7 +50,10 @@ def run(checkout: Path, out: Path, init: Path, steps: int) -> list[float]:
     subprocess.run([sys.executable, "-c", RUN, str(CONFIG), *args], check=True, env=env,
                    cwd=checkout)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    return [r["time/step_s"] for r in rows if r.get("step", 0) > 0]
+    rows = [r for r in rows if r.get("step", 0) > 0]
+    # wall time between consecutive rows (one per step): the whole step, publishing the
+    # weights, logging and bookkeeping included, not only the loop's own time/step_s
+    return [b["time"] - a["time"] for a, b in zip(rows, rows[1:])]
 
 
 def main() -> None:

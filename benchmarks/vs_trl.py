@@ -1,0 +1,279 @@
+"""reroll vs TRL's GRPOTrainer vs a minimal hand-written GRPO loop, on the main job.
+
+Same SFT checkpoint (configs/arithmetic.toml's model and SFT recipe, built once), same task
+(two-digit addition: the same training prompts and the same 500 held-out prompts), same
+hyperparameters: 16 prompts x 8 samples per step, temperature 1, at most 6 new tokens, GRPO
+advantages (group mean and std), PPO clip 0.2 with one update per batch, token-mean loss,
+no KL, AdamW lr 1e-4 constant, gradient clipping 1.0. Every contestant is evaluated by the
+same function (greedy held-out accuracy through reroll's engine) every ``--eval-every``
+steps, and evaluation time is left out of its wall time.
+
+Contestants, run one after another in this one process' run:
+  trl          TRL's GRPOTrainer (CPU: use_cpu, no vLLM, fp32), ``--threads`` torch threads
+  hand         a minimal loop: transformers ``generate`` (static batch), the reward, group
+               advantages, one forward/backward, AdamW (what a user might write in 80 lines)
+  reroll       ``reroll train configs/arithmetic.toml`` (synchronous, max_staleness = 0)
+  reroll_async the same at ``runtime.max_staleness = 1``
+
+Prints, per contestant, the median seconds per step (first ``--skip`` steps left out), the
+held-out accuracy curve, and the training wall time to ``--target`` held-out greedy
+accuracy; then each ratio against reroll. TRL is an optional, benchmark-only dependency
+(``pip install -c constraints.txt trl``).
+
+    python benchmarks/vs_trl.py --steps 500 --eval-every 50 --target 0.85
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = REPO / "configs" / "arithmetic.toml"
+PROMPTS, SAMPLES, MAX_NEW, LR, CLIP = 16, 8, 6, 1e-4, 0.2
+
+
+def setup(init: Path | None, tmp: Path):
+    """The SFT checkpoint (built once with the main job's recipe), the run config, the
+    task, the tokenizer and an evaluator shared by every contestant."""
+    from reroll import build
+    from reroll.config import load_config
+
+    if init is None:
+        init = tmp / "sft"
+        subprocess.run([sys.executable, "-m", "reroll.cli", "sft", str(CONFIG),
+                        f"out_dir={init}"], check=True, cwd=REPO)
+    model_dir = build.weights_dir(init)
+    cfg = load_config(str(CONFIG), [f"init={init}"])
+    tok = build.load_tokenizer(model_dir)
+    task = build.build_task(cfg)
+    return cfg, model_dir, tok, task
+
+
+class Evaluator:
+    """Greedy held-out accuracy of a model through reroll's engine; keeps its own time."""
+
+    def __init__(self, cfg, tok, task):
+        from reroll import build
+
+        self.cfg, self.tok = cfg, tok
+        self.test = task.test[: cfg.eval.n_examples]
+        self.scorer = build.build_scorer(cfg, task)
+        self.encode = build.encode_prompt(tok)
+        self.spent = 0.0
+
+    def __call__(self, model) -> float:
+        from reroll.trainer.evaluate import evaluate
+
+        t0 = time.perf_counter()
+        was = model.training
+        acc = evaluate(model.eval(), self.tok, self.test, self.scorer, self.encode, self.cfg,
+                       k=1)["eval/greedy_accuracy"]
+        model.train(was)
+        self.spent += time.perf_counter() - t0
+        return acc
+
+
+def reward_fn(tok, task):
+    """Correctness with the task's own verifier (the same numbers for every contestant)."""
+    from reroll import build
+
+    answers = {ex.prompt: ex.answer for ex in task.train}
+    pool = build.build_scorer(build_cfg(), task)
+
+    def score(prompt: str, completion: str) -> float:
+        from reroll.rollout import Example, Rollout
+
+        r = Rollout("p", "g", [0], 1, completion=completion)
+        return float(pool.combine(pool.submit(r, Example("p", prompt, answers[prompt]))
+                                  .result()) or 0.0)
+
+    return score
+
+
+def build_cfg():
+    from reroll.config import load_config
+
+    return load_config(str(CONFIG), [])
+
+
+# ---- TRL ---------------------------------------------------------------------------------
+def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: int):
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    score = reward_fn(tok, task)
+    bos = tok.bos_token or ""
+    ds = Dataset.from_list([{"prompt": bos + ex.prompt, "raw": ex.prompt} for ex in task.train])
+
+    def reward(prompts, completions, raw, **_):
+        return [score(p, c) for p, c in zip(raw, completions)]
+
+    times, curve = [], []
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, model=None, **kw):
+            times.append(time.perf_counter() - self.t0)
+            if state.global_step % every == 0:
+                curve.append((state.global_step, sum(times), ev(model)))
+
+    args = GRPOConfig(
+        output_dir=str(Path(tempfile.mkdtemp(prefix="trl-"))), per_device_train_batch_size=PROMPTS * SAMPLES,
+        num_generations=SAMPLES, max_completion_length=MAX_NEW, temperature=1.0,
+        learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        max_grad_norm=1.0, beta=0.0, epsilon=CLIP, loss_type="dapo", scale_rewards="group",
+        num_iterations=1, max_steps=steps, use_cpu=True, bf16=False, fp16=False,
+        gradient_checkpointing=False, use_vllm=False, report_to="none", save_strategy="no",
+        logging_steps=10 ** 9, disable_tqdm=True, seed=seed, dataloader_num_workers=0)
+    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=reward, args=args,
+                          train_dataset=ds, processing_class=tok, callbacks=[Clock()])
+    curve.append((0, 0.0, ev(trainer.model)))
+    trainer.train()
+    return times, sorted(curve)
+
+
+# ---- a minimal hand-written loop ---------------------------------------------------------
+def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: int):
+    import random
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    score = reward_fn(tok, task)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    model.generation_config.pad_token_id = tok.pad_token_id
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    rng = random.Random(seed)
+    bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
+    times, curve = [], [(0, 0.0, ev(model))]
+    for step in range(1, steps + 1):
+        t0 = time.perf_counter()
+        exs = rng.sample(task.train, PROMPTS)
+        ids = [bos + tok(ex.prompt, add_special_tokens=False).input_ids for ex in exs]
+        P = max(map(len, ids))  # left padding for generation
+        inp = torch.tensor([[tok.pad_token_id] * (P - len(x)) + x for x in ids])
+        att = (torch.arange(P)[None] >= torch.tensor([P - len(x) for x in ids])[:, None]).long()
+        model.eval()
+        with torch.no_grad():
+            out = model.generate(input_ids=inp, attention_mask=att, do_sample=True,
+                                 temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=MAX_NEW,
+                                 num_return_sequences=SAMPLES, eos_token_id=tok.eos_token_id)
+        comp = out[:, P:]  # [N, C]
+        cmask = torch.ones_like(comp, dtype=torch.float32)
+        ended = (comp == tok.eos_token_id).cumsum(-1)
+        cmask[(ended - (comp == tok.eos_token_id).long()) > 0] = 0.0  # after the first EOS
+        texts = tok.batch_decode(comp, skip_special_tokens=True)
+        rewards = torch.tensor([score(exs[i // SAMPLES].prompt, t) for i, t in enumerate(texts)])
+        r = rewards.view(PROMPTS, SAMPLES)
+        adv = ((r - r.mean(-1, keepdim=True)) / (r.std(-1, keepdim=True) + 1e-6)).view(-1)
+        full_att = torch.cat([att.repeat_interleave(SAMPLES, 0), cmask.long()], -1)
+        logits = model(input_ids=out, attention_mask=full_att).logits[:, P - 1:-1].float()
+        logp = torch.log_softmax(logits, -1).gather(-1, comp[..., None]).squeeze(-1)  # [N, C]
+        ratio = torch.exp(logp - logp.detach())  # one update per batch: pi_old = pi_theta
+        surr = torch.minimum(ratio * adv[:, None], ratio.clamp(1 - CLIP, 1 + CLIP) * adv[:, None])
+        loss = -(surr * cmask).sum() / cmask.sum().clamp(min=1)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        times.append(time.perf_counter() - t0)
+        if step % every == 0:
+            curve.append((step, sum(times), ev(model)))
+    return times, curve
+
+
+# ---- reroll ------------------------------------------------------------------------------
+def run_reroll(init, steps: int, every: int, seed: int, tmp: Path, extra: list[str]):
+    """reroll's own CLI path; wall time from its metrics (evaluation time left out)."""
+    out = tmp / ("reroll-" + "-".join(x.replace("=", "") for x in extra) if extra else "reroll")
+    subprocess.run([sys.executable, "-m", "reroll.cli", "train", str(CONFIG), f"out_dir={out}",
+                    f"init={init}", f"train.steps={steps}", f"eval.every={every}", "log_every=1",
+                    f"ckpt_every={steps}", "record_every=0", f"train.seed={seed}", *extra],
+                   check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    start, evals = rows[0]["time"], 0.0  # row 0: after start-up and the first evaluation
+    times, curve = [], []
+    prev = start
+    for r in rows[1:]:
+        evals += r.get("time/eval_s", 0.0)  # the row's time stamp comes after its evaluation
+        # the whole step: wall time between rows, evaluation left out
+        times.append(r["time"] - prev - r.get("time/eval_s", 0.0))
+        prev = r["time"]
+        if "eval/greedy_accuracy" in r:
+            curve.append((r["step"], r["time"] - start - evals, r["eval/greedy_accuracy"]))
+    return times, [(0, 0.0, rows[0]["eval/greedy_accuracy"])] + curve
+
+
+def time_to(curve, target: float) -> float | None:
+    return next((t for _, t, acc in curve if acc >= target), None)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=500)
+    ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--target", type=float, default=0.85)
+    ap.add_argument("--skip", type=int, default=10, help="warm-up steps left out of the median")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--init", type=Path, default=None, help="an SFT checkpoint to start from")
+    ap.add_argument("--only", default="trl,hand,reroll,reroll_async")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads of trl and hand (reroll: runtime.threads of its config, "
+                         "1 per side); 2 on a machine whose 2 cores are busy oversubscribes")
+    a = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(a.threads)
+    tmp = Path(tempfile.mkdtemp(prefix="reroll-vs-trl-"))
+    cfg, model_dir, tok, task = setup(a.init, tmp)
+    init = a.init or tmp / "sft"
+    results = {}
+    for name in a.only.split(","):
+        ev = Evaluator(cfg, tok, task)
+        t0 = time.perf_counter()
+        if name == "trl":
+            times, curve = run_trl(model_dir, tok, task, ev, a.steps, a.eval_every, a.seed)
+        elif name == "hand":
+            times, curve = run_hand(model_dir, tok, task, ev, a.steps, a.eval_every, a.seed)
+        elif name == "reroll":
+            times, curve = run_reroll(init, a.steps, a.eval_every, a.seed, tmp, [])
+        elif name == "reroll_async":
+            times, curve = run_reroll(init, a.steps, a.eval_every, a.seed, tmp,
+                                      ["runtime.max_staleness=1"])
+        else:
+            raise SystemExit(f"unknown contestant {name!r}")
+        step = statistics.median(times[a.skip:] or times)
+        results[name] = (step, curve)
+        print(f"{name:13s} {step:.4f} s/step  wall {time.perf_counter() - t0:.0f}s  accuracy "
+              + " ".join(f"{s}:{acc:.3f}" for s, _, acc in curve), flush=True)
+    print(f"\nmedian s/step and training wall time (evaluation left out) to held-out greedy "
+          f"accuracy >= {a.target}:")
+    ref = results.get("reroll")
+    for name, (step, curve) in results.items():
+        tt = time_to(curve, a.target)
+        line = f"  {name:13s} {step:.4f} s/step"
+        line += f"  to {a.target}: {tt:.1f}s" if tt is not None else f"  to {a.target}: not reached"
+        if ref and name != "reroll":
+            line += f"  | step time vs reroll x{step / ref[0]:.2f}"
+            rt = time_to(ref[1], a.target)
+            if tt is not None and rt:
+                line += f", time to target vs reroll x{tt / rt:.2f}"
+        print(line)
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, cwd=REPO).stdout.strip()
+    print(f"commit {head}, torch threads {a.threads} (trl, hand); reroll per its config")
+
+
+if __name__ == "__main__":
+    main()
