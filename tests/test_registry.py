@@ -54,10 +54,6 @@ def _is_numeric(param, hint) -> bool:
     return d is not param.empty and not isinstance(d, bool) and isinstance(d, int | float)
 
 
-# Components in files this change could not touch; remove an entry once its range is declared.
-PENDING = {("engine", "torch", "max_batch"), ("engine", "torch", "version")}
-
-
 def test_every_registered_numeric_hyperparameter_declares_its_range():
     import typing
 
@@ -83,8 +79,7 @@ def test_every_registered_numeric_hyperparameter_declares_its_range():
                     if key not in ranges:
                         missing.add((reg.kind, name, key))
     assert checked >= 40  # the walk found the components (not an empty registry)
-    assert missing - PENDING == set(), f"declare ranges for: {sorted(missing - PENDING)}"
-    assert PENDING <= missing, f"now declared, remove from PENDING: {sorted(PENDING - missing)}"
+    assert missing == set(), f"declare ranges for: {sorted(missing)}"
 
 
 @pytest.mark.parametrize("kind,name,kwargs,message", [
