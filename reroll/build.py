@@ -16,10 +16,24 @@ from reroll.config import RunConfig
 from reroll.rollout import SamplingParams
 
 
+def torch_threads(cfg: RunConfig) -> int:
+    """Intra-op threads per side: ``runtime.threads``, or with 0 every core this process may
+    use in a synchronous run (trainer and engine take turns) and half of them in an async
+    one (they work at the same time)."""
+    import os
+
+    if cfg.runtime.threads > 0:
+        return cfg.runtime.threads
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = max(1, cores or 1)
+    return cores if cfg.runtime.max_staleness == 0 else max(1, cores // 2)
+
+
 def set_threads(cfg: RunConfig) -> None:
+    """Set this thread's torch threads; threads started afterwards (the engine's) inherit it."""
     import torch
 
-    torch.set_num_threads(max(1, cfg.runtime.threads))
+    torch.set_num_threads(torch_threads(cfg))
 
 
 def quiet_transformers() -> None:

@@ -231,8 +231,11 @@ class RuntimeConfig:
     scoring_workers: int = 0
     """Ray runtime: scoring actors, each running reward.workers verifier processes (on a
     cluster they may sit on other nodes). 0 scores in the driver's own process pool."""
-    threads: int = 2
-    """torch intra-op threads."""
+    threads: int = 0
+    """torch intra-op threads of each side (the trainer's thread, the engine's thread). 0:
+    every core for each side in a synchronous run (max_staleness = 0: the sides take turns,
+    so neither leaves a core idle), half of them each in an asynchronous one (both work at
+    once; more would oversubscribe the cores)."""
 
 
 @dataclass

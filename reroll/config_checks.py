@@ -37,7 +37,7 @@ RANGES = {
     "eval.every": "[0, inf)",
     "runtime.max_staleness": "[0, inf)", "runtime.overprovision": "[1, inf)",
     "runtime.engine_workers": "[1, inf)", "runtime.scoring_workers": "[0, inf)",
-    "runtime.threads": "[1, inf)",
+    "runtime.threads": "[0, inf)",
 }
 
 

@@ -325,7 +325,7 @@ def components(cfg: RunConfig, init_dir: Path, ckpt: Path | None):
     workers = max(1, cfg.runtime.engine_workers)
     core = RayEnginePool(init_dir, workers=workers, dtype=cfg.model.dtype,
                          max_batch=-(-build.engine_slots(cfg) // workers),
-                         version=trainer.version, threads=cfg.runtime.threads,
+                         version=trainer.version, threads=build.torch_threads(cfg),
                          state_dict=trainer.weights(), engine=cfg.engine.name)
     task = build.build_task(cfg)
     if cfg.runtime.scoring_workers > 0 and build.uses_verifiers(cfg):
