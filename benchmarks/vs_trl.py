@@ -14,6 +14,7 @@ Contestants, run one after another in this one process' run:
                advantages, one forward/backward, AdamW (what a user might write in 80 lines)
   reroll       ``reroll train configs/arithmetic.toml`` (synchronous, max_staleness = 0)
   reroll_async the same at ``runtime.max_staleness = 1``
+  reroll_threads2, ...  other settings of reroll (``VARIANTS``), e.g. two threads per side
 
 Prints, per contestant, the median seconds per step (first ``--skip`` steps left out), the
 held-out accuracy curve, and the training wall time to ``--target`` held-out greedy
@@ -215,6 +216,11 @@ def run_reroll(init, steps: int, every: int, seed: int, tmp: Path, extra: list[s
     return times, [(0, 0.0, rows[0]["eval/greedy_accuracy"])] + curve
 
 
+VARIANTS = {"reroll_async": ["runtime.max_staleness=1"],
+            "reroll_threads2": ["runtime.threads=2"],  # both cores for each side, in turn
+            "reroll_async_threads1": ["runtime.max_staleness=1", "runtime.threads=1"]}
+
+
 def time_to(curve, target: float) -> float | None:
     return next((t for _, t, acc in curve if acc >= target), None)
 
@@ -248,9 +254,8 @@ def main() -> None:
             times, curve = run_hand(model_dir, tok, task, ev, a.steps, a.eval_every, a.seed)
         elif name == "reroll":
             times, curve = run_reroll(init, a.steps, a.eval_every, a.seed, tmp, [])
-        elif name == "reroll_async":
-            times, curve = run_reroll(init, a.steps, a.eval_every, a.seed, tmp,
-                                      ["runtime.max_staleness=1"])
+        elif name in VARIANTS:
+            times, curve = run_reroll(init, a.steps, a.eval_every, a.seed, tmp, VARIANTS[name])
         else:
             raise SystemExit(f"unknown contestant {name!r}")
         step = statistics.median(times[a.skip:] or times)
