@@ -85,12 +85,15 @@ def model_dir(cfg: RunConfig, run_dir: Path) -> Path:
     return target
 
 
-def load_model(path: Path, cfg: RunConfig):
+def load_model(path: Path, cfg: RunConfig, dtype: str | None = None):
+    """(model, tokenizer) from ``path``, in ``dtype`` (default `model.dtype`), on
+    `model.device` ("auto": cuda when there is one)."""
+    from reroll.config_checks import resolve_device
     from reroll.models import load
 
     quiet_transformers()
-    model, tok = load(path, cfg.model.dtype)
-    return model, tok
+    model, tok = load(path, dtype or cfg.model.dtype)
+    return model.to(resolve_device(cfg.model.device)), tok
 
 
 def load_tokenizer(path: Path):
@@ -108,19 +111,47 @@ def build_trainer(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
     """The one place a `Trainer` is built (in the driver on the local runtime, in the trainer
     actor on Ray): policy from ``ckpt`` when resuming, else ``init_dir``; reference model from
     ``init_dir`` when the objective needs one; objective from ``cfg.algo``; and, from
-    ``ckpt``, optimiser, LR schedule, RNG and policy version."""
+    ``ckpt``, optimiser, LR schedule, RNG and policy version.
+
+    The policy is always held in float32 (the master weights, so AdamW's state is float32
+    too); ``model.dtype = bfloat16`` runs its forward and backward under bf16 autocast and
+    publishes bf16 weights to the engine; ``float16`` only publishes float16 (fp16 autocast
+    would need loss scaling). The reference model, never trained, is held in `model.dtype`."""
+    import torch
+
     from reroll.algo import build_objective
+    from reroll.config import ConfigError
     from reroll.trainer import checkpoint
     from reroll.trainer.step import Trainer
 
-    model, tok = load_model(ckpt / "model" if ckpt else init_dir, cfg)
+    model, tok = load_model(ckpt / "model" if ckpt else init_dir, cfg, dtype="float32")
+    if cfg.train.gradient_checkpointing:
+        # the trainer flags checkpointed layers training in an eval-mode model (see
+        # `checkpointed_layers_training`): a layer that applies dropout itself would then
+        # apply it, so a model configured with dropout is refused
+        drop = {k: v for k, v in model.config.get_text_config().to_dict().items()
+                if ("dropout" in k or "pdrop" in k) and isinstance(v, float) and v > 0}
+        if drop:
+            raise ConfigError(f"train.gradient_checkpointing needs a model without dropout "
+                              f"(RL trains in eval mode); its config has {drop}: set them to 0")
+        enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.x
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False  # no KV cache in training forwards
     objective = build_objective(cfg.algo)
     ref = load_model(init_dir, cfg)[0].eval() if objective.needs_ref else None
     t = cfg.train
+    dtype = getattr(torch, cfg.model.dtype)
     trainer = Trainer(model, objective, pad_id=tok.pad_token_id, lr=t.lr,
                       weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
                       grad_clip=t.grad_clip, minibatches=t.minibatches, micro_batch=t.micro_batch,
-                      temperature=cfg.rollout.temperature, ref_model=ref, tokenizer=tok)
+                      temperature=cfg.rollout.temperature, ref_model=ref, tokenizer=tok,
+                      logprob_chunk=t.logprob_chunk,
+                      autocast_dtype=dtype if dtype == torch.bfloat16 else None,
+                      publish_dtype=dtype)
     if ckpt:
         checkpoint.load_trainer_state(ckpt, trainer.opt, trainer.sched)
         trainer.version = checkpoint.read_state(ckpt).get("version", 0)
@@ -253,10 +284,14 @@ def engine_slots(cfg: RunConfig) -> int:
 def build_engine(model, tok, cfg: RunConfig, version: int = 0, max_batch: int | None = None):
     """A step-wise engine core from the `ENGINES` registry, on its own copy of ``model``'s
     weights: the trainer updates its copy in place, and the engine takes new weights only
-    through `update_weights`, with a version."""
+    through `update_weights`, with a version. The copy is on ``model``'s device (the trainer's,
+    `model.device`) and in `model.dtype` (the trainer's master weights are float32)."""
+    import torch
+
     from reroll.engine import ENGINES
 
-    return ENGINES.get(cfg.engine.name)(copy.deepcopy(model), tok,
+    engine_model = copy.deepcopy(model).to(dtype=getattr(torch, cfg.model.dtype))
+    return ENGINES.get(cfg.engine.name)(engine_model, tok,
                                         max_batch=max_batch or engine_slots(cfg), version=version)
 
 

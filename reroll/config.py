@@ -46,7 +46,14 @@ class ModelConfig:
     max_position: int = 256
     """Context length of the tiny model."""
     dtype: str = "float32"
-    """Weights dtype for training: float32 or bfloat16. CPU runs should keep float32."""
+    """Compute dtype: float32, bfloat16 or float16 (CUDA only). The trainer always keeps
+    float32 master weights and AdamW state; bfloat16 runs its forward and backward under
+    bf16 autocast, and the engine (and the reference model) hold weights in this dtype,
+    published to the engine cast to it. float16 trains in float32 (fp16 autocast would need
+    loss scaling) and only the engine and reference model use it."""
+    device: str = "auto"
+    """Where the trainer and the engine run: auto (cuda when torch sees a GPU, else cpu),
+    cpu, cuda or cuda:N. Batches are collated on the CPU and copied there."""
 
 
 @dataclass
@@ -185,6 +192,15 @@ class TrainConfig:
     """Optimiser updates per step (the batch is split; proximal log-probs fixed at the start)."""
     micro_batch: int = 64
     """Sequences per forward/backward pass; does not change the gradient."""
+    logprob_chunk: int = 0
+    """Tokens (rows of batch x positions) whose logits exist at once when log-probabilities
+    are computed: the [batch, length, vocab] logits are made and dropped chunk by chunk (each
+    chunk checkpointed, so the backward pass recomputes them one at a time too). 0: as many
+    as keep one chunk at 2^27 logits (512 MiB in fp32; 883 tokens at a 151,936 vocabulary, a
+    single chunk for the tiny models). Smaller saves memory, at a little speed."""
+    gradient_checkpointing: bool = False
+    """Activation checkpointing: keep only each decoder layer's input and recompute the
+    layer in the backward pass (about a third more compute, far less activation memory)."""
     seed: int = 0
     """Seed of sampling, data order and initialisation."""
 

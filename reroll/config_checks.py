@@ -30,7 +30,7 @@ RANGES = {
     "algo.overlong_penalty": "[0, inf)",
     "train.lr": "(0, inf)", "train.weight_decay": "[0, inf)", "train.warmup_steps": "[0, inf)",
     "train.grad_clip": "[0, inf)", "train.minibatches": "[1, inf)",
-    "train.micro_batch": "[1, inf)",
+    "train.micro_batch": "[1, inf)", "train.logprob_chunk": "[0, inf)",
     "sft.steps": "[0, inf)", "sft.lr": "(0, inf)", "sft.batch_size": "[1, inf)",
     "sft.warmup_steps": "[0, inf)",
     "eval.n_examples": "[0, inf)", "eval.k": "[1, inf)", "eval.temperature": "[0, inf)",
@@ -39,6 +39,33 @@ RANGES = {
     "runtime.engine_workers": "[1, inf)", "runtime.scoring_workers": "[0, inf)",
     "runtime.threads": "[0, inf)",
 }
+
+
+def resolve_device(name: str) -> str:
+    """`model.device` as torch names it: "auto" is cuda when torch sees a GPU, else cpu."""
+    if name == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def _check_device(name: str) -> None:
+    import re
+
+    if name in ("auto", "cpu"):
+        return
+    if not re.fullmatch(r"cuda(:\d+)?", name):
+        raise ConfigError(f"model.device must be auto, cpu, cuda or cuda:N, got {name!r}")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(f"model.device = {name!r} but torch sees no CUDA device "
+                          f"(torch.cuda.is_available() is False); use model.device=cpu or auto")
+    index = int(name.split(":")[1]) if ":" in name else 0
+    if index >= torch.cuda.device_count():
+        raise ConfigError(f"model.device = {name!r} but torch sees "
+                          f"{torch.cuda.device_count()} CUDA device(s)")
 
 
 def _get(cfg, key: str):
@@ -142,12 +169,10 @@ def _combinations(cfg: RunConfig) -> None:
     if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"model.dtype must be float32, bfloat16 or float16, got "
                           f"{cfg.model.dtype!r}")
-    if cfg.model.dtype == "float16":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError("model.dtype = float16 on CPU trains without loss scaling and "
-                              "overflows; use bfloat16 or float32")
+    _check_device(cfg.model.device)
+    if cfg.model.dtype == "float16" and resolve_device(cfg.model.device) == "cpu":
+        raise ConfigError("model.dtype = float16 on CPU runs the engine in float16, which "
+                          "CPU kernels do slowly or not at all; use bfloat16 or float32")
 
 
 def _warnings(cfg: RunConfig) -> None:

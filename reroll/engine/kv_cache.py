@@ -159,4 +159,5 @@ def _as_mask(allowed: Tensor, dtype: torch.dtype, additive: bool) -> Tensor:
     """Boolean (sdpa: True = attend) or additive float (eager: 0 / most negative)."""
     if not additive:
         return allowed
-    return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+        ~allowed, torch.finfo(dtype).min)

@@ -4,7 +4,8 @@ Owns the one place where the flat token layout of `Rollout` becomes tensors. A s
 L tokens gives L-1 prediction positions: position t predicts ``tokens[t+1]`` from the prefix
 ``tokens[:t+1]``, so every per-token tensor here is the record's field shifted by one
 (``loss_mask[1:]``, ``logprobs[1:]``, ``versions[1:]``). Right padding; padded positions have
-mask 0. Must not know about losses or models.
+mask 0. Must not know about losses; the model math of `token_logprobs` lives in
+`reroll.trainer.logprobs`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from reroll.rollout import Rollout
+from reroll.trainer.logprobs import model_logprobs
 
 
 @dataclass
@@ -35,6 +37,11 @@ class Batch:
 
     def slice(self, idx: slice | torch.Tensor) -> Batch:
         return Batch(*(getattr(self, f)[idx] for f in self.__dataclass_fields__))
+
+    def to(self, device: torch.device | str) -> Batch:
+        """Every tensor on ``device`` (collated on the CPU, then copied; no copy on the CPU)."""
+        return Batch(*(getattr(self, f).to(device, non_blocking=True)
+                       for f in self.__dataclass_fields__))
 
 
 def collate(rollouts: Sequence[Rollout], pad_id: int, sample_mask: Sequence[bool] | None = None,
@@ -64,17 +71,23 @@ def collate(rollouts: Sequence[Rollout], pad_id: int, sample_mask: Sequence[bool
     return Batch(ids, att, ids[:, 1:], mask[:, 1:], behav[:, 1:], vers[:, 1:])
 
 
-def token_logprobs(model: torch.nn.Module, batch: Batch, temperature: float = 1.0) -> torch.Tensor:
+def token_logprobs(model: torch.nn.Module, batch: Batch, temperature: float = 1.0,
+                   chunk: int = 0) -> torch.Tensor:
     """Log-prob of each target token under ``model`` at ``temperature``: [B, L-1].
 
     This is the distribution the engine samples from when top_p = 1 and top_k = 0, so it is
-    directly comparable with the recorded behaviour log-probs."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    logits = logits[:, :-1].float()  # [B, L-1, V]
-    if temperature not in (0.0, 1.0):
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, dim=-1)
-    return logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)
+    directly comparable with the recorded behaviour log-probs. The logits are made ``chunk``
+    tokens at a time (0: a size from the vocabulary, see `reroll.trainer.logprobs`)."""
+    return token_logprobs_and_entropy(model, batch, temperature, chunk, entropy=False)[0]
+
+
+def token_logprobs_and_entropy(model: torch.nn.Module, batch: Batch, temperature: float = 1.0,
+                               chunk: int = 0, entropy: bool = True
+                               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(log-probs [B, L-1], entropies [B, L-1] of the policy at each position, no gradient;
+    None without ``entropy``)."""
+    return model_logprobs(model, batch.input_ids, batch.attention_mask, batch.targets,
+                          temperature, chunk, entropy)
 
 
 def micro_slices(n: int, size: int) -> list[slice]:

@@ -15,7 +15,8 @@ process); `reroll.runtime.ray.RayTrainer` is another (a proxy to a Trainer in a 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,7 +25,7 @@ import torch
 from reroll.algo import LossInputs
 from reroll.rollout import Group, Rollout
 from reroll.trainer import checkpoint
-from reroll.trainer.batch import Batch, collate, micro_slices, token_logprobs
+from reroll.trainer.batch import Batch, collate, micro_slices, token_logprobs_and_entropy
 
 
 class TrainerHandle(Protocol):
@@ -73,13 +74,49 @@ def version_lag_metrics(batch: Batch, version: int) -> dict[str, float]:
     return out
 
 
+@contextlib.contextmanager
+def checkpointed_layers_training(model: torch.nn.Module) -> Iterator[None]:
+    """Let transformers' activation checkpointing act on a model in eval mode.
+
+    transformers checkpoints a decoder layer only while ``layer.training``; the trainer runs
+    the model in eval mode (no dropout, so proximal and current log-probs are one function).
+    So, while a forward that builds a graph runs, the checkpointed layers alone are flagged
+    training; their submodules, where dropout lives, stay in eval mode (`build_trainer`
+    refuses checkpointing for a model configured with dropout, which a layer's own forward
+    might apply). A no-op without activation checkpointing or without autograd."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules()
+              if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing
+              and not m.training] if torch.is_grad_enabled() else []
+    for m in layers:
+        m.training = True
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.training = False
+
+
 class Trainer:
+    """The policy update. ``autocast_dtype`` (bf16): forward and backward run under
+    ``torch.autocast`` at that dtype while the weights (master copy) and AdamW's state stay in
+    the model's own dtype (fp32); ``publish_dtype``: the dtype `weights` hands to engines
+    (default: ``autocast_dtype``, else the weights' own). The model's device is the trainer's:
+    batches are collated on the CPU and copied there. ``logprob_chunk``: tokens of logits
+    made at a time (0: sized from the vocabulary, `reroll.trainer.logprobs`)."""
+
     def __init__(self, model: torch.nn.Module, objective, *, pad_id: int, lr: float,
                  weight_decay: float = 0.0, warmup_steps: int = 0, grad_clip: float = 1.0, minibatches: int = 1,
                  micro_batch: int = 64, temperature: float = 1.0,
                  ref_model: torch.nn.Module | None = None, version: int = 0, tokenizer=None,
-                 reuse_prox: bool = True):
+                 reuse_prox: bool = True, logprob_chunk: int = 0,
+                 autocast_dtype: torch.dtype | None = None,
+                 publish_dtype: torch.dtype | None = None):
         self.model, self.objective, self.ref_model = model, objective, ref_model
+        self.device = next(model.parameters()).device
+        self.logprob_chunk, self.autocast_dtype = logprob_chunk, autocast_dtype
+        self.publish_dtype = publish_dtype or autocast_dtype
         self.reuse_prox = reuse_prox  # False: always a separate proximal forward (textbook)
         self.tokenizer = tokenizer  # saved next to the weights in checkpoints
         self.pad_id, self.grad_clip, self.minibatches = pad_id, grad_clip, minibatches
@@ -92,15 +129,25 @@ class Trainer:
         if objective.needs_ref and ref_model is None:
             raise ValueError("the objective needs a reference model (kl_coef > 0)")
 
+    def _forward(self, model: torch.nn.Module, batch: Batch,
+                 entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(log-probs [b, T], entropies [b, T] or None): the one function proximal, reference
+        and current log-probs all come from (same chunking, same autocast)."""
+        amp = (torch.autocast(self.device.type, dtype=self.autocast_dtype)
+               if self.autocast_dtype is not None else contextlib.nullcontext())
+        with amp, checkpointed_layers_training(model):
+            return token_logprobs_and_entropy(model, batch, self.temperature,
+                                              self.logprob_chunk, entropy)
+
     @torch.no_grad()
     def _logprobs(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-        parts = [token_logprobs(model, batch.slice(s), self.temperature)
+        parts = [self._forward(model, batch.slice(s))[0]
                  for s in micro_slices(len(batch), self.micro_batch)]
         return torch.cat(parts)
 
     def step(self, groups: Sequence[Group]) -> dict[str, float]:
         rollouts, rewards, comps, gidx = flatten(groups)
-        batch = collate(rollouts, self.pad_id)
+        batch = collate(rollouts, self.pad_id).to(self.device)
         self.model.eval()  # no dropout: proximal and current log-probs share one function
         ref = self._logprobs(self.ref_model, batch) if self.ref_model is not None else None
         kl_reward = ref is not None and self.objective.kl_in_reward
@@ -113,12 +160,14 @@ class Trainer:
         if kl_reward:
             # sequence-level KL folded into the reward before advantages (RLOO / REINFORCE++ style)
             pen = self.objective.kl_reward_penalty(prox, ref, batch.mask)  # [N, T]
-            rewards = rewards - pen.sum(-1)
+            rewards = rewards - pen.sum(-1).cpu()
+        # advantages on the CPU (per-sample scalars); per-token tensors on the model's device
         adv, include = self.objective.advantages(rewards, comps, gidx,
-                                                 batch.mask.sum(-1))  # [N], [N]
-        batch.mask = batch.mask * include.float()[:, None]
-        adv_tok = adv[:, None].expand_as(batch.mask).contiguous()  # [N, T]
-        sample_w = torch.tensor([r.sample_weight for r in rollouts], dtype=torch.float32)  # [N]
+                                                 batch.mask.sum(-1).cpu())  # [N], [N]
+        batch.mask = batch.mask * include.float().to(self.device)[:, None]
+        adv_tok = adv.to(self.device)[:, None].expand_as(batch.mask).contiguous()  # [N, T]
+        sample_w = torch.tensor([r.sample_weight for r in rollouts],
+                                dtype=torch.float32).to(self.device)  # [N]
 
         metrics: dict[str, float] = {}
         n = len(batch)
@@ -141,6 +190,8 @@ class Trainer:
         metrics["adv/mean"] = float(adv.mean())
         metrics["adv/abs_mean"] = float(adv.abs().mean())
         metrics["train/tokens"] = batch.n_tokens
+        ent_sum, ent_tokens = metrics.pop("_entropy_sum"), metrics.pop("_entropy_tokens")
+        metrics["train/entropy"] = ent_sum / max(ent_tokens, 1.0)
         return metrics
 
     def _snapshot(self) -> tuple[dict, dict]:
@@ -157,11 +208,16 @@ class Trainer:
             mbatch = batch.slice(idx)
             # global normalisers of this mini-batch (excluded samples, e.g. pivots, not counted)
             n_tok, n_seq = max(mbatch.n_tokens, 1.0), max(float(include[idx].sum()), 1.0)
+            sel_all = idx.to(self.device)
             self.opt.zero_grad(set_to_none=True)
             for ms in micro_slices(len(idx), self.micro_batch):
                 sub = mbatch.slice(ms)
-                sel = idx[ms]
-                logp = token_logprobs(self.model, sub, self.temperature)  # [b, T]
+                sel = sel_all[ms]
+                logp, ent = self._forward(self.model, sub, entropy=True)  # [b, T], [b, T]
+                # mean entropy over trained tokens, summed here, divided in step()
+                metrics["_entropy_sum"] = metrics.get("_entropy_sum", 0.0) + float(
+                    (ent * sub.mask).sum())
+                metrics["_entropy_tokens"] = metrics.get("_entropy_tokens", 0.0) + sub.n_tokens
                 inp = LossInputs(logprobs=logp,
                                  prox_logprobs=logp.detach() if prox is None else prox[sel],
                                  behav_logprobs=sub.behav_logprobs, advantages=adv_tok[sel],
@@ -192,8 +248,12 @@ class Trainer:
 
     # ---- the rest of TrainerHandle ------------------------------------------------------
     def weights(self) -> dict[str, torch.Tensor]:
-        """A copy of the current weights (the engine must not see later in-place updates)."""
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        """A copy of the current weights (the engine must not see later in-place updates), in
+        ``publish_dtype`` (bf16 training publishes bf16: the engine's dtype), on the trainer's
+        device (the engine's ``load_state_dict`` copies them onto its own)."""
+        dt = self.publish_dtype
+        return {k: (v.detach().to(dt, copy=True) if dt is not None and v.is_floating_point()
+                    else v.detach().clone()) for k, v in self.model.state_dict().items()}
 
     def save_checkpoint(self, run_dir: Path, step: int, state: dict[str, Any],
                         groups: Sequence[Group]) -> Path:

@@ -30,6 +30,9 @@ REFUSED = [
     (["runtime.overprovision=1.5"], r"runtime.overprovision = 1.5 with runtime.max_staleness "
                                     r"= 0 .* not be synchronous"),
     (["model.dtype=float16"], r"float16 on CPU .* use bfloat16 or float32"),
+    (["model.device=gpu"], r"model.device must be auto, cpu, cuda or cuda:N, got 'gpu'"),
+    (["model.device=cuda:99"], r"model.device = 'cuda:99' but torch sees"),  # any machine
+    (["train.logprob_chunk=-1"], r"train.logprob_chunk must be in \[0, inf\), got -1"),
     (['reward.verifiers=[{name="python", args={fn="nosuchmod:f"}}]'],
      r"cannot import module 'nosuchmod'"),
     (['reward.verifiers=[{name="python", args={fn="os.path:no_such_function"}}]'],

@@ -1,0 +1,150 @@
+"""Training at real sizes, on the CPU: bf16 autocast keeps float32 master weights and AdamW
+state and publishes bf16 weights; a bf16 run trains end to end; activation checkpointing
+changes no gradient; the trainer reports the policy's entropy; `model.device` places the
+trainer and the engine, and a GPU asked for where there is none is refused naming the key."""
+
+import math
+
+import pytest
+import torch
+
+from reroll import build
+from reroll.algo import build_objective
+from reroll.config import AlgoConfig, ConfigError, load_config
+from reroll.rollout import Example, SamplingParams, Score, new_group
+from reroll.trainer.batch import collate
+from reroll.trainer.step import Trainer
+
+
+def groups_of(rewards_per_group, tokens=(7, 8, 9)):
+    out = []
+    for i, rewards in enumerate(rewards_per_group):
+        g = new_group(Example(f"p{i}", "1+1=", "2"), len(rewards), [2, 5, 6 + i],
+                      SamplingParams(), 0)
+        for j, (r, rew) in enumerate(zip(g.rollouts, rewards)):
+            for t in tokens[: 2 + j % 2]:
+                r.append(t, -4.0, 0)
+            r.finish, r.scores, r.reward = "stop", [Score("exact", value=rew)], rew
+        out.append(g)
+    return out
+
+
+GROUPS = [[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]]
+
+
+def test_bf16_trainer_keeps_fp32_weights_and_adam_state_and_publishes_bf16(tiny):
+    model, _ = tiny
+    fp32 = Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=1e-3)
+    batch = collate([r for g in groups_of(GROUPS) for r in g.rollouts], pad_id=0)
+    with torch.no_grad():
+        want = fp32._forward(model, batch)[0]  # [N, T]
+    t = Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=1e-3,
+                autocast_dtype=torch.bfloat16)
+    with torch.no_grad():
+        got = t._forward(model, batch)[0]
+    # bf16 keeps 8 bits of mantissa (relative error ~2^-9 per rounding); the log-probs, near
+    # -5 here, move by thousandths (measured: 0.003 at most)
+    m = batch.mask.bool()
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got[m], want[m], rtol=0, atol=0.02)
+    assert not torch.equal(got, want)  # autocast really ran the matmuls in bf16
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    metrics = t.step(groups_of(GROUPS))
+    assert math.isfinite(metrics["loss/policy"]) and metrics["grad_norm"] > 0
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    for p in model.parameters():
+        state = t.opt.state[p]
+        assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.float32
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+    published = t.weights()
+    assert {v.dtype for v in published.values()} == {torch.bfloat16}
+    k = next(iter(published))
+    assert torch.equal(published[k], model.state_dict()[k].to(torch.bfloat16))
+
+
+def test_a_bf16_run_with_activation_checkpointing_trains_on_the_cpu(tmp_path):
+    from safetensors.torch import load_file
+
+    from reroll.runlog import read_metrics
+    from reroll.runtime import train
+
+    out = tmp_path / "bf16"
+    cfg = load_config(None, [
+        f"out_dir={out}", "model.dtype=bfloat16", "model.device=cpu", "train.steps=2",
+        "train.gradient_checkpointing=true",
+        "model.max_position=32", "task.args.digits=1", "task.args.n_train=40",
+        "task.args.n_test=10", "rollout.group_size=4", "rollout.batch_groups=2",
+        "rollout.max_new_tokens=4", "reward.workers=0", "log_every=1", "ckpt_every=2",
+        "train.lr=1e-3", "runtime.threads=1",
+        'reward.verifiers=[{name="format", args={pattern="[0-9]", fullmatch=false}}]'])
+    train(cfg, progress=False)
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(math.isfinite(r["loss/policy"]) and r["grad_norm"] > 0 for r in rows)
+    assert all(0 < r["train/entropy"] <= math.log(100) for r in rows)
+    w0 = load_file(str(out / "init" / "model.safetensors"))
+    w = load_file(str(out / "checkpoints" / "step_000002" / "model" / "model.safetensors"))
+    assert {v.dtype for v in w.values()} == {torch.float32}  # the master weights are saved
+    assert any(not torch.equal(w0[k], w[k]) for k in w)
+
+
+def test_the_engine_gets_the_model_dtype_on_the_trainers_device(tiny_dir):
+    cfg = load_config(None, ["model.dtype=bfloat16", "model.device=cpu"])
+    trainer = build.build_trainer(cfg, tiny_dir)
+    assert trainer.device == torch.device("cpu")
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
+    engine = build.build_engine(trainer.policy(), build.load_tokenizer(tiny_dir), cfg)
+    assert engine.dtype == torch.bfloat16 and engine.device == torch.device("cpu")
+    engine.update_weights(trainer.weights(), 1)  # bf16 weights load into the bf16 engine
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_dir):
+    batch = collate([r for g in groups_of(GROUPS) for r in g.rollouts], pad_id=0)
+
+    def grads(on: bool):
+        cfg = load_config(None, [f"train.gradient_checkpointing={str(on).lower()}"])
+        t = build.build_trainer(cfg, tiny_dir)
+        t.model.eval()  # as Trainer.step runs it
+        calls = []  # a checkpointed layer's attention runs again in the backward pass
+        t.model.model.layers[0].self_attn.register_forward_hook(lambda *a: calls.append(1))
+        logp, _ = t._forward(t.model, batch)
+        (logp * batch.mask).sum().backward()
+        assert t.model.config.use_cache is not on
+        return {k: p.grad for k, p in t.model.named_parameters()}, len(calls)
+
+    plain, n_plain = grads(False)
+    ckpt, n_ckpt = grads(True)
+    assert (n_plain, n_ckpt) == (1, 2)
+    for k in plain:
+        torch.testing.assert_close(ckpt[k], plain[k], rtol=0, atol=1e-6, msg=k)
+
+
+def test_gradient_checkpointing_is_refused_for_a_model_with_dropout(tiny, tmp_path):
+    model, tok = tiny
+    model.config.attention_dropout = 0.1  # a checkpointed layer might apply it itself
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    cfg = load_config(None, ["train.gradient_checkpointing=true"])
+    with pytest.raises(ConfigError, match=r"without dropout .*'attention_dropout': 0.1"):
+        build.build_trainer(cfg, tmp_path)
+    build.build_trainer(load_config(None, []), tmp_path)  # without checkpointing: eval mode
+
+
+def test_the_trainer_reports_the_mean_entropy_of_trained_tokens(tiny):
+    model, _ = tiny
+    groups = groups_of(GROUPS)
+    batch = collate([r for g in groups for r in g.rollouts], pad_id=0)
+    t = Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=0.0, micro_batch=2)
+    with torch.no_grad():
+        _, ent = t._forward(model, batch, entropy=True)  # [N, T]
+    want = float((ent * batch.mask).sum() / batch.mask.sum())
+    assert t.step(groups)["train/entropy"] == pytest.approx(want, rel=1e-6)
+
+
+def test_model_device_cpu_is_accepted_and_a_missing_gpu_is_refused():
+    assert load_config(None, ["model.device=cpu"]).model.device == "cpu"
+    with pytest.raises(ConfigError, match=r"model.device must be auto, cpu, cuda or cuda:N"):
+        load_config(None, ["model.device=gpu"])
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match=r"model.device = 'cuda' but torch sees no CUDA"):
+            load_config(None, ["model.device=cuda"])
