@@ -77,12 +77,16 @@ def run(cfg: RunConfig, *, trainer: TrainerHandle, source: BatchSource,
             if cfg.eval.every and step % cfg.eval.every == 0:
                 metrics.update(timed(evaluate))
             stopping = stop is not None and stop.requested
-            if step % cfg.log_every == 0 or step == cfg.train.steps or stopping:
-                run_dir.log(step, metrics)
+            log = step % cfg.log_every == 0 or step == cfg.train.steps or stopping
             if step % cfg.ckpt_every == 0 or step == cfg.train.steps or stopping:
+                if log:  # the row goes before its checkpoint, never lost between the two
+                    run_dir.log(step, metrics)
+                    log = False
                 # before publishing: with max_staleness = 0 nothing is in flight now
                 save_checkpoint(run_dir.path, step, trainer, source)
             transport.publish(trainer.version)
+            if log:  # after publishing: written while the next batch is generated
+                run_dir.log(step, metrics)
             last = metrics
             bar.update(step, metrics)
             if stopping:

@@ -53,21 +53,20 @@ def collate(rollouts: Sequence[Rollout], pad_id: int, sample_mask: Sequence[bool
     L = max(len(r.tokens) for r in rollouts)
     if pad_to is not None:
         L = max(L, pad_to)
-    B = len(rollouts)
-    ids = torch.full((B, L), pad_id, dtype=torch.long)
-    att = torch.zeros((B, L), dtype=torch.long)
-    mask = torch.zeros((B, L), dtype=torch.float32)
-    behav = torch.zeros((B, L), dtype=torch.float32)
-    vers = torch.full((B, L), -1, dtype=torch.long)
-    for i, r in enumerate(rollouts):
-        n = len(r.tokens)
-        ids[i, :n] = torch.tensor(r.tokens, dtype=torch.long)
-        att[i, :n] = 1
+    ids, att, mask, behav, vers = [], [], [], [], []
+    for i, r in enumerate(rollouts):  # rows padded as Python lists: one tensor per field
+        pad = L - len(r.tokens)
         keep = r.loss_exclusion is None and (sample_mask is None or sample_mask[i])
-        if keep:
-            mask[i, :n] = torch.tensor(r.loss_mask, dtype=torch.float32)
-        behav[i, :n] = torch.tensor(r.logprobs, dtype=torch.float32)
-        vers[i, :n] = torch.tensor(r.versions, dtype=torch.long)
+        ids.append(r.tokens + [pad_id] * pad)
+        att.append([1] * len(r.tokens) + [0] * pad)
+        mask.append((r.loss_mask if keep else [False] * len(r.tokens)) + [False] * pad)
+        behav.append(r.logprobs + [0.0] * pad)
+        vers.append(r.versions + [-1] * pad)
+    ids = torch.tensor(ids, dtype=torch.long)  # [B, L]
+    att = torch.tensor(att, dtype=torch.long)  # [B, L]
+    mask = torch.tensor(mask, dtype=torch.float32)  # [B, L]
+    behav = torch.tensor(behav, dtype=torch.float32)  # [B, L]
+    vers = torch.tensor(vers, dtype=torch.long)  # [B, L]
     return Batch(ids, att, ids[:, 1:], mask[:, 1:], behav[:, 1:], vers[:, 1:])
 
 
