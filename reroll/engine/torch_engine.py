@@ -201,23 +201,23 @@ class TorchEngine:
         starts = torch.tensor([0] + lens[:-1]).cumsum(0)  # [U] packed offset of each sequence
         ids = torch.tensor([t for k in keys for t in k], device=self.device)
         posn = torch.cat([torch.arange(n) for n in lens]).to(self.device)
-        n0 = len(self.rows)
-        slot = torch.cat([torch.full((lens[u],), n0 + j) for j, (_, u) in enumerate(chosen)])
-        pos = torch.cat([torch.arange(lens[u]) for _, u in chosen])
-        src = torch.cat([starts[u] + torch.arange(lens[u]) for _, u in chosen])
+        n0, k = len(self.rows), len(chosen)
+        which = torch.tensor([u for _, u in chosen])  # [k] unique sequence of each request
+        n = torch.tensor(lens)[which]  # [k] its length
+        slot = torch.repeat_interleave(torch.arange(n0, n0 + k), n)  # [sum n] cache row
+        first = torch.repeat_interleave(n.cumsum(0) - n, n)  # [sum n] its row's first entry
+        pos = torch.arange(len(slot)) - first  # [sum n] position within the sequence
+        src = torch.repeat_interleave(starts[which], n) + pos  # [sum n] packed prefill index
         self.cache.plan_prefill(slot.to(self.device), pos.to(self.device), src.to(self.device))
         last = (starts + torch.tensor(lens) - 1).to(self.device)  # [U]
         mask = prefill_mask(lens, self.dtype, self.additive).to(self.device)
         logits = self._forward(ids[None], posn[None], mask, last)  # [U, V]
-        which = torch.tensor([u for _, u in chosen], device=self.device)
-        k = len(chosen)
-        for j, (q, u) in enumerate(chosen):
-            self._place(n0 + j, q, lens[u])
+        self._place(n0, [(q, lens[u]) for q, u in chosen])
         sl = slice(n0, n0 + k)
         self.counts["prefill_forwards"] += 1
         self.counts["prefill_tokens"] += sum(lens)
         self.counts["prefill_tokens_shared"] += sum(lens[u] for _, u in chosen) - sum(lens)
-        done += self._sample(logits[which], sl)
+        done += self._sample(logits[which.to(self.device)], sl)
         self.counts["time_prefill_s"] += time.perf_counter() - t0
         return done
 
@@ -249,19 +249,26 @@ class TorchEngine:
             return logits[:, -1]
         return logits[0] if self.keep_arg else logits[0, rows]
 
-    def _place(self, i: int, q: Request, length: int) -> None:
-        s = q.rollout.sampling
-        greedy = s.temperature == 0.0
-        self.pos[i] = length
-        self.seed[i] = q.seed
-        self.temp[i] = s.temperature
-        self.top_k[i] = 0 if greedy else s.top_k
-        self.top_p[i] = 1.0 if greedy else s.top_p
-        q.rollout.timings["engine_prefill"] = time.time()
-        if q.resume:  # prompt + kept prefix re-prefilled under the current weights
-            q.rollout.resume_count += 1
-            self.counts["requests_resumed"] += 1
-        self.rows.append(q)
+    def _place(self, n0: int, entries: list[tuple[Request, int]]) -> None:
+        """Slots n0, n0+1, ... take the prefilled requests (each with its cached length):
+        one indexed write per per-slot tensor, not one per request."""
+        sl, z = slice(n0, n0 + len(entries)), dict(device=self.device)
+        params = [q.rollout.sampling for q, _ in entries]
+        greedy = [p.temperature == 0.0 for p in params]
+        self.pos[sl] = torch.tensor([n for _, n in entries], dtype=torch.long, **z)
+        self.seed[sl] = torch.tensor([q.seed for q, _ in entries], dtype=torch.long, **z)
+        self.temp[sl] = torch.tensor([p.temperature for p in params], dtype=self.temp.dtype, **z)
+        self.top_k[sl] = torch.tensor([0 if g else p.top_k for p, g in zip(params, greedy)],
+                                      dtype=torch.long, **z)
+        self.top_p[sl] = torch.tensor([1.0 if g else p.top_p for p, g in zip(params, greedy)],
+                                      dtype=self.top_p.dtype, **z)
+        now = time.time()
+        for q, _ in entries:
+            q.rollout.timings["engine_prefill"] = now
+            if q.resume:  # prompt + kept prefix re-prefilled under the current weights
+                q.rollout.resume_count += 1
+                self.counts["requests_resumed"] += 1
+            self.rows.append(q)
 
     def _sample(self, logits: Tensor, sl: slice) -> list[Rollout]:
         """Sample for slots ``sl`` (logits [n, V]), record, retire finished slots."""
