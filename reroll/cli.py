@@ -41,13 +41,15 @@ def cmd_sft(args) -> int:
     from reroll import build
     from reroll.config import load_config
     from reroll.runlog import RunDir
+    from reroll.trainer.precision import MASTER_DTYPE, autocast_dtype
     from reroll.trainer.sft import save_model, sft
 
     cfg = load_config(args.config, args.overrides)
     build.set_threads(cfg)
     torch.manual_seed(cfg.train.seed)
     rd = RunDir(cfg, kind="sft")
-    model, tok = build.load_model(build.model_dir(cfg, rd.path), cfg)
+    # float32 master weights and AdamW state; bf16 autocast where model.dtype = bfloat16
+    model, tok = build.load_model(build.model_dir(cfg, rd.path), cfg, dtype=MASTER_DTYPE)
     task = build.build_task(cfg)
     rd.commit()
     losses = sft(model, tok, task.train, build.encode_prompt(tok, cfg.task.chat), steps=cfg.sft.steps,
@@ -55,8 +57,11 @@ def cmd_sft(args) -> int:
                  schedule=cfg.sft.schedule, warmup_steps=cfg.sft.warmup_steps,
                  demos=build.demo_turns(cfg),
                  encode_observation=build.encode_observation(tok, cfg.task.chat),
+                 autocast_dtype=autocast_dtype(cfg.model.dtype),
+                 logprob_chunk=cfg.train.logprob_chunk,
                  log=lambda s, m: rd.log(s, m) if s % 10 == 0 or s == cfg.sft.steps else None)
-    out = save_model(model, tok, rd.path / "model")
+    # saved in model.dtype (weights and config.json), as a model loaded in it would be
+    out = save_model(model.to(dtype=getattr(torch, cfg.model.dtype)), tok, rd.path / "model")
     rd.close()
     print(f"sft: {cfg.sft.steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}; saved {out}")
     return 0

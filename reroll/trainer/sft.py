@@ -5,6 +5,12 @@ A multi-turn demonstration is a list of ``(role, text)`` turns after the prompt,
 the multi-turn workflow produces them: "policy" turns are tokenized as the text the policy
 would sample (loss on them), "env" turns as the workflow appends observations (no loss);
 EOS (with loss) follows the last policy turn.
+
+Training runs on the model's device (batches are collated on the CPU and copied there) and
+in the model's own dtype, the master weights (and AdamW's state); ``autocast_dtype``
+(bf16) runs forward and backward under autocast, as the RL `Trainer` does
+(`reroll.trainer.precision`). `reroll sft` loads float32 master weights and saves the
+result in `model.dtype`.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import torch
 
 from reroll.rollout import Example, Rollout
 from reroll.trainer.batch import collate, token_logprobs
+from reroll.trainer.precision import autocast
 
 
 def demo_rollout(ex: Example, encode, eos_id: int, tok, turns=None,
@@ -65,25 +72,31 @@ def lr_factor(step: int, *, steps: int, warmup_steps: int, schedule: str) -> flo
 
 def sft(model, tok, examples: list[Example], encode, *, steps: int, lr: float, batch_size: int,
         seed: int = 0, schedule: str = "constant", warmup_steps: int = 20,
-        log=None, demos=None, encode_observation=None) -> list[float]:
+        log=None, demos=None, encode_observation=None,
+        autocast_dtype: torch.dtype | None = None, logprob_chunk: int = 0) -> list[float]:
     """Train in place; returns the loss per step (mean negative log-likelihood per token).
 
     The default schedule is constant after warm-up, so accuracy grows with `steps` instead of
     depending on where a decay to zero happens to end (a tiny model's accuracy jumps sharply
     while it learns carrying, and a decaying schedule freezes it mid-jump). ``demos(example)
-    -> [(role, text), ...]`` gives multi-turn demonstrations (see the module docstring)."""
+    -> [(role, text), ...]`` gives multi-turn demonstrations (see the module docstring).
+    ``autocast_dtype``: bf16 autocast over the model's own (float32) weights, None: none;
+    ``logprob_chunk``: tokens of logits made at a time (`train.logprob_chunk`)."""
     rows = [demo_rollout(ex, encode, tok.eos_token_id, tok,
                          demos(ex) if demos is not None else None, encode_observation)
             for ex in examples]
     rng = random.Random(seed)
+    device = next(model.parameters()).device
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(
         s, steps=steps, warmup_steps=warmup_steps, schedule=schedule))
     model.train()
     losses = []
     for step in range(steps):
-        batch = collate(rng.sample(rows, min(batch_size, len(rows))), tok.pad_token_id)
-        logp = token_logprobs(model, batch)
+        batch = collate(rng.sample(rows, min(batch_size, len(rows))),
+                        tok.pad_token_id).to(device)
+        with autocast(device, autocast_dtype):
+            logp = token_logprobs(model, batch, chunk=logprob_chunk)  # [B, L-1], float32
         loss = -(logp * batch.mask).sum() / batch.mask.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
