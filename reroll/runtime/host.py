@@ -11,6 +11,7 @@ generation and training do run concurrently. Knows nothing of Ray or of the trai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -25,6 +26,7 @@ class RolloutSource:
         """``make`` builds the pipeline inside the event loop's thread (asyncio objects
         belong to one loop); ``rerun``: restored groups whose workflows must run again."""
         self.timeout_s = timeout_s
+        self._publishing = None  # the concurrent future of the last publish, until settled
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="reroll-rollout",
                                         daemon=True)
@@ -42,7 +44,15 @@ class RolloutSource:
         return r
 
     def _call(self, coro: Coroutine) -> Any:
+        self._settle()
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(self.timeout_s)
+
+    def _settle(self) -> None:
+        """Wait for the last publish (it ran before anything submitted after it: the event
+        loop runs callbacks in order) and raise its error, if any, here."""
+        pending, self._publishing = self._publishing, None
+        if pending is not None:
+            pending.result(self.timeout_s)
 
     # ---- BatchSource ---------------------------------------------------------------------
     def next_batch(self, trainer_version: int) -> list[Group]:
@@ -60,10 +70,22 @@ class RolloutSource:
 
     # ---- weights -----------------------------------------------------------------------
     def publish(self, weights: Any, version: int) -> None:
-        self._call(self.rollouts.publish(weights, version))
+        """Hand the new weights to the pipeline and return without waiting: the swap and the
+        admission of the next batch run in the loop thread while this one logs; the next
+        call (next_batch, snapshot, ...) waits for it first and raises what it raised.
+        ``weights`` must be a copy the caller no longer changes."""
+        self._settle()
+        self._publishing = asyncio.run_coroutine_threadsafe(
+            self.rollouts.publish(weights, version), self.loop)
 
     def close(self) -> None:
         try:
+            # let the last publish finish first (its admissions must exist to be cancelled);
+            # its error, if any, changes nothing now that the run is closing
+            pending, self._publishing = self._publishing, None
+            if pending is not None:
+                with contextlib.suppress(Exception):
+                    pending.result(self.timeout_s)
             self._call(self.rollouts.close())
         finally:
             self._stop_loop()
