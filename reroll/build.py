@@ -122,6 +122,7 @@ def build_trainer(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
     from reroll.algo import build_objective
     from reroll.config import ConfigError
     from reroll.trainer import checkpoint
+    from reroll.trainer.precision import autocast_dtype
     from reroll.trainer.step import Trainer
 
     model, tok = load_model(ckpt / "model" if ckpt else init_dir, cfg, dtype="float32")
@@ -150,7 +151,7 @@ def build_trainer(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
                       grad_clip=t.grad_clip, minibatches=t.minibatches, micro_batch=t.micro_batch,
                       temperature=cfg.rollout.temperature, ref_model=ref, tokenizer=tok,
                       logprob_chunk=t.logprob_chunk,
-                      autocast_dtype=dtype if dtype == torch.bfloat16 else None,
+                      autocast_dtype=autocast_dtype(cfg.model.dtype),
                       publish_dtype=dtype)
     if ckpt:
         checkpoint.load_trainer_state(ckpt, trainer.opt, trainer.sched)

@@ -26,6 +26,7 @@ from reroll.algo import LossInputs
 from reroll.rollout import Group, Rollout
 from reroll.trainer import checkpoint
 from reroll.trainer.batch import Batch, collate, micro_slices, token_logprobs_and_entropy
+from reroll.trainer.precision import autocast
 
 
 class TrainerHandle(Protocol):
@@ -133,9 +134,7 @@ class Trainer:
                  entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(log-probs [b, T], entropies [b, T] or None): the one function proximal, reference
         and current log-probs all come from (same chunking, same autocast)."""
-        amp = (torch.autocast(self.device.type, dtype=self.autocast_dtype)
-               if self.autocast_dtype is not None else contextlib.nullcontext())
-        with amp, checkpointed_layers_training(model):
+        with autocast(self.device, self.autocast_dtype), checkpointed_layers_training(model):
             return token_logprobs_and_entropy(model, batch, self.temperature,
                                               self.logprob_chunk, entropy)
 
