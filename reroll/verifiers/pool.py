@@ -145,31 +145,34 @@ class ScoringPool(Scorer):
 
     # ---- public ---------------------------------------------------------------------
     def submit(self, rollout: Rollout, example: Example) -> Future:
-        """Queue one finished rollout; the Future resolves to one Score per component."""
+        """Queue one finished rollout; the Future resolves to one Score per component
+        (already resolved when the pool scores inline)."""
         fut: Future = Future()
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("ScoringPool.submit after close()")
-            self._next_id += 1
-            job = _Job(self._next_id, rollout, example, fut, time.perf_counter())
-            if not self.inline:
-                self._jobs.put(job)
         if self.inline:
-            t0 = time.perf_counter()
-            scores = [score_one(c, rollout, example) for c in self.reward.components]
-            self._finish(job, scores, None, t0)
+            fut.set_result(self.score(rollout, example))
+            return fut
+        with self._lock:  # the put under the lock: never after close()'s stop sentinels
+            self._jobs.put(_Job(self._new_id(locked=True), rollout, example, fut,
+                                time.perf_counter()))
         return fut
 
     def score(self, rollout: Rollout, example: Example) -> list[Score]:
         """Inline scorers only: the Scores now, in the caller's thread (no Future)."""
         if not self.inline:
             raise RuntimeError("ScoringPool.score is for inline scoring; use submit")
-        t0 = time.perf_counter()
+        job = _Job(self._new_id(), rollout, example, None, time.perf_counter())
         scores = [score_one(c, rollout, example) for c in self.reward.components]
-        with self._lock:
-            self._next_id += 1
-        self._finish(_Job(self._next_id, rollout, example, None, t0), scores, None, t0)
+        self._finish(job, scores, None, job.submitted)
         return scores
+
+    def _new_id(self, locked: bool = False) -> int:
+        if not locked:
+            with self._lock:
+                return self._new_id(locked=True)
+        if self._closed:
+            raise RuntimeError("ScoringPool.submit after close()")
+        self._next_id += 1
+        return self._next_id
 
     def stats(self) -> dict[str, Any]:
         """calls, errors per component (the culprits), timeouts, crashes, worker restarts,
