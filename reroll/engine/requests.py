@@ -70,15 +70,15 @@ def make_request(r: Rollout, *, vocab: int, max_seq_len: int, seed: int,
     ``(prompt_len, prompt_len + max_new_tokens)``, counted across resumes."""
     if not isinstance(r, Rollout):
         raise TypeError(f"engine.add expects Rollout records, got {type(r).__name__}")
-    where = f"rollout {r.sample_id} (prompt {r.prompt_id})"
+    where = _Where(r)
     if r.finish in FINISHED:
         raise ValueError(f"{where} is already finished ({r.finish!r}); only running or "
                          "aborted rollouts can be generated")
     r.check()
     if not r.tokens:
         raise ValueError(f"{where} has no tokens: it needs at least one prompt token")
-    bad = [t for t in r.tokens if not 0 <= t < vocab]
-    if bad:
+    if min(r.tokens) < 0 or max(r.tokens) >= vocab:  # the common case checked at C speed
+        bad = [t for t in r.tokens if not 0 <= t < vocab]
         raise ValueError(f"{where}: token ids {bad[:5]} outside the model vocabulary [0, {vocab})")
     s = r.sampling
     if s.temperature < 0:
@@ -104,3 +104,18 @@ def make_request(r: Rollout, *, vocab: int, max_seq_len: int, seed: int,
                    greedy=greedy, filtered=not greedy and (s.top_k > 0 or s.top_p < 1.0),
                    window=window, resp_prev=list(r.tokens[start:]) if stops else [],
                    resume=len(r.tokens) > start)
+
+
+class _Where:
+    """Names a rollout in error messages; formatted only when an error is raised."""
+
+    __slots__ = ("r",)
+
+    def __init__(self, r: Rollout):
+        self.r = r
+
+    def __str__(self) -> str:
+        return f"rollout {self.r.sample_id} (prompt {self.r.prompt_id})"
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
