@@ -4,7 +4,7 @@ Each entry is a builder ``fn(seed, *, **hyperparameters) -> Task``: deterministi
 seed, with disjoint train and test splits. Importing this package registers them all.
 """
 
-from reroll.tasks import arithmetic, countdown, files, guess, longtail  # noqa: F401
+from reroll.tasks import arithmetic, countdown, files, guess, longtail, mixed  # noqa: F401
 from reroll.tasks.base import TASKS, Task, TaskError
 
 __all__ = ["TASKS", "Task", "TaskError"]

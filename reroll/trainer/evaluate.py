@@ -4,7 +4,10 @@ Generation goes through the same path as training: an engine core from the `ENGI
 registry (on a copy of the weights, so the caller's model is untouched) behind the async
 `EngineService`, driven by the configured rollout workflow (so a multi-turn task is evaluated
 as episodes against its environment), and scoring through the same scorer. An example whose
-scoring failed counts as an error, reported separately, never as a wrong answer.
+scoring failed counts as an error, reported separately, never as a wrong answer. When
+examples carry a level in ``fields["difficulty"]`` (a string, as ``arith_mixed`` sets it),
+greedy accuracy and sampled pass@1 are also reported per level (``eval/greedy_accuracy_easy``,
+``eval/pass@1_sampled_easy``, ...), over the examples of that level.
 """
 
 from __future__ import annotations
@@ -69,17 +72,26 @@ def evaluate(model, tok, examples: list[Example], scorer, encode, cfg: RunConfig
     for label, params, n in runs:
         groups = asyncio.run(_run(model, tok, cfg, examples, scorer, encode, params, n))
         verdicts, errors = [], 0
-        for g in groups:
+        by_level: dict[str, list[int]] = {}
+        for ex, g in zip(examples, groups, strict=True):
             v = [x for x in (_correct(r) for r in g.rollouts) if x is not None]  # not 0s
             errors += n - len(v)
             if len(v) == n:  # an example with a failed score is left out, and counted
                 verdicts.append(sum(v))
+                level = ex.fields.get("difficulty")
+                if isinstance(level, str):
+                    by_level.setdefault(level, []).append(sum(v))
         d = max(1, len(verdicts))
         if label == "greedy":
             metrics["eval/greedy_accuracy"] = sum(verdicts) / d
+            for level, cs in by_level.items():
+                metrics[f"eval/greedy_accuracy_{level}"] = sum(cs) / len(cs)
         else:
             metrics[f"eval/pass@{n}"] = sum(pass_at_k(n, c, n) for c in verdicts) / d
             metrics["eval/pass@1_sampled"] = sum(pass_at_k(n, c, 1) for c in verdicts) / d
+            for level, cs in by_level.items():
+                metrics[f"eval/pass@1_sampled_{level}"] = (
+                    sum(pass_at_k(n, c, 1) for c in cs) / len(cs))
         metrics[f"eval/{label}_score_errors"] = float(errors)
         if label == "greedy":
             metrics.update(env_metrics([r for g in groups for r in g.rollouts], "eval/env/"))

@@ -1,0 +1,71 @@
+"""Held-out evaluation: accuracy per difficulty level (``Example.fields["difficulty"]``) from
+known verdicts, and the metrics left as they were for examples without a level."""
+
+import pytest
+
+import reroll.trainer.evaluate as ev
+from reroll.config import load_config
+from reroll.rollout import Example, Score, new_group
+
+
+def _examples(levels):
+    return [Example(prompt_id=f"p{i}", prompt="1+1=", answer="2",
+                    fields={} if lv is None else {"difficulty": lv})
+            for i, lv in enumerate(levels)]
+
+
+def _fake_run(correct):
+    """An evaluator run whose sample j of example i is right when ``correct[i][j]`` (the
+    greedy run uses the first entry; None is a failed score)."""
+
+    async def run(model, tok, cfg, examples, scorer, encode, params, n):
+        groups = []
+        for i, ex in enumerate(examples):
+            g = new_group(ex, n, [1], params, 0)
+            for j, r in enumerate(g.rollouts):
+                ok = correct[i][j]
+                r.scores = [Score(name="numeric", error="boom") if ok is None
+                            else Score(name="numeric", value=float(ok))]
+            groups.append(g)
+        return groups
+
+    return run
+
+
+class _Tok:
+    eos_token_id = 0
+
+
+def test_per_level_greedy_accuracy_and_sampled_pass1(monkeypatch):
+    levels = ["easy", "easy", "medium", "medium", "medium", "hard"]
+    correct = [[1, 1, 1, 1], [1, 0, 1, 1],  # easy: greedy 2/2, sampled 4/4 and 3/4
+               [1, 0, 0, 0], [0, 0, 0, 1], [None, 1, 1, 1],  # medium: the third failed
+               [0, 0, 0, 0]]  # hard: nothing right
+    monkeypatch.setattr(ev, "_run", _fake_run(correct))
+    m = ev.evaluate(None, _Tok(), _examples(levels), None, None, load_config(None, []), k=4)
+    # greedy (first sample): easy 2/2; medium 1 of the 2 scored (the failed one left out)
+    assert m["eval/greedy_accuracy"] == pytest.approx(3 / 5)
+    assert m["eval/greedy_accuracy_easy"] == 1.0
+    assert m["eval/greedy_accuracy_medium"] == 0.5
+    assert m["eval/greedy_accuracy_hard"] == 0.0
+    assert m["eval/greedy_score_errors"] == 1.0
+    # sampled pass@1 = c / n per example: easy (4/4 + 3/4) / 2; medium (1/4 + 1/4) / 2
+    assert m["eval/pass@1_sampled_easy"] == pytest.approx(0.875)
+    assert m["eval/pass@1_sampled_medium"] == pytest.approx(0.25)
+    assert m["eval/pass@1_sampled_hard"] == 0.0
+    assert m["eval/pass@1_sampled"] == pytest.approx((1 + 0.75 + 0.25 + 0.25 + 0) / 5)
+
+
+def test_examples_without_a_level_keep_the_metrics_as_they_were(monkeypatch):
+    correct = [[1, 0], [0, 0], [1, 1]]
+    monkeypatch.setattr(ev, "_run", _fake_run(correct))
+    m = ev.evaluate(None, _Tok(), _examples([None, None, None]), None, None,
+                    load_config(None, []), k=2)
+    assert {k for k in m if not k.startswith("eval/env/")} == {
+        "eval/greedy_accuracy", "eval/greedy_score_errors", "eval/pass@2",
+        "eval/pass@1_sampled", "eval/sampled_score_errors", "eval/n_examples"}
+    assert m["eval/greedy_accuracy"] == pytest.approx(2 / 3)
+    # a level only on some examples: reported over those alone
+    m = ev.evaluate(None, _Tok(), _examples([None, "hard", "hard"]), None, None,
+                    load_config(None, []), k=1)
+    assert m["eval/greedy_accuracy_hard"] == 0.5 and "eval/greedy_accuracy_None" not in m
