@@ -329,22 +329,41 @@ def demo_turns(cfg: RunConfig):
 
 
 def group_starter(cfg: RunConfig, tok):
-    """(example, admission number, version) -> a new group with per-request seeds."""
+    """(example, admission number, version, size=, max_size=, max_new_tokens=) -> a new
+    group with per-request seeds; ``.extend(group, n, admission number, round)`` grows one
+    (seeds continue with the sample's index, so they depend on nothing else running)."""
+    from dataclasses import replace
+
     from reroll.control.scheduler import request_seed
-    from reroll.rollout import new_group
+    from reroll.rollout import grow_group, new_group
 
     encode, params = encode_prompt(tok, cfg.task.chat), sampling_params(cfg, tok)
     encoded: dict[str, list[int]] = {}  # prompts come back every epoch: tokenise each once
 
-    def start(ex, seq: int, version: int):
+    def ids_of(ex) -> list[int]:
         ids = encoded.get(ex.prompt)
         if ids is None:
             ids = encoded[ex.prompt] = encode(ex.prompt)
-        g = new_group(ex, cfg.rollout.group_size, ids, params, version)
-        for r in g.rollouts:
+        return ids
+
+    def seed(rollouts, seq: int) -> None:
+        for r in rollouts:
             r.sampling.seed = request_seed(cfg.train.seed, seq, r.index_in_group)
+
+    def start(ex, seq: int, version: int, size: int | None = None, max_size: int = 0,
+              max_new_tokens: int | None = None):
+        p = params if max_new_tokens is None else replace(params,
+                                                            max_new_tokens=max_new_tokens)
+        g = new_group(ex, size or cfg.rollout.group_size, ids_of(ex), p, version, max_size)
+        seed(g.rollouts, seq)
         return g
 
+    def extend(g, n: int, seq: int, group_round: int):
+        first = g.rollouts[0]
+        seed(grow_group(g, n, first.prompt_tokens, first.sampling, -1,
+                        group_round), seq)
+
+    start.extend = extend
     return start
 
 

@@ -178,6 +178,34 @@ class AlgoConfig:
 
 
 @dataclass
+class ControlConfig:
+    allocator: str = "fixed"
+    """Samples per prompt (registry `reroll.control.allocators.ALLOCATORS`): fixed
+    (rollout.group_size each), ar3po (stages until one is correct), dars (more for prompts
+    under 50%), xrpo (while the confidence interval shrinks enough), gdro (proportional to
+    the Bernoulli std, mean rollout.group_size). Adaptive groups grow in rounds; a step then
+    trains on up to rollout.batch_groups x rollout.group_size samples."""
+    allocator_args: dict[str, Any] = field(default_factory=dict)
+    """Hyperparameters of the allocator."""
+    selector: str = "uniform"
+    """Which prompts are rolled out (registry `reroll.control.selectors.SELECTORS`): uniform
+    (a seeded shuffle per epoch), dots (predicted success near 50%), vade (Thompson sampling
+    of Beta posteriors), gdro (multiplicative weights over difficulty bins)."""
+    selector_args: dict[str, Any] = field(default_factory=dict)
+    """Hyperparameters of the selector."""
+    length: str = "fixed"
+    """Response-limit schedule over policy versions (registry `reroll.control.lengths.
+    LENGTHS`): fixed (rollout.max_new_tokens) or siri (cosine compress/expand)."""
+    length_args: dict[str, Any] = field(default_factory=dict)
+    """Hyperparameters of the length schedule."""
+    success_at: float = 1.0
+    """A sample counts as a success for the per-prompt statistics when its verifier value
+    (the reward components' combination, before length shaping) is at least this."""
+    history: int = 8
+    """Observations (groups) kept per prompt for recent success rates and posteriors."""
+
+
+@dataclass
 class TrainConfig:
     steps: int = 200
     """RL training steps (one optimiser update per step unless minibatches > 1)."""
@@ -276,6 +304,7 @@ class RunConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
+    control: ControlConfig = field(default_factory=ControlConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

@@ -37,7 +37,7 @@ RANGES = {
     "eval.every": "[0, inf)",
     "runtime.max_staleness": "[0, inf)", "runtime.overprovision": "[1, inf)",
     "runtime.engine_workers": "[1, inf)", "runtime.scoring_workers": "[0, inf)",
-    "runtime.threads": "[0, inf)",
+    "runtime.threads": "[0, inf)", "control.history": "[1, inf)",
 }
 
 
@@ -127,6 +127,9 @@ def _registries(cfg: RunConfig) -> None:
             build_reward(cfg.reward.verifiers, {})
         except (ValueError, TypeError) as e:
             raise ConfigError(str(e)) from None
+    from reroll.control.wiring import check_control
+
+    check_control(cfg)
     if not getattr(algo.ADVANTAGES.get(a.advantage), "uses_scalar_reward", True):
         shaping = [k for k, on in (("algo.kl_in_reward", a.kl_in_reward and a.kl_coef > 0),
                                    ("algo.overlong_buffer", a.overlong_buffer > 0)) if on]

@@ -107,6 +107,7 @@ class Rollout:
     versions: list[int] = field(default_factory=list)
     sample_id: str = field(default_factory=new_id)
     index_in_group: int = 0
+    group_round: int = 0  # allocation round that added it to its group (0: the first)
     finish: Finish = "running"
     completion: str = ""  # decoded response text (filled by the engine when it finishes)
     scores: list[Score] = field(default_factory=list)
@@ -231,6 +232,14 @@ class Group:
     rollouts: list[Rollout] = field(default_factory=list)
     start_version: int = -1
     filter_reason: str | None = None  # set when a filter rejected the whole group
+    max_size: int = 0
+    """Most samples the group may grow to (adaptive allocation): admission reserves this
+    many; 0 means ``target_size`` (a group that never grows)."""
+
+    @property
+    def reserved(self) -> int:
+        """Samples admission counts for it while it runs."""
+        return max(len(self.rollouts), self.target_size, self.max_size)
 
     @property
     def prompt_id(self) -> str:
@@ -260,6 +269,7 @@ class Group:
             "rollouts": [r.to_dict() for r in self.rollouts],
             "start_version": self.start_version,
             "filter_reason": self.filter_reason,
+            "max_size": self.max_size,
         }
 
     @classmethod
@@ -271,6 +281,7 @@ class Group:
             rollouts=[Rollout.from_dict(r) for r in d["rollouts"]],
             start_version=d.get("start_version", -1),
             filter_reason=d.get("filter_reason"),
+            max_size=d.get("max_size", 0),
         )
 
     def to_json(self) -> str:
@@ -282,16 +293,28 @@ class Group:
 
 
 def new_group(example: Example, size: int, prompt_tokens: list[int], sampling: SamplingParams,
-              version: int) -> Group:
-    """A group of ``size`` fresh rollouts that all start from ``prompt_tokens``."""
-    gid = new_id()
-    rollouts = [
-        Rollout(prompt_id=example.prompt_id, group_id=gid, tokens=list(prompt_tokens),
-                prompt_len=len(prompt_tokens), index_in_group=i,
+              version: int, max_size: int = 0) -> Group:
+    """A group of ``size`` fresh rollouts that all start from ``prompt_tokens`` (and may grow
+    to ``max_size`` with `grow_group`)."""
+    g = Group(group_id=new_id(), example=example, target_size=0, start_version=version,
+              max_size=max_size)
+    grow_group(g, size, prompt_tokens, sampling, version)
+    return g
+
+
+def grow_group(g: Group, n: int, prompt_tokens: list[int], sampling: SamplingParams,
+               version: int, group_round: int = 0) -> list[Rollout]:
+    """Append ``n`` fresh rollouts of the group's prompt (indices continue), added in
+    allocation round ``group_round``; returns them."""
+    new = [
+        Rollout(prompt_id=g.example.prompt_id, group_id=g.group_id, tokens=list(prompt_tokens),
+                prompt_len=len(prompt_tokens), index_in_group=len(g.rollouts) + i,
+                group_round=group_round,
                 sampling=replace(sampling, stop_token_ids=list(sampling.stop_token_ids),
                                  stop_strings=list(sampling.stop_strings)),
                 start_version=version)
-        for i in range(size)
+        for i in range(n)
     ]
-    return Group(group_id=gid, example=example, target_size=size, rollouts=rollouts,
-                 start_version=version)
+    g.rollouts += new
+    g.target_size += n
+    return new

@@ -60,7 +60,8 @@ def test_every_registered_numeric_hyperparameter_declares_its_range():
     regs = _package_registries()
     kinds = {r.kind for r in regs.values()}
     assert {"advantage", "surrogate", "aggregation", "KL estimator", "correction", "filter",
-            "verifier", "task", "environment", "workflow", "engine"} <= kinds, kinds
+            "verifier", "task", "environment", "workflow", "engine", "allocator", "selector",
+            "length schedule"} <= kinds, kinds
     missing, checked = set(), 0
     for reg in regs.values():
         for name in reg.names():

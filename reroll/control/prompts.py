@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Callable
 
 from reroll.rollout import Example
 
 
 class PromptStream:
     def __init__(self, examples: list[Example], seed: int, cursor: int = 0,
-                 retry: list[str] | None = None):
+                 retry: list[str] | None = None, choose: Callable[[int], Example] | None = None):
+        """``choose``: a selector's ``draw number -> example`` in place of the shuffle."""
         if not examples:
             raise ValueError("the task's train split is empty")
-        self.examples, self.seed, self.cursor = examples, seed, cursor
+        self.examples, self.seed, self.cursor, self.choose = examples, seed, cursor, choose
         self._by_id = {e.prompt_id: e for e in examples}
         self.retry: deque[str] = deque(retry or [])
         self._epoch, self._order = -1, []
@@ -32,6 +34,9 @@ class PromptStream:
     def next(self) -> Example:
         if self.retry:
             return self._by_id[self.retry.popleft()]
+        if self.choose is not None:
+            self.cursor += 1
+            return self.choose(self.cursor - 1)
         n = len(self.examples)
         epoch, pos = divmod(self.cursor, n)
         self.cursor += 1

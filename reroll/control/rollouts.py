@@ -37,17 +37,32 @@ class Rollouts:
         self._admit()
 
     async def next_batch(self, n_samples: int, trainer_version: int) -> list[Group]:
-        """Wait for ready groups holding ``n_samples`` samples, handed out by deadline."""
+        """Wait for ready groups holding ``n_samples`` samples, handed out by deadline.
+
+        With adaptive allocation groups reserve their largest size, so the samples of a
+        version may run out a little short of ``n_samples``: when nothing is running and no
+        group can start, the batch is what fits (at least one group). The controller's step
+        boundary (statistics, prices) is here, once per batch."""
         out: list[Group] = []
         got = 0
+        s = self.scheduler
         while True:
             self._check()
-            part = self.scheduler.take(n_samples - got, trainer_version)
+            part = s.take(n_samples - got, trainer_version)
             out += part
             got += sum(len(g.rollouts) for g in part)
-            if got >= n_samples:
+            if got < n_samples:
+                self._admit()
+            stuck = got < n_samples and not s.running and not s.can_admit(self.engine.version)
+            if stuck and not out:  # the ready groups are larger than the slots: take one
+                if not s.ready:
+                    raise RuntimeError(f"rollout pipeline stalled: nothing ready, running or "
+                                       f"admissible at version {trainer_version}; counters "
+                                       f"{s.counters()}")
+                out += s.take(max(len(g.rollouts) for g in s.ready), trainer_version)
+            if got >= n_samples or (stuck and out):
+                s.controller.end_step(out)
                 return out
-            self._admit()
             self._changed.clear()
             await self._changed.wait()
 
@@ -63,13 +78,16 @@ class Rollouts:
         data cursor that go with them."""
         self._check()
         await self.engine.sync()
-        return self.scheduler.snapshot(), {"prompts": self.scheduler.prompts.state(),
-                                           "counters": self.scheduler.counters()}
+        s = self.scheduler
+        return s.snapshot(), {"prompts": s.prompts.state(), "counters": s.counters(),
+                              "control": s.controller.state()}
 
     def stats(self) -> dict:
         s = self.scheduler
+        a = s.controller.allocator
         return {"engine": self.engine.stats(),
-                "counters": s.counters(), "score_errors": dict(s.score_errors)}
+                "counters": s.counters(), "score_errors": dict(s.score_errors),
+                "control": a.metrics() if a is not None else {}}
 
     async def close(self) -> None:
         for t in self.tasks.values():

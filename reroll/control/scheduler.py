@@ -14,12 +14,15 @@ import warnings
 from collections import Counter
 from collections.abc import Callable
 
+from reroll.control.controller import Controller
 from reroll.control.prompts import PromptStream
 from reroll.control.staleness import allowed_lag, can_take, capacity
 from reroll.rollout import Example, Group
 
 GroupFilter = Callable[[Group], "str | None"]  # returns the reason to drop, or None to keep
-StartGroup = Callable[[Example, int, int], Group]  # (example, admission number, version)
+StartGroup = Callable[..., Group]
+"""``(example, admission number, version, size=, max_size=, max_new_tokens=)`` -> a new
+group; with ``.extend(group, n, admission number, round)`` when groups may grow."""
 
 
 def request_seed(run_seed: int, group_seq: int, index: int) -> int:
@@ -31,8 +34,10 @@ def request_seed(run_seed: int, group_seq: int, index: int) -> int:
 class Scheduler:
     def __init__(self, prompts: PromptStream, start_group: StartGroup, *, group_size: int,
                  batch_groups: int, max_staleness: int = 0, overprovision: float = 1.0,
-                 filters: list[GroupFilter] = (), max_score_retries: int = 3):
+                 filters: list[GroupFilter] = (), max_score_retries: int = 3,
+                 controller: Controller | None = None):
         self.prompts, self.start_group = prompts, start_group
+        self.controller = controller or Controller()
         self.group_size, self.batch_groups = group_size, batch_groups
         self.batch = batch_groups * group_size  # samples per training step
         self.max_staleness, self.overprovision = max_staleness, overprovision
@@ -53,17 +58,20 @@ class Scheduler:
     # ---- admission -------------------------------------------------------------------
     def free_capacity(self, version: int) -> int:
         """Samples that may start now (AReaL's rule, `staleness.capacity`)."""
-        running = sum(len(g.rollouts) for g in self.running.values())
+        running = sum(g.reserved for g in self.running.values())
         return capacity(version, max_staleness=self.max_staleness, batch=self.batch,
                         accepted=self.s_accepted, running=running,
                         overprovision=self.overprovision)
 
     def admit(self, version: int) -> list[Group]:
-        """Start as many groups as the staleness rule has room for; the caller runs them."""
+        """Start as many groups as the staleness rule has room for, each reserving the most
+        samples it may grow to; the caller runs them."""
         out = []
-        while self.free_capacity(version) >= self.group_size:
+        reserve = self.controller.plan("", version, self.group_size)["max_size"]
+        while self.free_capacity(version) >= reserve:
             ex = self._next_prompt()
-            g = self.start_group(ex, self.n_started, version)
+            plan = self.controller.plan(ex.prompt_id, version, self.group_size)
+            g = self.start_group(ex, self.n_started, version, **plan)
             self.order[g.group_id] = self.n_started
             self.running[g.group_id] = g
             self.n_started += 1
@@ -78,6 +86,22 @@ class Scheduler:
                 return ex
         raise RuntimeError(f"every prompt drawn was abandoned after scoring failures "
                            f"({len(self.abandoned)} abandoned); last error: {self._last_error}")
+
+    def can_admit(self, version: int) -> bool:
+        """Whether a new group would be admitted now."""
+        return self.free_capacity(version) >= self.controller.plan("", version,
+                                                                    self.group_size)["max_size"]
+
+    # ---- a round of a workflow finished ----------------------------------------------
+    def grow(self, g: Group) -> int:
+        """Adaptive allocation: add the samples the controller asks for to the running
+        group ``g`` (fresh rollouts of its prompt, seeded by their index, tagged with the
+        next round); returns how many (0: the group is complete)."""
+        n = self.controller.more(g)
+        if n > 0:
+            rnd = 1 + max(r.group_round for r in g.rollouts)
+            self.start_group.extend(g, n, self.order[g.group_id], rnd)
+        return n
 
     # ---- a workflow finished ---------------------------------------------------------
     def close(self, g: Group) -> None:
@@ -106,6 +130,8 @@ class Scheduler:
     def _drop(self, g: Group, reason: str) -> None:
         g.filter_reason = reason
         self.dropped[reason] += 1
+        if reason != "scoring_error":
+            self.controller.dropped(g, self.order.get(g.group_id, 0))
         self._drop_run += 1
         self.order.pop(g.group_id, None)
         if reason == "scoring_error":

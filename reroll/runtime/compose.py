@@ -15,9 +15,9 @@ from typing import Any
 
 from reroll import build
 from reroll.config import RunConfig
-from reroll.control.prompts import PromptStream
 from reroll.control.rollouts import Rollouts
 from reroll.control.scheduler import Scheduler
+from reroll.control.wiring import build_control
 from reroll.runlog import RunDir
 from reroll.runtime.host import RolloutSource
 from reroll.trainer import checkpoint
@@ -58,12 +58,14 @@ def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_com
         tok = build.load_tokenizer(init_dir)
         task = build.build_task(cfg, tok, init_dir)
         build.check_sandbox(cfg, task)
-        prompts = PromptStream(task.train, cfg.train.seed, **state.get("prompts", {}))
+        combine = parts.scorer.combine
+        control, prompts = build_control(
+            cfg, task.train, lambda x: None if x.failed else combine(x.scores), state)
         r = cfg.rollout
         sched = Scheduler(prompts, build.group_starter(cfg, tok), group_size=r.group_size,
                           batch_groups=r.batch_groups, max_staleness=cfg.runtime.max_staleness,
                           overprovision=cfg.runtime.overprovision,
-                          filters=build.build_filters(cfg, parts.scorer.combine))
+                          filters=build.build_filters(cfg, combine), controller=control)
         rerun = sched.restore(checkpoint.read_groups(ckpt), state["counters"]) if ckpt else []
         workflow = WORKFLOWS.get(r.workflow)
         shaping = build.build_shaping(cfg)
@@ -73,6 +75,7 @@ def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_com
 
             ctx = build.episode_context(cfg, tok, EngineService(parts.engine_core),
                                         parts.scorer, shaping)
+            ctx.grow = sched.grow if control.adaptive else None
             return Rollouts(sched, workflow, ctx, partial_rollouts=cfg.runtime.partial_rollouts)
 
         source = RolloutSource(make, rerun)

@@ -75,6 +75,13 @@ def batch_metrics(groups: Sequence[Group], before: dict, after: dict, *, wait_s:
         out[f"pipeline/dropped_{reason}"] = n
     for name, n in errors.items():
         out[f"score_errors/{name}"] = n
+    sizes = [len(g.rollouts) for g in groups]
+    out["control/group_size_mean"] = statistics.fmean(sizes)
+    out["control/group_size_max"] = float(max(sizes))
+    out["control/rounds_mean"] = statistics.fmean(
+        1 + max(r.group_round for r in g.rollouts) for g in groups)
+    out["pipeline/tokens_generated"] = float(s1.get("tokens_generated", 0))  # cumulative
+    out.update(after.get("control", {}))
     out.update(env_metrics(rollouts))
     lags = [r.min_version for r in rollouts]
     if lags:

@@ -46,6 +46,10 @@ class EpisodeContext:
     """Per turn (single_turn: the whole response)."""
     max_episode_tokens: int = 0
     """Policy-sampled tokens per episode over all turns (0: max_turns * max_new_tokens)."""
+    grow: Callable[[Group], int] | None = None
+    """Adaptive allocation: after a round of a group is scored, adds the samples the
+    allocator asks for and returns how many (0: the group is complete). None: groups keep
+    their size."""
 
     async def score(self, r: Rollout, example: Example) -> None:
         """Run the verifiers on ``r``; sets its scores and reward (None when one failed)."""
@@ -65,6 +69,17 @@ class EpisodeContext:
         r.reward = self.scorer.combine(scores)
         if self.shape_reward is not None:
             r.reward += self.shape_reward(r)
+
+
+async def in_rounds(ctx: EpisodeContext, group: Group,
+                    one: Callable[[Rollout], Awaitable[None]]) -> None:
+    """Run ``one`` on every member of ``group`` (members already done return at once), then
+    let the allocator grow the group and run the new members, until it adds none. A group
+    restored mid-round continues the round it was in."""
+    while True:
+        await asyncio.gather(*(one(r) for r in group.rollouts))
+        if ctx.grow is None or not ctx.grow(group):
+            return
 
 
 class EnvReward:

@@ -19,16 +19,17 @@ a resume in ``resume_count``.
 
 from __future__ import annotations
 
-import asyncio
-
 from reroll.rollout import Example, Group, Rollout, Score
-from reroll.workflows.base import WORKFLOWS, EpisodeContext
+from reroll.workflows.base import WORKFLOWS, EpisodeContext, in_rounds
 
 
 @WORKFLOWS.register("multi_turn")
 async def multi_turn(ctx: EpisodeContext, group: Group) -> None:
-    await asyncio.gather(*(episode(ctx, group.example, r) for r in group.rollouts
-                           if not (r.finished and (r.reward is not None or r.failed))))
+    async def one(r: Rollout) -> None:
+        if not (r.finished and (r.reward is not None or r.failed)):
+            await episode(ctx, group.example, r)
+
+    await in_rounds(ctx, group, one)
 
 
 multi_turn.uses_verifiers = False  # the environment rewards (ctx.scorer is an EnvReward)

@@ -3,16 +3,15 @@ verifiers as soon as it finishes. The default workflow."""
 
 from __future__ import annotations
 
-import asyncio
-
 from reroll.rollout import Group, Rollout
-from reroll.workflows.base import WORKFLOWS, EpisodeContext
+from reroll.workflows.base import WORKFLOWS, EpisodeContext, in_rounds
 
 
 @WORKFLOWS.register("single_turn")
 async def single_turn(ctx: EpisodeContext, group: Group) -> None:
     """Generate every unfinished sample (a partly generated one, restored from a checkpoint,
-    continues from its prefix: a resume), then score every unscored one."""
+    continues from its prefix: a resume), then score every unscored one; in rounds when the
+    allocator grows groups."""
 
     async def one(r: Rollout) -> None:
         if not r.finished:
@@ -20,4 +19,4 @@ async def single_turn(ctx: EpisodeContext, group: Group) -> None:
         if r.reward is None and not r.failed:
             await ctx.score(r, group.example)
 
-    await asyncio.gather(*(one(r) for r in group.rollouts))
+    await in_rounds(ctx, group, one)

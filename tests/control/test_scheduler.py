@@ -14,7 +14,7 @@ from reroll.rollout import Example, SamplingParams, Score, new_group
 
 def starter(group_size):
     sp = SamplingParams(temperature=1.0, max_new_tokens=8)
-    return lambda ex, seq, version: new_group(ex, group_size, [1, 2, 3], sp, version)
+    return lambda ex, seq, version, **plan: new_group(ex, group_size, [1, 2, 3], sp, version)
 
 
 def make(n=4, retries=3, group_size=2, batch_groups=1, max_staleness=0, filters=()):

@@ -1,0 +1,116 @@
+"""The Control stage in one object: per-prompt statistics, the allocator (samples per prompt),
+the prompt selector and the length schedule, with the state that goes into checkpoints.
+
+The scheduler asks it, for a new group, how many samples to start and to reserve and what
+response limit is in force; a workflow asks it, after each round of a group, whether to add
+samples (through `Scheduler.grow`). Outcomes reach the statistics only at step boundaries
+(`end_step`): the groups a step consumed in consumption order, after the groups dropped by
+filters since the last boundary in admission order. Decisions therefore read state that is
+fixed for the whole step, and a resumed run makes the decisions an uninterrupted one made.
+
+A sample is a success when its verifier value (the reward components' combination, before
+any length shaping: what DAPO's filter looks at) is at least ``success_at``. Knows nothing of
+engines, threads or the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from reroll.control.allocators import Allocator
+from reroll.control.stats import PromptStats
+from reroll.rollout import Group, Rollout
+
+ValueOf = Callable[[Rollout], "float | None"]  # the verifier value of a scored sample
+
+
+class Controller:
+    def __init__(self, allocator: Allocator | None = None, stats: PromptStats | None = None,
+                 *, value_of: ValueOf | None = None, success_at: float = 1.0,
+                 length=None, step: int = 0):
+        self.allocator = allocator
+        self.stats = stats or PromptStats()
+        self.value_of = value_of or (lambda r: r.reward)
+        self.success_at, self.length, self.step = success_at, length, step
+        self.pending: list[tuple[int, str, int, int]] = []  # (seq, prompt, successes, n)
+        self.selector = None  # set by whoever builds the prompt stream (see build)
+
+    @property
+    def adaptive(self) -> bool:
+        return self.allocator is not None and type(self.allocator) is not Allocator
+
+    # ---- a new group -------------------------------------------------------------------
+    def plan(self, prompt_id: str, version: int, default_size: int) -> dict:
+        """Sizes and limits of a new group: ``size`` (first round), ``max_size`` (reserved)
+        and ``max_new_tokens`` (None: the configured one)."""
+        a = self.allocator
+        rec = self.stats.get(prompt_id)
+        size = a.initial(rec) if a is not None else default_size
+        max_size = max(size, a.max_size()) if a is not None else size
+        limit = self.length(version) if self.length is not None else None
+        return {"size": size, "max_size": max_size, "max_new_tokens": limit}
+
+    # ---- a round of a group finished ---------------------------------------------------
+    def values(self, g: Group) -> list[float] | None:
+        """The members' verifier values, or None when one failed (no decision on errors)."""
+        vals = [self.value_of(r) for r in g.rollouts]
+        return None if any(v is None for v in vals) else [float(v) for v in vals]
+
+    def successes(self, values: list[float]) -> int:
+        return sum(v >= self.success_at for v in values)
+
+    def more(self, g: Group) -> int:
+        """Samples to add to ``g`` now (0: the group is complete), never past its
+        reservation."""
+        if self.allocator is None:
+            return 0
+        vals = self.values(g)
+        if vals is None:
+            return 0
+        rounds = 1 + max(r.group_round for r in g.rollouts)
+        n = self.allocator.more(self.stats.get(g.prompt_id), vals, self.successes(vals), rounds)
+        return max(0, min(int(n), g.reserved - len(g.rollouts)))
+
+    # ---- step boundaries ---------------------------------------------------------------
+    def dropped(self, g: Group, seq: int) -> None:
+        """A complete group a filter rejected: its outcome still says how hard the prompt
+        is (an all-correct group is easy); folded in at the next boundary."""
+        vals = self.values(g)
+        if vals:
+            self.pending.append((seq, g.prompt_id, self.successes(vals), len(vals)))
+
+    def end_step(self, consumed: list[Group]) -> None:
+        """Fold in the groups dropped since the last boundary (by admission order), then
+        the consumed ones (in consumption order); let the allocator update its prices."""
+        for _, pid, s, n in sorted(self.pending):
+            self.stats.observe(pid, s, n, self.step)
+        self.pending.clear()
+        outcomes = []
+        for g in consumed:
+            vals = self.values(g) or []
+            s = self.successes(vals)
+            self.stats.observe(g.prompt_id, s, len(vals), self.step)
+            outcomes.append((g.prompt_id, len(g.rollouts), s))
+        if self.allocator is not None:
+            self.allocator.end_step(outcomes, self.stats)
+        if self.selector is not None:
+            self.selector.end_step(outcomes, self.stats)
+        self.step += 1
+
+    # ---- checkpoints -------------------------------------------------------------------
+    def state(self) -> dict:
+        return {"step": self.step, "stats": self.stats.state(),
+                "pending": [list(p) for p in self.pending],
+                "allocator": self.allocator.state() if self.allocator is not None else {},
+                "selector": self.selector.state() if self.selector is not None else {}}
+
+    def load_state(self, d: dict | None) -> None:
+        if not d:
+            return
+        self.step = int(d.get("step", 0))
+        self.stats = PromptStats.from_state(d.get("stats"), keep=self.stats.keep)
+        self.pending = [tuple(p) for p in d.get("pending", [])]
+        if self.allocator is not None:
+            self.allocator.load_state(d.get("allocator", {}))
+        if self.selector is not None:
+            self.selector.load_state(d.get("selector", {}))

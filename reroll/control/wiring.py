@@ -1,0 +1,66 @@
+"""Builds the Control stage of a run from its config: the allocator, the prompt selector, the
+length schedule and the `Controller` holding them with the per-prompt statistics, restored
+from a checkpoint's state when resuming. Looks things up in the registries; no decisions.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from reroll.control.allocators import ALLOCATORS
+from reroll.control.controller import Controller, ValueOf
+from reroll.control.lengths import LENGTHS
+from reroll.control.prompts import PromptStream
+from reroll.control.selectors import SELECTORS
+from reroll.control.stats import PromptStats
+from reroll.errors import ConfigError
+
+if TYPE_CHECKING:
+    from reroll.config import RunConfig
+    from reroll.rollout import Example
+
+
+def check_control(cfg: RunConfig) -> None:
+    """Registry names and hyperparameters of [control], then a trial build (cross-field
+    rules such as n_max >= group_size fail now, not when the run starts)."""
+    c = cfg.control
+    ALLOCATORS.check_kwargs(c.allocator, c.allocator_args, "control.allocator_args")
+    LENGTHS.check_kwargs(c.length, c.length_args, "control.length_args")
+    if c.selector != "uniform":
+        SELECTORS.check_kwargs(c.selector, c.selector_args, "control.selector_args")
+    elif c.selector_args:
+        raise ConfigError(f"control.selector = \"uniform\" takes no selector_args, got "
+                          f"{sorted(c.selector_args)}")
+    try:
+        build_allocator(cfg), build_length(cfg)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def build_allocator(cfg: RunConfig):
+    c = cfg.control
+    return ALLOCATORS.get(c.allocator)(cfg.rollout.group_size, **c.allocator_args)
+
+
+def build_length(cfg: RunConfig):
+    c = cfg.control
+    return LENGTHS.get(c.length)(cfg.rollout.max_new_tokens, **c.length_args)
+
+
+def build_control(cfg: RunConfig, examples: list[Example], value_of: ValueOf,
+                  state: dict | None = None) -> tuple[Controller, PromptStream]:
+    """The controller and the prompt stream it selects from, with ``state`` (a checkpoint's
+    ``prompts`` and ``control`` entries) restored."""
+    c = state or {}
+    allocator = build_allocator(cfg)
+    length = build_length(cfg) if cfg.control.length != "fixed" else None
+    ctl = Controller(allocator, PromptStats(cfg.control.history), value_of=value_of,
+                     success_at=cfg.control.success_at, length=length)
+    choose = None
+    if cfg.control.selector != "uniform":
+        ctl.selector = SELECTORS.get(cfg.control.selector)(
+            examples, cfg.train.seed, cfg.rollout.batch_groups, **cfg.control.selector_args)
+        choose = lambda draw: ctl.selector.pick(draw, ctl.stats)  # noqa: E731
+    ctl.load_state(c.get("control"))
+    prompts = PromptStream(examples, cfg.train.seed, choose=choose, **c.get("prompts", {}))
+    return ctl, prompts

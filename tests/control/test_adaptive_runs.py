@@ -1,0 +1,98 @@
+"""Adaptive control through the real pipeline on a tiny model: groups grow in rounds and a
+step trains groups of different sizes; a stopped-and-resumed run with an adaptive allocator
+and a selector makes the same decisions and ends with bitwise-identical weights; allocators
+work under asynchronous training without stale drops; the length schedule reaches the
+engine and is recorded per sample."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from reroll.runlog import read_metrics, read_rollouts
+from reroll.runtime import train
+
+
+def decisions(run_dir):
+    """(step, prompt, rounds of each member, their tokens and rewards) of every recorded
+    group, in order."""
+    return [(step, g["example"]["prompt_id"], [r["group_round"] for r in g["rollouts"]],
+             [(r["tokens"], r["reward"]) for r in g["rollouts"]])
+            for step, g in read_rollouts(run_dir)]
+
+
+def weights(run_dir, step):
+    return load_file(str(run_dir / "checkpoints" / f"step_{step:06d}" / "model" /
+                         "model.safetensors"))
+
+
+@pytest.mark.parametrize("control", [
+    ["control.allocator=ar3po", "control.selector=dots", "control.selector_args.pool=0"],
+    ["control.allocator=gdro", "control.selector=gdro"],
+    ["control.allocator=xrpo", "control.allocator_args={n0=2, n_max=8}",
+     "control.selector=vade", "control.length=siri",
+     "control.length_args.period=2"],
+])
+def test_resume_makes_the_same_decisions_and_weights_as_an_uninterrupted_run(
+        tmp_path, small_run, control):
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(small_run(a, "train.steps=4", "ckpt_every=2", *control), progress=False)
+    train(small_run(b, "train.steps=2", "ckpt_every=2", *control), progress=False)
+    train(small_run(b, "train.steps=4", "ckpt_every=2", *control), resume=True,
+          progress=False)
+    da = decisions(a)
+    assert da == decisions(b)  # same prompts, same group sizes, same tokens and rewards
+    assert len({len(rounds) for _, _, rounds, _ in da}) > 1  # sizes really varied
+    # Weights agree to float rounding, not bitwise: a later round joins the engine's batch
+    # at a moment that depends on thread timing, and a batched forward over a different set
+    # of sequences rounds the behaviour log-probs differently in the last bit (measured:
+    # 4e-8 after two steps in two runs that were never interrupted). Fixed-size groups all
+    # start together, which is why the fixed allocator's resume test is bitwise.
+    wa, wb = weights(a, 4), weights(b, 4)
+    assert all(torch.allclose(wa[k], wb[k], rtol=0, atol=1e-5) for k in wa)
+
+
+def test_ar3po_groups_grow_only_while_no_sample_is_correct(tmp_path, small_run):
+    train(small_run(tmp_path, "train.steps=3", "control.allocator=ar3po",
+                    "control.allocator_args={k=2, max_stages=3}"), progress=False)
+    groups = [g for _, g in read_rollouts(tmp_path)]
+    for g in groups:
+        rs = g["rollouts"]
+        rounds = max(r["group_round"] for r in rs) + 1
+        assert len(rs) == 2 * rounds
+        for k in range(rounds - 1):  # every earlier stage had no correct sample
+            assert all(r["reward"] < 1 for r in rs if r["group_round"] <= k)
+        assert rounds == 3 or any(r["reward"] >= 1 for r in rs)
+        # seeds continue with the sample's index: all distinct within the group
+        assert len({r["sampling"]["seed"] for r in rs}) == len(rs)
+    rows = read_metrics(tmp_path)
+    # admission reserves 6 samples a group: at most 16 samples in flight per version
+    assert sum(m["pipeline/samples_in_batch"] for m in rows) <= 3 * 16
+    assert all(m["pipeline/samples_in_batch"] == sum(
+        len(g["rollouts"]) for s, g in read_rollouts(tmp_path) if s == m["step"]) for m in rows)
+
+
+def test_allocators_run_asynchronously_without_stale_drops(tmp_path, small_run):
+    # price fixed at 0.15 (lr 0): 2 samples always get 2 more (the half-width of 2 is huge);
+    # at 4, all-equal values gain 0.13 (pseudo-std of p = 5/6) and stop, mixed ones gain
+    # >= 0.175 (e.g. 1,0,1,0: 0.918 - 0.717 = 0.2) and get 2 more, the cap
+    train(small_run(tmp_path, "train.steps=4", "runtime.max_staleness=1",
+                    "control.allocator=xrpo",
+                    "control.allocator_args={n0=2, n_max=6, mu=0.15, lr=0.0}"),
+          progress=False)
+    rows = read_metrics(tmp_path)
+    assert [m["step"] for m in rows] == [1, 2, 3, 4]
+    assert all("pipeline/dropped_stale" not in m for m in rows)
+    for _, g in read_rollouts(tmp_path):
+        first4 = {r["reward"] for r in g["rollouts"][:4]}
+        assert len(g["rollouts"]) == (4 if len(first4) == 1 else 6)
+
+
+def test_the_length_schedule_is_what_each_sample_was_generated_under(tmp_path, small_run):
+    train(small_run(tmp_path, "train.steps=4", "control.length=siri",
+                    "control.length_args={low=2, period=4}"), progress=False)
+    # version v: 2 + 2 (1 - cos(2 pi v / 4)) / 2 -> 2, 3, 4, 3
+    want = {1: 2, 2: 3, 3: 4, 4: 3}
+    for step, g in read_rollouts(tmp_path):
+        for r in g["rollouts"]:
+            assert r["sampling"]["max_new_tokens"] == want[step]
+            assert len(r["tokens"]) - r["prompt_len"] <= want[step]
