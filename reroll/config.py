@@ -203,6 +203,14 @@ class ControlConfig:
     (the reward components' combination, before length shaping) is at least this."""
     history: int = 8
     """Observations (groups) kept per prompt for recent success rates and posteriors."""
+    dot_k: float = 0.0
+    """DOT outlier truncation: in groups where every sample succeeded, samples longer than
+    mean + dot_k x std of the group's lengths lose `dot_penalty` reward (0 disables)."""
+    dot_quantile: float = 0.0
+    """DOT: use this quantile of the group's lengths as the threshold instead (0: mean +
+    dot_k x std). Either one enables DOT."""
+    dot_penalty: float = 1.0
+    """DOT: reward removed from an outlying sample (recorded as a "dot" score)."""
 
 
 @dataclass

@@ -38,6 +38,7 @@ RANGES = {
     "runtime.max_staleness": "[0, inf)", "runtime.overprovision": "[1, inf)",
     "runtime.engine_workers": "[1, inf)", "runtime.scoring_workers": "[0, inf)",
     "runtime.threads": "[0, inf)", "control.history": "[1, inf)",
+    "control.dot_k": "[0, inf)", "control.dot_quantile": "[0, 1)", "control.dot_penalty": "[0, inf)",
 }
 
 

@@ -27,11 +27,12 @@ ValueOf = Callable[[Rollout], "float | None"]  # the verifier value of a scored 
 class Controller:
     def __init__(self, allocator: Allocator | None = None, stats: PromptStats | None = None,
                  *, value_of: ValueOf | None = None, success_at: float = 1.0,
-                 length=None, step: int = 0):
+                 length=None, step: int = 0, dot: dict | None = None):
         self.allocator = allocator
         self.stats = stats or PromptStats()
         self.value_of = value_of or (lambda r: r.reward)
         self.success_at, self.length, self.step = success_at, length, step
+        self.dot = dot  # {k, quantile, penalty} of DOT outlier truncation, or None
         self.pending: list[tuple[int, str, int, int]] = []  # (seq, prompt, successes, n)
         self.selector = None  # set by whoever builds the prompt stream (see build)
 
@@ -70,6 +71,31 @@ class Controller:
         rounds = 1 + max(r.group_round for r in g.rollouts)
         n = self.allocator.more(self.stats.get(g.prompt_id), vals, self.successes(vals), rounds)
         return max(0, min(int(n), g.reserved - len(g.rollouts)))
+
+    # ---- a group is complete -----------------------------------------------------------
+    def finish(self, g: Group) -> None:
+        """DOT (ALGORITHMS.md 3.11): in a group where every sample succeeded, a sample whose
+        policy-token length lies above the group's outlier threshold (mean + k std, or a
+        quantile) loses ``penalty`` reward, so among equally correct answers the outlying
+        long ones get a negative advantage; groups with a failure (hard prompts) keep their
+        long reasoning. The penalty is recorded as a "dot" score (value -penalty, with the
+        threshold and length), which the reward combination does not read."""
+        if self.dot is None or len(g.rollouts) < 2:
+            return
+        vals = self.values(g)
+        if vals is None or self.successes(vals) < len(vals):
+            return
+        from reroll.control import rules
+        from reroll.rollout import Score
+
+        lens = [r.n_sampled for r in g.rollouts]
+        q = self.dot.get("quantile") or None
+        thr = rules.dot_threshold(lens, k=self.dot.get("k", 2.0), quantile=q)
+        for r, n in zip(g.rollouts, lens):
+            if n > thr and not r.score("dot"):
+                pen = float(self.dot.get("penalty", 1.0))
+                r.scores.append(Score("dot", value=-pen, info={"threshold": thr, "length": n}))
+                r.reward -= pen
 
     # ---- step boundaries ---------------------------------------------------------------
     def dropped(self, g: Group, seq: int) -> None:

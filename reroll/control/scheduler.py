@@ -112,6 +112,8 @@ class Scheduler:
             self.score_errors[s.name] += 1
         failed = any(r.failed or r.reward is None for r in g.rollouts)
         reason = "scoring_error" if failed else None
+        if not failed:
+            self.controller.finish(g)
         if failed:
             self._last_error = errors[0].error if errors else "a sample has no reward"
         for f in self.filters if reason is None else ():

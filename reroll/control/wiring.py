@@ -51,16 +51,19 @@ def build_control(cfg: RunConfig, examples: list[Example], value_of: ValueOf,
                   state: dict | None = None) -> tuple[Controller, PromptStream]:
     """The controller and the prompt stream it selects from, with ``state`` (a checkpoint's
     ``prompts`` and ``control`` entries) restored."""
-    c = state or {}
+    saved = state or {}
     allocator = build_allocator(cfg)
     length = build_length(cfg) if cfg.control.length != "fixed" else None
-    ctl = Controller(allocator, PromptStats(cfg.control.history), value_of=value_of,
-                     success_at=cfg.control.success_at, length=length)
+    c = cfg.control
+    dot = ({"k": c.dot_k, "quantile": c.dot_quantile, "penalty": c.dot_penalty}
+           if c.dot_k > 0 or c.dot_quantile > 0 else None)
+    ctl = Controller(allocator, PromptStats(c.history), value_of=value_of,
+                     success_at=c.success_at, length=length, dot=dot)
     choose = None
     if cfg.control.selector != "uniform":
         ctl.selector = SELECTORS.get(cfg.control.selector)(
             examples, cfg.train.seed, cfg.rollout.batch_groups, **cfg.control.selector_args)
         choose = lambda draw: ctl.selector.pick(draw, ctl.stats)  # noqa: E731
-    ctl.load_state(c.get("control"))
-    prompts = PromptStream(examples, cfg.train.seed, choose=choose, **c.get("prompts", {}))
+    ctl.load_state(saved.get("control"))
+    prompts = PromptStream(examples, cfg.train.seed, choose=choose, **saved.get("prompts", {}))
     return ctl, prompts

@@ -96,3 +96,32 @@ def test_the_length_schedule_is_what_each_sample_was_generated_under(tmp_path, s
         for r in g["rollouts"]:
             assert r["sampling"]["max_new_tokens"] == want[step]
             assert len(r["tokens"]) - r["prompt_len"] <= want[step]
+
+
+def test_dynamic_sampling_refills_every_step_and_counts_each_drop(tmp_path, small_run):
+    train(small_run(tmp_path, "train.steps=4", "algo.dynamic_sampling=true"), progress=False)
+    rows = read_metrics(tmp_path)
+    by_step = {}
+    for step, g in read_rollouts(tmp_path):
+        by_step.setdefault(step, []).append({r["reward"] for r in g["rollouts"]})
+    for m in rows:  # the 4 groups asked for, each with reward variance
+        assert m["pipeline/groups_in_batch"] == 4
+        assert len(by_step[m["step"]]) == 4 and all(len(v) > 1 for v in by_step[m["step"]])
+    last = rows[-1]
+    dropped = last.get("pipeline/dropped_zero_variance", 0)
+    assert dropped > 0  # the untrained model's groups are often all right or all wrong
+    assert last["pipeline/started"] == last["pipeline/consumed"] + dropped
+
+
+def test_very_large_groups_share_one_prefill_and_train(tmp_path, small_run):
+    # BroRL-sized breadth on a tiny budget: one prompt, 128 samples, per step
+    train(small_run(tmp_path, "train.steps=2", "rollout.group_size=128",
+                    "rollout.batch_groups=1"), progress=False)
+    groups = [g for _, g in read_rollouts(tmp_path)]
+    assert [len(g["rollouts"]) for g in groups] == [128, 128]
+    rows = read_metrics(tmp_path)
+    assert all(0 < m["grad_norm"] < float("inf") for m in rows)
+    # all 128 were prefilled by the engine in one packed forward: their engine_prefill
+    # timestamps are identical within each group
+    for g in groups:
+        assert len({r["timings"]["engine_prefill"] for r in g["rollouts"]}) == 1

@@ -142,3 +142,31 @@ def test_controller_folds_drops_by_admission_order_then_consumed_groups_at_the_b
     fresh = Controller(alloc("fixed", 2))
     fresh.load_state(c.state())
     assert fresh.state() == c.state()
+
+
+def test_dot_penalises_only_length_outliers_of_all_correct_groups():
+    def grp(rewards, lengths):
+        g = group("p", rewards)
+        for r, n in zip(g.rollouts, lengths):
+            for _ in range(n):
+                r.append(5, -0.1, 0)
+        return g
+
+    c = Controller(alloc("fixed", 4), dot={"k": 1.0, "quantile": 0.0, "penalty": 0.5})
+    # lengths 2, 2, 2, 10: mean 4, population std sqrt((3 * 4 + 36) / 4) = 3.464;
+    # threshold 4 + 3.464 = 7.46: only the 10-token answer is an outlier
+    g = grp([1.0] * 4, [2, 2, 2, 10])
+    c.finish(g)
+    assert [r.reward for r in g.rollouts] == [1.0, 1.0, 1.0, 0.5]
+    dot = g.rollouts[3].score("dot")
+    assert dot.value == -0.5 and dot.info["length"] == 10
+    assert dot.info["threshold"] == pytest.approx(4 + 12 ** 0.5)
+    c.finish(g)  # finishing twice (a restored group) does not penalise twice
+    assert g.rollouts[3].reward == 0.5
+    hard = grp([1.0, 1.0, 1.0, 0.0], [2, 2, 2, 10])  # a failure: long reasoning is kept
+    c.finish(hard)
+    assert [r.reward for r in hard.rollouts] == [1.0, 1.0, 1.0, 0.0]
+    wide = Controller(alloc("fixed", 4), dot={"k": 2.0, "quantile": 0.0, "penalty": 0.5})
+    g2 = grp([1.0] * 4, [2, 2, 2, 10])  # threshold 4 + 6.93 = 10.93: nothing
+    wide.finish(g2)
+    assert [r.reward for r in g2.rollouts] == [1.0] * 4
