@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from reroll.config import ConfigError, RunConfig, dump_toml, read_toml, to_dict
+from reroll.config import ConfigError, RunConfig, build, dump_toml, read_toml, to_dict
 
 # Keys that may change between a run and its resume (they do not change what is learned).
 RESUMABLE = {"train.steps", "log_every", "ckpt_every", "record_every", "eval", "out_dir",
@@ -62,7 +62,11 @@ class RunDir:
                         if kind == "train" else "set out_dir to a new directory")
                 raise ConfigError(f"run directory {str(self.path)!r} already holds a run "
                                   f"({cfg_file}); {hint}")
-            diff = config_diff(read_toml(cfg_file), json.loads(json.dumps(to_dict(cfg))))
+            # the saved config through the dataclasses: a key added to reroll since the run
+            # started reads as its default, not as a difference
+            saved = to_dict(build(type(cfg), read_toml(cfg_file)))
+            diff = config_diff(json.loads(json.dumps(saved)),
+                               json.loads(json.dumps(to_dict(cfg))))
             if diff:
                 raise ConfigError(f"cannot resume {self.path}: the config differs from the "
                                   f"run's in: " + "; ".join(diff))

@@ -172,3 +172,19 @@ def test_dynamic_sampling_that_never_finds_a_group_stops_with_a_clear_error(tmp_
                     'reward.verifiers=[{name="format", args={pattern="zzz"}}]')
     with pytest.raises(RuntimeError, match="groups in a row were dropped"):
         train(cfg, progress=False)
+
+
+def test_a_run_saved_before_a_config_key_existed_resumes(tmp_path):
+    # a run directory written by an older reroll lacks keys added since (here all of
+    # [control]): they read as their defaults, not as a changed config
+    import tomli_w
+
+    from reroll.config import read_toml
+
+    out = tmp_path / "run"
+    train(small_cfg(out, "train.steps=1"), progress=False)
+    saved = read_toml(out / "config.toml")
+    del saved["control"]
+    (out / "config.toml").write_text(tomli_w.dumps(saved))
+    train(small_cfg(out, "train.steps=2"), resume=True, progress=False)
+    assert [m["step"] for m in read_metrics(out)] == [1, 2]
