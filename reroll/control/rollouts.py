@@ -61,6 +61,7 @@ class Rollouts:
                                        f"{s.counters()}")
                 out += s.take(max(len(g.rollouts) for g in s.ready), trainer_version)
             if got >= n_samples or (stuck and out):
+                out = s.batch_order(out)
                 s.controller.end_step(out)
                 return out
             self._changed.clear()

@@ -45,6 +45,7 @@ class Scheduler:
         self.running: dict[str, Group] = {}  # started, workflow not yet done
         self.ready: list[Group] = []  # done, scored, passed filters, not yet consumed
         self.order: dict[str, int] = {}  # group_id -> admission sequence number
+        self.taken: dict[str, int] = {}  # the same, of groups taken since `batch_order`
         self.n_started = self.n_accepted = self.n_consumed = 0  # groups
         self.s_accepted = 0  # samples of accepted groups (consumed or ready)
         self.dropped: Counter[str] = Counter()
@@ -189,7 +190,7 @@ class Scheduler:
                                             batch=self.batch, size=len(g.rollouts)):
                 break  # the remaining slots belong to earlier-deadline groups still running
             self.ready.pop(0)
-            self.order.pop(g.group_id, None)
+            self.taken[g.group_id] = self.order.pop(g.group_id, 0)
             self.s_accepted -= len(g.rollouts) if overdue else 0
             if overdue:
                 self.dropped["stale"] += 1
@@ -201,6 +202,13 @@ class Scheduler:
             out.append(g)
             got += len(g.rollouts)
         self.n_consumed += len(out)
+        return out
+
+    def batch_order(self, groups: list[Group]) -> list[Group]:
+        """One step's groups (taken over several `take` calls, as they became ready) in
+        admission order, so the trainer sees the same batch whatever finished first."""
+        out = sorted(groups, key=lambda g: self.taken.get(g.group_id, 0))
+        self.taken.clear()
         return out
 
     # ---- checkpointing -----------------------------------------------------------------
