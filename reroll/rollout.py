@@ -120,6 +120,9 @@ class Rollout:
     start_version: int = -1  # policy version when generation of this rollout began
     loss_exclusion: str | None = None  # why this sample is kept out of the loss, if it is
     sample_weight: float = 1.0
+    shaping: dict[str, float] = field(default_factory=dict)
+    """Reward-shaping terms already added to ``reward`` by a control rule (e.g. DOT's
+    ``{"dot": -penalty}``), kept apart from the verifier scores."""
     timings: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

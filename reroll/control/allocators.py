@@ -147,7 +147,8 @@ class XRPO(_ShadowPriced):
     """XRPO-style allocation: ``n0`` samples first; then ``chunk`` more at a time while one
     more sample still shrinks the prompt's Student-t confidence half-width (plus an
     exploration bonus for rarely sampled prompts) by more than the shadow price ``mu``, up to
-    ``n_max``. ``mu`` follows the budget (mean ``group_size`` samples per group).
+    ``n_max``. ``mu`` follows the budget (mean ``group_size`` samples per group). The
+    interval is over success indicators (``control.success_at``), whatever the reward scale.
 
     XRPO hands the remaining budget of a batch out in rounds across prompts; here each group
     decides alone against the price, the price being what makes the decisions meet the budget
@@ -171,7 +172,8 @@ class XRPO(_ShadowPriced):
         n = len(values)
         if n >= self.n_max:
             return 0
-        gain = rules.xrpo_gain(values, alpha=self.alpha, explore=self.explore,
+        hits = [1.0] * successes + [0.0] * (n - successes)  # any reward scale: successes
+        gain = rules.xrpo_gain(hits, alpha=self.alpha, explore=self.explore,
                                total=self.total)
         return min(self.chunk, self.n_max - n) if gain > self.mu else 0
 

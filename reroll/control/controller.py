@@ -78,24 +78,29 @@ class Controller:
         policy-token length lies above the group's outlier threshold (mean + k std, or a
         quantile) loses ``penalty`` reward, so among equally correct answers the outlying
         long ones get a negative advantage; groups with a failure (hard prompts) keep their
-        long reasoning. The penalty is recorded as a "dot" score (value -penalty, with the
-        threshold and length), which the reward combination does not read."""
+        long reasoning. The penalty and the threshold are recorded in ``Rollout.shaping``
+        (not among the verifier scores, which the advantage and the statistics read)."""
         if self.dot is None or len(g.rollouts) < 2:
             return
         vals = self.values(g)
         if vals is None or self.successes(vals) < len(vals):
             return
         from reroll.control import rules
-        from reroll.rollout import Score
 
         lens = [r.n_sampled for r in g.rollouts]
         q = self.dot.get("quantile") or None
         thr = rules.dot_threshold(lens, k=self.dot.get("k", 2.0), quantile=q)
         for r, n in zip(g.rollouts, lens):
-            if n > thr and not r.score("dot"):
+            if n > thr and "dot" not in r.shaping:
                 pen = float(self.dot.get("penalty", 1.0))
-                r.scores.append(Score("dot", value=-pen, info={"threshold": thr, "length": n}))
+                r.shaping["dot"] = -pen
+                r.shaping["dot_threshold"] = float(thr)
                 r.reward -= pen
+
+    def abandon(self, prompt_id: str) -> None:
+        """A prompt given up on after scoring failures: the selector never picks it again."""
+        if self.selector is not None:
+            self.selector.exclude(prompt_id)
 
     # ---- step boundaries ---------------------------------------------------------------
     def dropped(self, g: Group, seq: int) -> None:

@@ -155,6 +155,7 @@ class Scheduler:
             return
         self.dropped["scoring_abandoned"] += 1
         self.abandoned.append(pid)
+        self.controller.abandon(pid)
         err = next((s.error for r in g.rollouts for s in r.scores if not s.ok),
                    "a sample has no reward")
         warnings.warn(f"prompt {pid!r}: scoring failed {self.score_failures[pid]} times, "

@@ -30,6 +30,7 @@ class Selector:
         if not examples:
             raise ValueError("selector: the task's train split is empty")
         self.examples, self.seed, self.round_size = examples, seed, max(1, round_size)
+        self.excluded: set[str] = set()  # prompts given up on (never picked again)
 
     def pick(self, draw: int, stats: PromptStats) -> Example:
         raise NotImplementedError
@@ -37,11 +38,14 @@ class Selector:
     def end_step(self, outcomes: list[tuple[str, int, int]], stats: PromptStats) -> None:
         pass
 
+    def exclude(self, prompt_id: str) -> None:
+        self.excluded.add(prompt_id)
+
     def state(self) -> dict:
-        return {}
+        return {"excluded": sorted(self.excluded)}
 
     def load_state(self, d: dict) -> None:
-        pass
+        self.excluded = set(d.get("excluded", []))
 
 
 class _Rounds(Selector):
@@ -67,6 +71,7 @@ class _Rounds(Selector):
                    else np.arange(n))
             cands = [self.examples[i] for i in idx]
             keys = self.keys(cands, stats, rng)
+            keys[[e.prompt_id in self.excluded for e in cands]] = -np.inf
             order = np.argsort(-keys, kind="stable")[: self.round_size]
             picks = [int(idx[i]) for i in order]
             while len(picks) < self.round_size:  # fewer candidates than a round: repeat
@@ -75,9 +80,10 @@ class _Rounds(Selector):
         return self.examples[self.picks[pos]]
 
     def state(self):
-        return {"round": self.round, "picks": list(self.picks)}
+        return {**super().state(), "round": self.round, "picks": list(self.picks)}
 
     def load_state(self, d):
+        super().load_state(d)
         self.round, self.picks = int(d.get("round", -1)), list(d.get("picks", []))
 
 
@@ -173,7 +179,7 @@ class PromptGDRO(Selector):
         for _ in range(64 * math.ceil(len(self.examples) / max(1, sizes[b] if b is not None
                                                                  else 1))):
             ex = self.examples[rng.randrange(len(self.examples))]
-            if b is None or self._bin(ex.prompt_id) == b:
+            if (b is None or self._bin(ex.prompt_id) == b) and ex.prompt_id not in self.excluded:
                 return ex
         return self.examples[rng.randrange(len(self.examples))]  # (practically unreachable)
 
@@ -199,9 +205,11 @@ class PromptGDRO(Selector):
             self.counts[self.bin_of[pid]] += 1
 
     def state(self):
-        return {"weights": self.weights, "scores": self.scores, "bin_of": self.bin_of}
+        return {**super().state(), "weights": self.weights, "scores": self.scores,
+                "bin_of": self.bin_of}
 
     def load_state(self, d):
+        super().load_state(d)
         self.weights = list(d.get("weights", self.weights))
         self.scores = list(d.get("scores", self.scores))
         self.bin_of = dict(d.get("bin_of", {}))

@@ -32,9 +32,20 @@ def check_control(cfg: RunConfig) -> None:
         raise ConfigError(f"control.selector = \"uniform\" takes no selector_args, got "
                           f"{sorted(c.selector_args)}")
     try:
-        build_allocator(cfg), build_length(cfg)
+        allocator, _ = build_allocator(cfg), build_length(cfg)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    import math
+
+    r, rt = cfg.rollout, cfg.runtime
+    batch = r.batch_groups * r.group_size
+    room = (rt.max_staleness + 1) * batch + math.ceil((rt.overprovision - 1.0) * batch)
+    if allocator.max_size() > room:
+        raise ConfigError(
+            f"control.allocator {c.allocator!r} may grow a group to {allocator.max_size()} "
+            f"samples, more than the {room} one policy version may start (rollout."
+            f"batch_groups x group_size x (max_staleness + 1)): no group could ever start; "
+            f"lower its n_max / stages or raise rollout.batch_groups")
 
 
 def build_allocator(cfg: RunConfig):

@@ -158,9 +158,9 @@ def test_dot_penalises_only_length_outliers_of_all_correct_groups():
     g = grp([1.0] * 4, [2, 2, 2, 10])
     c.finish(g)
     assert [r.reward for r in g.rollouts] == [1.0, 1.0, 1.0, 0.5]
-    dot = g.rollouts[3].score("dot")
-    assert dot.value == -0.5 and dot.info["length"] == 10
-    assert dot.info["threshold"] == pytest.approx(4 + 12 ** 0.5)
+    assert g.rollouts[3].shaping["dot"] == -0.5
+    assert g.rollouts[3].shaping["dot_threshold"] == pytest.approx(4 + 12 ** 0.5)
+    assert all(len(r.scores) == 1 for r in g.rollouts)  # verifier scores untouched
     c.finish(g)  # finishing twice (a restored group) does not penalise twice
     assert g.rollouts[3].reward == 0.5
     hard = grp([1.0, 1.0, 1.0, 0.0], [2, 2, 2, 10])  # a failure: long reasoning is kept
@@ -170,3 +170,22 @@ def test_dot_penalises_only_length_outliers_of_all_correct_groups():
     g2 = grp([1.0] * 4, [2, 2, 2, 10])  # threshold 4 + 6.93 = 10.93: nothing
     wide.finish(g2)
     assert [r.reward for r in g2.rollouts] == [1.0] * 4
+
+
+def test_xrpo_reads_successes_whatever_the_reward_scale():
+    a = alloc("xrpo", 8, n0=4, n_max=8, chunk=2, mu=0.05)
+    # a weight-2 verifier: values 0/2, one success; the interval is over 1,0,0,0 indicators:
+    # std 0.5, h(4) = 3.18245 * 0.5 / 2 = 0.7956, h(5) = 2.77645 * 0.5 / sqrt(5) = 0.6208
+    assert a.more(None, [0.0, 0.0, 2.0, 0.0], 1, rounds=1) == 2
+    a.mu = 0.18  # gain 0.1748
+    assert a.more(None, [0.0, 0.0, 2.0, 0.0], 1, rounds=1) == 0
+
+
+def test_a_group_larger_than_a_version_may_start_is_refused_at_load():
+    from reroll.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="may grow a group to 32 samples, more than the 8"):
+        load_config(None, ["control.allocator=dars", "rollout.batch_groups=2",
+                           "rollout.group_size=4"])
+    load_config(None, ["control.allocator=dars", "rollout.batch_groups=2",
+                       "rollout.group_size=4", "runtime.max_staleness=3"])  # 32 fits

@@ -76,3 +76,15 @@ def test_prompt_gdro_floor_mixes_in_uniform():
     # bin 1 score 1.0: w = (1, e) / (1 + e) mixed half with uniform 1/2
     e = math.e
     assert sel.weights == pytest.approx([0.5 / (1 + e) + 0.25, 0.5 * e / (1 + e) + 0.25])
+
+
+def test_abandoned_prompts_are_never_picked_again():
+    st = stats(p0=[(0, 4, 8)])  # p0 the best DOTS candidate; p1..p3 unseen (0.5) tie it
+    for name, kw in [("dots", {"pool": 0}), ("vade", {"pool": 0}), ("gdro", {})]:
+        sel = SELECTORS.get(name)(EXS, 0, 2, **kw)
+        sel.exclude("p0")
+        sel.exclude("p3")
+        clone = SELECTORS.get(name)(EXS, 0, 2, **kw)
+        clone.load_state(sel.state())
+        for s_ in (sel, clone):
+            assert {s_.pick(d, st).prompt_id for d in range(40)} <= {"p1", "p2"}
