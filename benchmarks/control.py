@@ -1,0 +1,482 @@
+"""The Control stage against fixed-n GRPO: rollout tokens and training time to a target
+held-out accuracy, and accuracy at equal tokens, for every allocator and prompt selector.
+
+Workload: the mixed-difficulty task (``arith_mixed``, ``configs/mixed.toml``: easy, medium
+and hard arithmetic, 4,500 train and 300 held-out prompts). One SFT warm start
+(``reroll sft configs/mixed.toml``, cached under ``--out``) is the ``init=`` of every RL
+run, so every method starts from the same weights. Every run has the same task seed,
+rollout.group_size x rollout.batch_groups (8 x 16 = 128 trained samples a step, whatever the
+allocator: adaptive groups differ in size, a step takes about 128 samples of them), lr,
+steps and evaluation; a method changes only its ``[control]`` keys, at their defaults (none
+is tuned here). Seeds via ``train.seed``. The pruner of the issue is not built yet: listed,
+not measured. Runs go one after another (2 cores) through ``reroll train``, unchanged.
+
+Per run, from ``RUN/metrics.jsonl`` (``log_every = 1``): held-out greedy accuracy every
+``--eval-every`` steps (all 300 held-out prompts, per level too), against
+``pipeline/tokens_generated`` (cumulative response tokens the engine generated, dropped or
+unused samples included) and against training seconds (the summed ``time/step_s``; the loop
+stops a step's timer before it evaluates, so evaluation is already outside it). Every
+``record_every`` steps the trained groups are read back from ``rollouts.jsonl`` for the
+training mix (share of trained samples per level, share in groups with both outcomes), then
+the file is deleted.
+
+Noise: one evaluation on 300 prompts near 50% has a standard error of 2.9 points, so curves
+are smoothed over ``--smooth`` consecutive evaluations (centred; shorter at the ends) before
+a target crossing is looked for, and "final" is the mean of the last three evaluations.
+
+Target: ``--target-frac`` (0.95) x fixed GRPO's final accuracy (mean over seeds), or
+``--target``. Reported per method, mean +- sd over seeds: tokens to the target (the first
+smoothed evaluation at or above it; seeds that never reach it are counted, not averaged),
+training seconds to it, the ratio tokens(fixed) / tokens(method) (on the per-seed means,
+and on the seed-mean curve), accuracy at equal tokens (each smoothed curve interpolated at
+the smallest final token count of any run), final accuracy overall and per level. Also
+printed: tokens to fixed's own final accuracy (frac 1.0). Plots: accuracy vs tokens and
+vs training seconds, the seed-mean smoothed curve per method with a +-1 sd band.
+
+    .venv/bin/python benchmarks/control.py [--quick] [--seeds 0 1 2] [--methods ar3po dots]
+        [--steps N] [--eval-every N] [--out DIR] [--target-frac F | --target A] [--fresh]
+
+A finished run whose arguments are unchanged is reused (``--fresh`` reruns everything but
+the SFT warm start); ``--quick`` is a smoke test (tiny SFT, 30 steps, 1 seed, 60 prompts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = "configs/mixed.toml"
+REROLL = str(Path(sys.executable).parent / "reroll")
+LEVELS = ("easy", "medium", "hard")
+# every run: one metrics row per step, the trained mix every 10th step, the main job's lr
+BASE = ["log_every=1", "record_every=10", "train.lr=1e-4"]
+
+# name -> overrides; "fixed" (fixed-n GRPO) is the baseline and always runs
+METHODS: dict[str, list[str]] = {
+    "fixed": [],
+    "ar3po": ["control.allocator=ar3po"],
+    "dars": ["control.allocator=dars"],
+    "xrpo": ["control.allocator=xrpo"],
+    "gdro-alloc": ["control.allocator=gdro"],
+    "dots": ["control.selector=dots"],
+    "vade": ["control.selector=vade"],
+    "gdro-select": ["control.selector=gdro"],
+    "ar3po+dots": ["control.allocator=ar3po", "control.selector=dots"],
+    "gdro+gdro": ["control.allocator=gdro", "control.selector=gdro"],
+}
+NOT_BUILT = {"pruner": "not built yet: reroll.control has no pruning stage; not measured"}
+
+
+# ---- runs -------------------------------------------------------------------------------
+def sh(cmd: list[str], log: Path) -> None:
+    with open(log, "w") as f:
+        p = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+    if p.returncode != 0:
+        tail = log.read_text()[-3000:]
+        raise SystemExit(f"command failed ({p.returncode}): {' '.join(cmd)}\n{tail}")
+
+
+def warm_start(out: Path, extra: list[str]) -> Path:
+    """The shared SFT checkpoint (``out/sft``), made once."""
+    sft = out / "sft"
+    if (sft / "model" / "config.json").is_file():
+        return sft
+    shutil.rmtree(sft, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    sh([REROLL, "sft", CONFIG, f"out_dir={sft}", *extra], out / "sft.log")
+    print(f"SFT warm start: {time.perf_counter() - t0:.0f} s -> {sft}", flush=True)
+    return sft
+
+
+def read_rows(run: Path) -> list[dict]:
+    p = run / "metrics.jsonl"
+    return [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.exists() else []
+
+
+def training_mix(run: Path) -> dict:
+    """From the recorded groups: share of trained samples per level, share of trained
+    samples in groups with both outcomes (a nonzero GRPO advantage), success rate per level."""
+    p = run / "rollouts.jsonl"
+    n = {lv: 0 for lv in LEVELS}
+    ok = {lv: 0 for lv in LEVELS}
+    mixed, total = 0, 0
+    with open(p) as f:
+        for line in f:
+            g = json.loads(line)["group"]
+            lv = g["example"]["fields"].get("difficulty", "?")
+            vals = [float(r["reward"] or 0.0) for r in g["rollouts"]]
+            succ = sum(v >= 1.0 - 1e-9 for v in vals)
+            n[lv] = n.get(lv, 0) + len(vals)
+            ok[lv] = ok.get(lv, 0) + succ
+            total += len(vals)
+            mixed += len(vals) if 0 < succ < len(vals) else 0
+    return {"samples": total,
+            "level_share": {lv: n[lv] / max(1, total) for lv in n},
+            "level_success": {lv: ok[lv] / n[lv] if n[lv] else None for lv in n},
+            "informative_share": mixed / max(1, total)}
+
+
+def run_one(out: Path, name: str, seed: int, overrides: list[str], init: Path, steps: int,
+            every: int, extra: list[str], fresh: bool) -> tuple[Path, bool]:
+    run = out / "runs" / f"{name.replace('+', '_')}_seed{seed}"
+    args = [CONFIG, f"out_dir={run}", f"init={init}", f"train.steps={steps}",
+            f"eval.every={every}", f"ckpt_every={steps}", f"train.seed={seed}", *BASE, *extra,
+            *overrides]
+    spec = run / "bench_args.json"
+    rows = read_rows(run)
+    if (not fresh and spec.is_file() and json.loads(spec.read_text()) == args
+            and rows and rows[-1]["step"] == steps and (run / "mix.json").is_file()):
+        return run, True
+    shutil.rmtree(run, ignore_errors=True)
+    run.parent.mkdir(parents=True, exist_ok=True)
+    sh([REROLL, "train", *args, "--no-progress"], run.with_name(run.name + ".log"))
+    (run / "mix.json").write_text(json.dumps(training_mix(run)))
+    (run / "rollouts.jsonl").unlink()
+    spec.write_text(json.dumps(args))
+    return run, False
+
+
+# ---- curves -----------------------------------------------------------------------------
+def parse(run: Path) -> dict:
+    """Evaluation points (step, tokens, training seconds, accuracy, per level) and the
+    run's control diagnostics."""
+    rows = read_rows(run)
+    tokens, train_s, eval_s = 0.0, 0.0, 0.0
+    pts = []
+    steps = [r for r in rows if r["step"] > 0]
+    for r in rows:
+        if r["step"] > 0:
+            tokens = r["pipeline/tokens_generated"]
+            train_s += r["time/step_s"]
+        eval_s += r.get("time/eval_s", 0.0)
+        if "eval/greedy_accuracy" in r:
+            pts.append({"step": r["step"], "tokens": tokens, "train_s": train_s,
+                        "acc": r["eval/greedy_accuracy"],
+                        **{lv: r.get(f"eval/greedy_accuracy_{lv}") for lv in LEVELS}})
+    price = [r["control/price"] for r in steps if "control/price" in r]
+    diag = {
+        "group_size_mean": statistics.fmean(r["control/group_size_mean"] for r in steps),
+        "group_size_max": max(r["control/group_size_max"] for r in steps),
+        "rounds_mean": statistics.fmean(r["control/rounds_mean"] for r in steps),
+        "groups_per_step": statistics.fmean(r["pipeline/groups_in_batch"] for r in steps),
+        "samples_per_step": statistics.fmean(r["pipeline/samples_in_batch"] for r in steps),
+        "tokens_per_step": tokens / len(steps),
+        "step_s_median": statistics.median(r["time/step_s"] for r in steps),
+        "train_s": train_s, "eval_s": eval_s,
+        "price_first": price[0] if price else None, "price_last": price[-1] if price else None,
+        "price_min": min(price) if price else None, "price_max": max(price) if price else None,
+        "train_reward_last50": statistics.fmean(r["reward/mean"] for r in steps[-50:]),
+    }
+    mix = run / "mix.json"
+    if mix.is_file():
+        diag["mix"] = json.loads(mix.read_text())
+    return {"points": pts, "diag": diag}
+
+
+def smooth(y: list[float], w: int) -> list[float]:
+    """Centred moving average over ``w`` evaluations (shorter at the ends); the first point,
+    the SFT start that every method shares, is kept as measured."""
+    if w <= 1:
+        return list(y)
+    h = w // 2
+    return y[:1] + [statistics.fmean(y[max(0, i - h): i + h + 1]) for i in range(1, len(y))]
+
+
+def first_at(xs: list[float], ys: list[float], target: float) -> float | None:
+    """x of the first point after the start (the shared SFT evaluation) whose y is at or
+    above ``target`` (None: never)."""
+    return next((x for x, y in list(zip(xs, ys))[1:] if y >= target - 1e-9), None)
+
+
+def mean_sd(v: list[float]) -> tuple[float, float]:
+    if not v:
+        return math.nan, math.nan
+    return statistics.fmean(v), (statistics.stdev(v) if len(v) > 1 else 0.0)
+
+
+def seed_mean_curve(runs: list[dict], w: int) -> dict:
+    """Seeds evaluate at the same steps: mean tokens, seconds and smoothed accuracy per
+    evaluation, and the sd over seeds of the smoothed accuracy."""
+    n = min(len(r["points"]) for r in runs)
+    sm = [smooth([p["acc"] for p in r["points"][:n]], w) for r in runs]
+    return {
+        "tokens": [statistics.fmean(r["points"][i]["tokens"] for r in runs) for i in range(n)],
+        "train_s": [statistics.fmean(r["points"][i]["train_s"] for r in runs) for i in range(n)],
+        "acc": [statistics.fmean(s[i] for s in sm) for i in range(n)],
+        "sd": [statistics.stdev([s[i] for s in sm]) if len(sm) > 1 else 0.0 for i in range(n)],
+    }
+
+
+def final(points: list[dict], key: str = "acc", last: int = 3) -> float:
+    vals = [p[key] for p in points[-last:] if p[key] is not None]
+    return statistics.fmean(vals) if vals else math.nan
+
+
+def summarise(runs: dict[str, list[dict]], target: float, w: int, t_eq: float) -> dict:
+    out = {}
+    for name, rs in runs.items():
+        tok, sec, at_eq = [], [], []
+        for r in rs:
+            xs = [p["tokens"] for p in r["points"]]
+            ys = smooth([p["acc"] for p in r["points"]], w)
+            i = next((j for j, y in enumerate(ys) if j > 0 and y >= target - 1e-9), None)
+            if i is not None:
+                tok.append(r["points"][i]["tokens"])
+                sec.append(r["points"][i]["train_s"])
+            at_eq.append(float(np.interp(t_eq, xs, ys)))
+        mc = seed_mean_curve(rs, w)
+        d = [r["diag"] for r in rs]
+        out[name] = {
+            "reached": len(tok), "seeds": len(rs),
+            "tokens_to_target": mean_sd(tok), "tokens_to_target_per_seed": tok,
+            "train_s_to_target": mean_sd(sec), "train_s_to_target_per_seed": sec,
+            "tokens_to_target_mean_curve": first_at(mc["tokens"], mc["acc"], target),
+            "train_s_to_target_mean_curve": first_at(mc["train_s"], mc["acc"], target),
+            "acc_at_equal_tokens": mean_sd(at_eq),
+            "final_acc": mean_sd([final(r["points"]) for r in rs]),
+            "final_acc_per_seed": [final(r["points"]) for r in rs],
+            **{f"final_{lv}": mean_sd([final(r["points"], lv) for r in rs]) for lv in LEVELS},
+            "start_acc": statistics.fmean(r["points"][0]["acc"] for r in rs),
+            "final_tokens": mean_sd([r["points"][-1]["tokens"] for r in rs]),
+            "final_train_s": mean_sd([r["points"][-1]["train_s"] for r in rs]),
+            "diag": {k: statistics.fmean(x[k] for x in d) if d[0][k] is not None else None
+                     for k in d[0] if k != "mix"},
+            "mix": {
+                "level_share": {lv: statistics.fmean(x["mix"]["level_share"].get(lv, 0.0)
+                                                     for x in d) for lv in LEVELS},
+                "level_success": {lv: statistics.fmean(
+                    x["mix"]["level_success"][lv] for x in d
+                    if x["mix"]["level_success"].get(lv) is not None) if any(
+                    x["mix"]["level_success"].get(lv) is not None for x in d) else None
+                    for lv in LEVELS},
+                "informative_share": statistics.fmean(x["mix"]["informative_share"] for x in d),
+            } if all("mix" in x for x in d) else None,
+            "mean_curve": mc,
+        }
+    base = out["fixed"]
+    for m in out.values():
+        b, x = base["tokens_to_target"][0], m["tokens_to_target"][0]
+        full = m["reached"] == m["seeds"] and base["reached"] == base["seeds"]
+        m["ratio_tokens"] = b / x if full and x > 0 else None
+        bt, xt = base["train_s_to_target"][0], m["train_s_to_target"][0]
+        m["ratio_time"] = bt / xt if full and xt > 0 else None
+        bc, xc = base["tokens_to_target_mean_curve"], m["tokens_to_target_mean_curve"]
+        m["ratio_tokens_mean_curve"] = bc / xc if bc and xc else None
+        bs, xs = base["train_s_to_target_mean_curve"], m["train_s_to_target_mean_curve"]
+        m["ratio_time_mean_curve"] = bs / xs if bs and xs else None
+    return out
+
+
+# ---- output -----------------------------------------------------------------------------
+def fmt(ms: tuple[float, float], scale: float = 1.0, digits: int = 1, unit: str = "") -> str:
+    m, s = ms
+    if math.isnan(m):
+        return "not reached"
+    return f"{m / scale:.{digits}f} +- {s / scale:.{digits}f}{unit}"
+
+
+def ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def table(summary: dict, target: float, t_eq: float) -> str:
+    head = (f"| method | tokens to {target:.3f} (k, seeds reached) | fixed / method | "
+            f"same, seed-mean curve | train s to {target:.3f} | fixed / method (time) | "
+            f"acc at {t_eq / 1e3:.0f}k tokens | final acc | final easy / medium / hard | "
+            f"samples per group (max) | rounds | s per step |")
+    lines = [head, "|" + "---|" * 12]
+    for name, m in summary.items():
+        reach = f" ({m['reached']}/{m['seeds']})"
+        mc = m["tokens_to_target_mean_curve"]
+        lvl = " / ".join(f"{m[f'final_{lv}'][0]:.3f}" for lv in LEVELS)
+        dg = m["diag"]
+        lines.append(
+            f"| {name} | {fmt(m['tokens_to_target'], 1e3)}{reach} | {ratio(m['ratio_tokens'])} "
+            f"| {'not reached' if mc is None else f'{mc / 1e3:.1f}'} "
+            f"({ratio(m['ratio_tokens_mean_curve'])}) "
+            f"| {fmt(m['train_s_to_target'], 1.0, 1, ' s')} | {ratio(m['ratio_time'])} "
+            f"| {fmt(m['acc_at_equal_tokens'], 1.0, 3)} | {fmt(m['final_acc'], 1.0, 3)} "
+            f"| {lvl} | {dg['group_size_mean']:.2f} ({dg['group_size_max']:.0f}) "
+            f"| {dg['rounds_mean']:.2f} | {dg['step_s_median']:.3f} |")
+    return "\n".join(lines)
+
+
+def mix_table(summary: dict) -> str:
+    lines = ["| method | trained samples easy / medium / hard | train success easy / medium "
+             "/ hard | samples in mixed-outcome groups | groups per step | tokens per step "
+             "| price first -> last (min..max) |", "|" + "---|" * 7]
+    for name, m in summary.items():
+        mx, dg = m["mix"], m["diag"]
+        if mx is None:
+            continue
+        share = " / ".join(f"{mx['level_share'][lv]:.0%}" for lv in LEVELS)
+        succ = " / ".join("-" if mx["level_success"][lv] is None
+                          else f"{mx['level_success'][lv]:.0%}" for lv in LEVELS)
+        price = ("-" if dg["price_first"] is None else
+                 f"{dg['price_first']:.4f} -> {dg['price_last']:.4f} "
+                 f"({dg['price_min']:.4f}..{dg['price_max']:.4f})")
+        lines.append(f"| {name} | {share} | {succ} | {mx['informative_share']:.0%} | "
+                     f"{dg['groups_per_step']:.1f} | {dg['tokens_per_step']:.0f} | {price} |")
+    return "\n".join(lines)
+
+
+STYLE = {"fixed": ("black", "-", 2.5)}
+
+
+def plot(summary: dict, x: str, target: float, path: Path, xlabel: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 6))
+    colors = plt.get_cmap("tab10").colors
+    for i, (name, m) in enumerate(summary.items()):
+        mc = m["mean_curve"]
+        xs = np.array(mc[x]) / (1e3 if x == "tokens" else 1.0)
+        ys, sd = np.array(mc["acc"]), np.array(mc["sd"])
+        color, ls, lw = STYLE.get(name, (colors[i % 10], "--" if any(
+            k in name for k in ("dots", "vade", "select")) and "+" not in name else
+            (":" if "+" in name else "-"), 1.4))
+        ax.plot(xs, ys, color=color, ls=ls, lw=lw, label=f"{name} ({m['seeds']} seeds)")
+        ax.fill_between(xs, ys - sd, ys + sd, color=color, alpha=0.08)
+    ax.axhline(target, color="gray", lw=0.8, ls="-.", label=f"target {target:.3f}")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("held-out greedy accuracy (arith_mixed, 300 prompts; smoothed, seed mean)")
+    ax.set_title("reroll Control stage vs fixed-n GRPO (same SFT start, same samples per step)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2, loc="lower right")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=None, help="train.seed values")
+    ap.add_argument("--methods", nargs="+", default=None,
+                    help=f"subset of {', '.join(METHODS)} (fixed always runs)")
+    ap.add_argument("--steps", type=int, default=None, help="RL steps per run (500)")
+    ap.add_argument("--eval-every", type=int, default=None, help="held-out eval interval (10)")
+    ap.add_argument("--out", default="/tmp/reroll_bench_control", help="work directory")
+    ap.add_argument("--target-frac", type=float, default=0.95,
+                    help="target = this x fixed GRPO's final accuracy (mean over seeds)")
+    ap.add_argument("--target", type=float, default=None, help="absolute target accuracy")
+    ap.add_argument("--smooth", type=int, default=3, help="evaluations per smoothing window")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override for every RL run (e.g. rollout.batch_groups=8)")
+    ap.add_argument("--plots", default=str(ROOT / "benchmarks" / "plots"),
+                    help="directory for control_tokens.png and control_time.png")
+    ap.add_argument("--fresh", action="store_true", help="rerun cached RL runs")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke test: 100-step SFT, 30 RL steps, seed 0, 60 held-out prompts")
+    args = ap.parse_args()
+    seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
+    steps = args.steps or (30 if args.quick else 500)
+    every = args.eval_every or 10
+    out = Path(args.out) / ("quick" if args.quick else "")
+    methods = dict(METHODS)
+    if args.methods:
+        unknown = set(args.methods) - set(METHODS)
+        if unknown:
+            raise SystemExit(f"unknown methods {sorted(unknown)}; choose from {list(METHODS)}")
+        methods = {k: v for k, v in METHODS.items() if k == "fixed" or k in args.methods}
+    sft_extra = ["sft.steps=100"] if args.quick else []
+    extra = (["eval.n_examples=60"] if args.quick else []) + args.set
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, load "
+          f"{os.getloadavg()[0]:.2f}; commit {commit}; {CONFIG}, {steps} steps, eval every "
+          f"{every}, seeds {seeds}; overrides {BASE + extra}", flush=True)
+    for name, why in NOT_BUILT.items():
+        print(f"  {name}: {why}")
+
+    t0 = time.perf_counter()
+    init = warm_start(out, sft_extra)
+    runs: dict[str, list[dict]] = {}
+    for seed in seeds:  # seeds outermost: drift in machine load hits every method alike
+        for name, ov in methods.items():
+            t1 = time.perf_counter()
+            run, cached = run_one(out, name, seed, ov, init, steps, every, extra, args.fresh)
+            r = parse(run)
+            runs.setdefault(name, []).append(r)
+            p = r["points"]
+            print(f"  {name} seed {seed}: acc {p[0]['acc']:.3f} -> {final(p):.3f} (last 3 "
+                  f"evals), {p[-1]['tokens'] / 1e3:.0f}k tokens, {p[-1]['train_s']:.0f} s "
+                  f"training, {r['diag']['group_size_mean']:.2f} samples/group "
+                  f"[{'cached' if cached else f'{time.perf_counter() - t1:.0f} s'}, load "
+                  f"{os.getloadavg()[0]:.2f}]", flush=True)
+
+    base_final = statistics.fmean(final(r["points"]) for r in runs["fixed"])
+    target = args.target if args.target is not None else args.target_frac * base_final
+    t_eq = min(r["points"][-1]["tokens"] for rs in runs.values() for r in rs)
+    summary = summarise(runs, target, args.smooth, t_eq)
+    strict = summarise(runs, base_final, args.smooth, t_eq)  # fixed's own final accuracy
+    how = (f"--target {args.target}" if args.target is not None else
+           f"{args.target_frac} x fixed's final {base_final:.3f}")
+    print(f"\ntarget held-out accuracy {target:.3f} ({how}); start (SFT) "
+          f"{summary['fixed']['start_acc']:.3f}; equal tokens = {t_eq:.0f} (smallest final "
+          f"count); smoothing {args.smooth} evals; tokens in thousands\n")
+    if summary["fixed"]["start_acc"] >= target:
+        print("WARNING: the SFT start already meets the target; crossings are looked for "
+              "from the first evaluation after step 0\n")
+    print(table(summary, target, t_eq))
+    print("\ntraining mix (recorded every 10th step) and allocator price:\n")
+    print(mix_table(summary))
+    print(f"\ntokens to fixed GRPO's own final accuracy {base_final:.3f}:")
+    for name, m in strict.items():
+        mc = m["tokens_to_target_mean_curve"]
+        print(f"  {name}: {fmt(m['tokens_to_target'], 1e3, 1, 'k')} ({m['reached']}/{m['seeds']} "
+              f"seeds), fixed / method {ratio(m['ratio_tokens'])}; seed-mean curve "
+              f"{'not reached' if mc is None else f'{mc / 1e3:.1f}k'} "
+              f"({ratio(m['ratio_tokens_mean_curve'])})")
+    for name, why in NOT_BUILT.items():
+        print(f"  {name}: {why}")
+
+    cands = {n: m for n, m in summary.items() if n != "fixed"}
+    scored = {n: (m["ratio_tokens"] or 0.0) for n, m in cands.items()}
+    if scored:
+        best = max(scored, key=scored.get)
+        r = cands[best]["ratio_tokens"]
+        verdict = "MET" if r is not None and r >= 2.0 else "NOT MET"
+        print(f"\nTARGET (>= 2x fewer rollout tokens than fixed-n GRPO to {target:.3f}): "
+              f"{verdict}; best {best}: {ratio(r)} (seed-mean curve "
+              f"{ratio(cands[best]['ratio_tokens_mean_curve'])})")
+    plots = Path(args.plots)
+    if not args.quick:
+        plot(summary, "tokens", target, plots / "control_tokens.png",
+             "rollout tokens generated (thousands, cumulative)")
+        plot(summary, "train_s", target, plots / "control_time.png",
+             "training seconds (summed step time, evaluation excluded; 2-core CPU, shared)")
+    else:
+        plot(summary, "tokens", target, out / "control_tokens.png", "tokens (thousands)")
+        plot(summary, "train_s", target, out / "control_time.png", "training seconds")
+    res = {"commit": commit, "steps": steps, "eval_every": every, "seeds": seeds,
+           "overrides": BASE + extra, "methods": methods, "not_built": NOT_BUILT,
+           "target": target, "fixed_final": base_final, "equal_tokens": t_eq,
+           "smooth": args.smooth, "summary": summary,
+           "to_fixed_final": {n: {k: m[k] for k in ("reached", "tokens_to_target",
+                                                      "ratio_tokens", "ratio_tokens_mean_curve")}
+                              for n, m in strict.items()},
+           "runs": runs}
+    (out / "results.json").write_text(json.dumps(res, indent=1))
+    print(f"\nplots: {plots if not args.quick else out}/control_tokens.png, control_time.png; "
+          f"raw: {out / 'results.json'}; total {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
