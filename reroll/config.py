@@ -214,6 +214,29 @@ class ControlConfig:
 
 
 @dataclass
+class ReplayConfig:
+    buffer_size: int = 0
+    """Rollout replay (DOTS+RR): informative groups (rewards not all equal) kept for reuse,
+    the latest per prompt, first in first out beyond this many. 0 disables. With it on, a
+    step generates `fresh_fraction` of rollout.batch_groups and draws the rest from the
+    buffer (fewer while it fills); replayed samples keep their behaviour log-probs, so the
+    objective's correction (algo.correction) weighs them by pi_prox / mu."""
+    fresh_fraction: float = 0.5
+    """Rollout replay: share of each step's groups generated fresh (sigma; DOTS uses 0.5)."""
+    max_age: int = 0
+    """Rollout replay: evict groups whose oldest token is more than this many policy
+    versions old (0: only capacity evicts). Old groups get tiny or huge IS weights."""
+    reuse: bool = False
+    """AR3PO response reuse: a group with no correct answer gets a past correct answer of
+    its prompt in place of its last member (so it has reward variance)."""
+    reuse_per_prompt: int = 1
+    """Response reuse: correct answers banked per prompt (the latest is reused)."""
+    reuse_max_age: int = 0
+    """Response reuse: ignore banked answers sampled more than this many versions ago
+    (0: no limit)."""
+
+
+@dataclass
 class TrainConfig:
     steps: int = 200
     """RL training steps (one optimiser update per step unless minibatches > 1)."""
@@ -313,6 +336,7 @@ class RunConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     control: ControlConfig = field(default_factory=ControlConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

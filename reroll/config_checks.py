@@ -39,6 +39,9 @@ RANGES = {
     "runtime.engine_workers": "[1, inf)", "runtime.scoring_workers": "[0, inf)",
     "runtime.threads": "[0, inf)", "control.history": "[1, inf)",
     "control.dot_k": "[0, inf)", "control.dot_quantile": "[0, 1)", "control.dot_penalty": "[0, inf)",
+    "replay.buffer_size": "[0, inf)", "replay.fresh_fraction": "(0, 1]",
+    "replay.max_age": "[0, inf)", "replay.reuse_per_prompt": "[1, inf)",
+    "replay.reuse_max_age": "[0, inf)",
 }
 
 
@@ -174,6 +177,12 @@ def _combinations(cfg: RunConfig) -> None:
         raise ConfigError(f"model.dtype must be float32, bfloat16 or float16, got "
                           f"{cfg.model.dtype!r}")
     _check_device(cfg.model.device)
+    rp = cfg.replay
+    if (rp.buffer_size > 0 or rp.reuse) and cfg.algo.correction == "none":
+        raise ConfigError(
+            "replay.buffer_size / replay.reuse train on samples from older policies, which "
+            "algo.correction = \"none\" would treat as on-policy; use tis_token (the "
+            "default) or another correction of pi_prox / mu")
     if cfg.model.dtype == "float16" and resolve_device(cfg.model.device) == "cpu":
         raise ConfigError("model.dtype = float16 on CPU runs the engine in float16, which "
                           "CPU kernels do slowly or not at all; use bfloat16 or float32")

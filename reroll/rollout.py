@@ -193,6 +193,13 @@ class Rollout:
         return min(vs) if vs else self.start_version
 
     @property
+    def reused(self) -> bool:
+        """True for a copy of an earlier sample trained again (replay, response reuse): its
+        policy spans are ``replayed``. Such samples are not evidence about the current
+        policy (statistics and reward metrics leave them out)."""
+        return any(s.source == "replayed" for s in self.spans)
+
+    @property
     def failed(self) -> bool:
         """True when scoring produced an error (errors are data, never a silent 0)."""
         return self.finish == "error" or any(not s.ok for s in self.scores)

@@ -52,10 +52,17 @@ class Controller:
         return {"size": size, "max_size": max_size, "max_new_tokens": limit}
 
     # ---- a round of a group finished ---------------------------------------------------
-    def values(self, g: Group) -> list[float] | None:
-        """The members' verifier values, or None when one failed (no decision on errors)."""
-        vals = [self.value_of(r) for r in g.rollouts]
+    def values(self, g: Group, fresh: bool = False) -> list[float] | None:
+        """The members' verifier values, or None when one failed (no decision on errors);
+        ``fresh``: only samples of the current run's policy (not reused copies of older
+        ones), which is what the per-prompt statistics learn from."""
+        vals = [self.value_of(r) for r in g.rollouts if not (fresh and r.reused)]
         return None if any(v is None for v in vals) else [float(v) for v in vals]
+
+    def success(self, r: Rollout) -> bool:
+        """Whether one scored sample counts as a success (`success_at`)."""
+        v = self.value_of(r)
+        return v is not None and float(v) >= self.success_at
 
     def successes(self, values: list[float]) -> int:
         return sum(v >= self.success_at for v in values)
@@ -106,7 +113,7 @@ class Controller:
     def dropped(self, g: Group, seq: int) -> None:
         """A complete group a filter rejected: its outcome still says how hard the prompt
         is (an all-correct group is easy); folded in at the next boundary."""
-        vals = self.values(g)
+        vals = self.values(g, fresh=True)
         if vals:
             self.pending.append((seq, g.prompt_id, self.successes(vals), len(vals)))
 
@@ -118,7 +125,7 @@ class Controller:
         self.pending.clear()
         outcomes = []
         for g in consumed:
-            vals = self.values(g) or []
+            vals = self.values(g, fresh=True) or []
             s = self.successes(vals)
             self.stats.observe(g.prompt_id, s, len(vals), self.step)
             outcomes.append((g.prompt_id, len(g.rollouts), s))

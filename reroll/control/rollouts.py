@@ -42,7 +42,8 @@ class Rollouts:
         With adaptive allocation groups reserve their largest size, so the samples of a
         version may run out a little short of ``n_samples``: when nothing is running and no
         group can start, the batch is what fits (at least one group). The controller's step
-        boundary (statistics, prices) is here, once per batch."""
+        boundary (statistics, prices) is here, once per batch, and so is the Replay stage's:
+        replayed groups join the fresh ones after it (`reroll.replay.stage.Replay.mix`)."""
         out: list[Group] = []
         got = 0
         s = self.scheduler
@@ -63,6 +64,8 @@ class Rollouts:
             if got >= n_samples or (stuck and out):
                 out = s.batch_order(out)
                 s.controller.end_step(out)
+                if s.replay is not None:
+                    out = s.replay.mix(out, trainer_version)
                 return out
             self._changed.clear()
             await self._changed.wait()
@@ -81,14 +84,16 @@ class Rollouts:
         await self.engine.sync()
         s = self.scheduler
         return s.snapshot(), {"prompts": s.prompts.state(), "counters": s.counters(),
-                              "control": s.controller.state()}
+                              "control": s.controller.state(),
+                              "replay": s.replay.state() if s.replay is not None else {}}
 
     def stats(self) -> dict:
         s = self.scheduler
         a = s.controller.allocator
         return {"engine": self.engine.stats(),
                 "counters": s.counters(), "score_errors": dict(s.score_errors),
-                "control": a.metrics() if a is not None else {}}
+                "control": a.metrics() if a is not None else {},
+                "replay": s.replay.metrics() if s.replay is not None else {}}
 
     async def close(self) -> None:
         for t in self.tasks.values():

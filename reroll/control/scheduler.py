@@ -35,9 +35,10 @@ class Scheduler:
     def __init__(self, prompts: PromptStream, start_group: StartGroup, *, group_size: int,
                  batch_groups: int, max_staleness: int = 0, overprovision: float = 1.0,
                  filters: list[GroupFilter] = (), max_score_retries: int = 3,
-                 controller: Controller | None = None):
+                 controller: Controller | None = None, replay=None):
         self.prompts, self.start_group = prompts, start_group
         self.controller = controller or Controller()
+        self.replay = replay  # a `reroll.replay.stage.Replay` (response reuse), or None
         self.group_size, self.batch_groups = group_size, batch_groups
         self.batch = batch_groups * group_size  # samples per training step
         self.max_staleness, self.overprovision = max_staleness, overprovision
@@ -113,6 +114,8 @@ class Scheduler:
             self.score_errors[s.name] += 1
         failed = any(r.failed or r.reward is None for r in g.rollouts)
         reason = "scoring_error" if failed else None
+        if not failed and self.replay is not None:
+            self.replay.inject(g)  # a group with no correct answer may get a banked one
         if not failed:
             self.controller.finish(g)
         if failed:

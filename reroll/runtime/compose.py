@@ -18,6 +18,7 @@ from reroll.config import RunConfig
 from reroll.control.rollouts import Rollouts
 from reroll.control.scheduler import Scheduler
 from reroll.control.wiring import build_control
+from reroll.replay.stage import build_replay, fresh_groups
 from reroll.runlog import RunDir
 from reroll.runtime.host import RolloutSource
 from reroll.trainer import checkpoint
@@ -63,9 +64,10 @@ def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_com
             cfg, task.train, lambda x: None if x.failed else combine(x.scores), state)
         r = cfg.rollout
         sched = Scheduler(prompts, build.group_starter(cfg, tok), group_size=r.group_size,
-                          batch_groups=r.batch_groups, max_staleness=cfg.runtime.max_staleness,
+                          batch_groups=fresh_groups(cfg), max_staleness=cfg.runtime.max_staleness,
                           overprovision=cfg.runtime.overprovision,
-                          filters=build.build_filters(cfg, combine), controller=control)
+                          filters=build.build_filters(cfg, combine), controller=control,
+                          replay=build_replay(cfg, control.success, state))
         rerun = sched.restore(checkpoint.read_groups(ckpt), state["counters"]) if ckpt else []
         workflow = WORKFLOWS.get(r.workflow)
         shaping = build.build_shaping(cfg)

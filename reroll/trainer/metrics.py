@@ -11,8 +11,10 @@ from reroll.rollout import Group
 
 
 def accuracy(groups: Sequence[Group]) -> float:
-    """Share of rollouts whose first reward component is 1 (the task's correctness check)."""
-    vals = [r.scores[0].value for g in groups for r in g.rollouts if r.scores and r.scores[0].ok]
+    """Share of fresh rollouts (not replayed or reused copies) whose first reward component
+    is 1 (the task's correctness check)."""
+    vals = [r.scores[0].value for g in groups for r in g.rollouts
+            if r.scores and r.scores[0].ok and not r.reused]
     return sum(v >= 1.0 - 1e-9 for v in vals) / max(1, len(vals))
 
 
@@ -43,8 +45,10 @@ def batch_metrics(groups: Sequence[Group], before: dict, after: dict, *, wait_s:
     """``before`` / ``after``: the rollout source's stats around the step (engine counters,
     pipeline counters, score errors)."""
     rollouts = [r for g in groups for r in g.rollouts]
-    lens = [r.n_sampled for r in rollouts]  # policy tokens (environment tokens not counted)
-    rewards = [r.reward for r in rollouts if r.reward is not None]
+    # reward and length describe the current policy: replayed or reused copies left out
+    fresh = [r for r in rollouts if not r.reused] or rollouts
+    lens = [r.n_sampled for r in fresh]  # policy tokens (environment tokens not counted)
+    rewards = [r.reward for r in fresh if r.reward is not None]
     s0, s1 = before["engine"], after["engine"]
     counters, errors = after["counters"], after["score_errors"]
     gen_s = _engine_s(s1) - _engine_s(s0)
@@ -54,7 +58,7 @@ def batch_metrics(groups: Sequence[Group], before: dict, after: dict, *, wait_s:
         "reward/accuracy": accuracy(groups),
         "length/mean": statistics.fmean(lens),
         "length/max": float(max(lens)),
-        "length/clipped_share": sum(r.finish == "length" for r in rollouts) / len(rollouts),
+        "length/clipped_share": sum(r.finish == "length" for r in fresh) / len(fresh),
         "time/step_s": step_s,
         "time/wait_for_rollouts_s": wait_s,
         "time/train_s": train_s,
@@ -82,6 +86,9 @@ def batch_metrics(groups: Sequence[Group], before: dict, after: dict, *, wait_s:
         1 + max(r.group_round for r in g.rollouts) for g in groups)
     out["pipeline/tokens_generated"] = float(s1.get("tokens_generated", 0))  # cumulative
     out.update(after.get("control", {}))
+    out.update(after.get("replay", {}))
+    if after.get("replay"):
+        out["replay/samples_in_batch"] = float(len(rollouts) - len(fresh))
     out.update(env_metrics(rollouts))
     lags = [r.min_version for r in rollouts]
     if lags:

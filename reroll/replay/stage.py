@@ -1,0 +1,94 @@
+"""The Replay stage of the rollout pipeline: rollout replay (`ReplayBuffer`) and response
+reuse (`ResponseBank`), as the pipeline calls them.
+
+- When a group completes (`inject`), before filters and the controller see it: a group with
+  no correct answer gets a banked one (AR3PO).
+- At a step boundary (`mix`), after the controller folded in the fresh groups: this step's
+  batch gets up to ``replay_groups`` groups drawn from the buffer (prompts not already in
+  the batch), then the fresh groups go into the buffer and their correct answers into the
+  bank. So a step never replays its own groups, and both stores change only at step
+  boundaries, in consumption order: decisions repeat exactly and resume from checkpoints.
+
+Replayed and reused samples are not "stale" for the admission rule (they were never
+admitted again); their off-policy weight is the objective's (DESIGN.md 5). Knows nothing of
+engines, threads or the trainer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from reroll.replay.bank import IsSuccess, ResponseBank
+from reroll.replay.buffer import ReplayBuffer
+from reroll.rollout import Group
+
+if TYPE_CHECKING:
+    from reroll.config import RunConfig
+
+
+class Replay:
+    def __init__(self, *, buffer: ReplayBuffer | None = None, bank: ResponseBank | None = None,
+                 replay_groups: int = 0, is_success: IsSuccess):
+        self.buffer, self.bank, self.replay_groups = buffer, bank, replay_groups
+        self.is_success = is_success
+
+    def inject(self, g: Group) -> bool:
+        """Response reuse for a completed group (see `ResponseBank.inject`)."""
+        if self.bank is None:
+            return False
+        newest = max((v for r in g.rollouts for v in r.sampled_versions),
+                     default=g.start_version)
+        return self.bank.inject(g, self.is_success, newest)
+
+    def mix(self, fresh: list[Group], version: int) -> list[Group]:
+        """The step's batch: the fresh groups, then replayed ones; then store the fresh."""
+        out = list(fresh)
+        if self.buffer is not None:
+            if self.replay_groups:
+                out += self.buffer.draw(self.replay_groups, version,
+                                        exclude={g.prompt_id for g in fresh})
+            self.buffer.add(fresh, version)
+        if self.bank is not None:
+            self.bank.add(fresh, self.is_success)
+        return out
+
+    def state(self) -> dict:
+        return {"buffer": self.buffer.state() if self.buffer is not None else {},
+                "bank": self.bank.state() if self.bank is not None else {}}
+
+    def load_state(self, d: dict | None) -> None:
+        if not d:
+            return
+        if self.buffer is not None:
+            self.buffer.load_state(d.get("buffer"))
+        if self.bank is not None:
+            self.bank.load_state(d.get("bank"))
+
+    def metrics(self) -> dict[str, float]:
+        out = self.buffer.metrics() if self.buffer is not None else {}
+        out.update(self.bank.metrics() if self.bank is not None else {})
+        return out
+
+
+def fresh_groups(cfg: RunConfig) -> int:
+    """Groups a step generates: all of ``rollout.batch_groups``, or with rollout replay
+    the ``replay.fresh_fraction`` of them (at least one; the rest is drawn from the buffer)."""
+    b = cfg.rollout.batch_groups
+    if cfg.replay.buffer_size <= 0:
+        return b
+    return min(b, max(1, round(cfg.replay.fresh_fraction * b)))
+
+
+def build_replay(cfg: RunConfig, is_success: IsSuccess, state: dict | None) -> Replay | None:
+    """The run's Replay stage (None when neither replay nor reuse is on), restored from a
+    checkpoint's ``state["replay"]``."""
+    c = cfg.replay
+    if c.buffer_size <= 0 and not c.reuse:
+        return None
+    buf = (ReplayBuffer(c.buffer_size, max_age=c.max_age, seed=cfg.train.seed)
+           if c.buffer_size > 0 else None)
+    bank = ResponseBank(c.reuse_per_prompt, max_age=c.reuse_max_age) if c.reuse else None
+    replayed = cfg.rollout.batch_groups - fresh_groups(cfg) if buf is not None else 0
+    out = Replay(buffer=buf, bank=bank, is_success=is_success, replay_groups=replayed)
+    out.load_state((state or {}).get("replay"))
+    return out
