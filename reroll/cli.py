@@ -102,7 +102,10 @@ def cmd_report(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from reroll import cli_info
+
     ap = argparse.ArgumentParser(prog="reroll", description="Rollout-centric RL post-training.")
+    ap.add_argument("--version", action="version", version=f"reroll {cli_info.version()}")
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("train", help="RL training (GRPO family; sync or async)")
     _common(p)
@@ -121,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("report", help="plot a run's metrics to RUN_DIR/report.png")
     p.add_argument("run_dir")
     p.set_defaults(fn=cmd_report)
+    cli_info.add_parsers(sub)
     args, extra = ap.parse_known_args(argv)
     bad = [x for x in extra if x.startswith("-") or "=" not in x]
     if bad or (extra and not hasattr(args, "overrides")):
