@@ -37,14 +37,17 @@ def check_control(cfg: RunConfig) -> None:
         raise ConfigError(str(e)) from None
     import math
 
+    from reroll.replay.stage import fresh_groups
+
     r, rt = cfg.rollout, cfg.runtime
-    batch = r.batch_groups * r.group_size
+    batch = fresh_groups(cfg) * r.group_size  # samples generated per version
     room = (rt.max_staleness + 1) * batch + math.ceil((rt.overprovision - 1.0) * batch)
     if allocator.max_size() > room:
         raise ConfigError(
             f"control.allocator {c.allocator!r} may grow a group to {allocator.max_size()} "
             f"samples, more than the {room} one policy version may start (rollout."
-            f"batch_groups x group_size x (max_staleness + 1)): no group could ever start; "
+            f"batch_groups x group_size x (max_staleness + 1), the fresh share of it with "
+            f"replay.buffer_size): no group could ever start; "
             f"lower its n_max / stages or raise rollout.batch_groups")
 
 
