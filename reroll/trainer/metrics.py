@@ -1,5 +1,6 @@
 """Per-step metrics of consumed groups (reward, accuracy, lengths, staleness, throughput and
-the wall-time split) and the rich progress bar. Pure summaries; no training logic.
+the wall-time split). Pure summaries; no training logic. The progress display is
+`reroll.trainer.progress`.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ import statistics
 from collections.abc import Sequence
 
 from reroll.rollout import Group
+from reroll.trainer.progress import progress_bar  # noqa: F401  (the loop imports it from here)
 
 
 def accuracy(groups: Sequence[Group]) -> float:
@@ -94,32 +96,3 @@ def batch_metrics(groups: Sequence[Group], before: dict, after: dict, *, wait_s:
     if lags:
         out["staleness/oldest_version_in_batch"] = float(min(lags))
     return out
-
-
-class _Bar:
-    def __init__(self, total: int, start: int, enabled: bool):
-        self.enabled = enabled
-        if not enabled:
-            return
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-        self.p = Progress(TextColumn("[bold]RL[/]"), BarColumn(), TextColumn("{task.completed}/"
-                          "{task.total}"), TextColumn("{task.description}"), TimeElapsedColumn())
-        self.task = self.p.add_task("", total=total, completed=start)
-        self.p.start()
-
-    def update(self, step: int, m: dict) -> None:
-        if self.enabled:
-            desc = (f"reward {m.get('reward/mean', 0):.3f} acc {m.get('reward/accuracy', 0):.3f}"
-                    f" len {m.get('length/mean', 0):.1f}")
-            if "eval/greedy_accuracy" in m:
-                desc += f" eval {m['eval/greedy_accuracy']:.3f}"
-            self.p.update(self.task, completed=step, description=desc)
-
-    def close(self) -> None:
-        if self.enabled:
-            self.p.stop()
-
-
-def progress_bar(total: int, start: int = 0, enabled: bool = True) -> _Bar:
-    return _Bar(total, start, enabled)
