@@ -102,7 +102,7 @@ def cmd_report(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from reroll import cli_info
+    from reroll import cli_info, export
 
     ap = argparse.ArgumentParser(prog="reroll", description="Rollout-centric RL post-training.")
     ap.add_argument("--version", action="version", version=f"reroll {cli_info.version()}")
@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run_dir")
     p.set_defaults(fn=cmd_report)
     cli_info.add_parsers(sub)
+    export.add_parser(sub)
     args, extra = ap.parse_known_args(argv)
     bad = [x for x in extra if x.startswith("-") or "=" not in x]
     if bad or (extra and not hasattr(args, "overrides")):
