@@ -206,6 +206,23 @@ def encode_prompt(tok, chat: bool = False):
     return encode
 
 
+def answer_marker_ids(cfg: RunConfig, tok, task) -> list[int]:
+    """Token ids of DUET's answer marker (``control.duet_marker``, else the task's
+    ``answer_marker``) as the tokenizer writes it inside a completion; [] with the gate
+    off. A gate with no marker to look for is a ConfigError."""
+    c = cfg.control
+    if not c.duet_abort:
+        return []
+    text = c.duet_marker or task.answer_marker
+    if not text:
+        from reroll.errors import ConfigError
+
+        raise ConfigError(f"control.duet_abort = true needs an answer marker: task "
+                          f"{cfg.task.name!r} has none; set control.duet_marker (e.g. "
+                          f"\"####\" or \"\\\\boxed{{\")")
+    return list(tok(text, add_special_tokens=False).input_ids)
+
+
 def encode_observation(tok, chat: bool = False):
     """Environment text -> token ids appended after a policy turn: the plain text, or with
     ``chat`` a tool message rendered by the chat template followed by the generation prompt
@@ -328,10 +345,12 @@ def demo_turns(cfg: RunConfig):
     return lambda ex: env.demo(ex, random.Random(f"{cfg.train.seed}:{ex.prompt_id}"))
 
 
-def group_starter(cfg: RunConfig, tok):
+def group_starter(cfg: RunConfig, tok, prepare=None):
     """(example, admission number, version, size=, max_size=, max_new_tokens=) -> a new
     group with per-request seeds; ``.extend(group, n, admission number, round)`` grows one
-    (seeds continue with the sample's index, so they depend on nothing else running)."""
+    (seeds continue with the sample's index, so they depend on nothing else running).
+    ``prepare(rollouts)``, when given, sees every new sample once its seed is set (the
+    controller's per-sample decisions)."""
     from dataclasses import replace
 
     from reroll.control.scheduler import request_seed
@@ -349,6 +368,8 @@ def group_starter(cfg: RunConfig, tok):
     def seed(rollouts, seq: int) -> None:
         for r in rollouts:
             r.sampling.seed = request_seed(cfg.train.seed, seq, r.index_in_group)
+        if prepare is not None:
+            prepare(rollouts)
 
     def start(ex, seq: int, version: int, size: int | None = None, max_size: int = 0,
               max_new_tokens: int | None = None):

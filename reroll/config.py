@@ -203,6 +203,22 @@ class ControlConfig:
     (the reward components' combination, before length shaping) is at least this."""
     history: int = 8
     """Observations (groups) kept per prompt for recent success rates and posteriors."""
+    duet_abort: bool = False
+    """DUET's marker-gated abort (ALGORITHMS.md 3.4): a sample stops `duet_grace` tokens
+    after its answer marker; one with no marker after `duet_horizon` tokens is pruned with
+    probability 1 - `duet_q` (kept in the record, trained with weight 0) or goes on to EOS
+    with sample weight 1 / `duet_q`, so the gradient stays unbiased. single_turn only."""
+    duet_marker: str = ""
+    """DUET: the answer marker (e.g. "####", "\\boxed{", "Answer:"), matched as the token
+    sequence the tokenizer gives it; "" uses the task's own (arith_mixed with
+    task.args.marker)."""
+    duet_grace: int = 4
+    """DUET: tokens sampled after the marker before the sample stops (room for the answer)."""
+    duet_horizon: int = 0
+    """DUET: policy tokens by which a marker must appear, or the sample faces the abort draw
+    (0: no abort, only the stop after the marker). Below rollout.max_new_tokens."""
+    duet_q: float = 0.05
+    """DUET: keep probability of a sample past the horizon with no marker (weight 1 / q)."""
     dot_k: float = 0.0
     """DOT outlier truncation: in groups where every sample succeeded, samples longer than
     mean + dot_k x std of the group's lengths lose `dot_penalty` reward (0 disables)."""

@@ -38,6 +38,8 @@ RANGES = {
     "runtime.max_staleness": "[0, inf)", "runtime.overprovision": "[1, inf)",
     "runtime.engine_workers": "[1, inf)", "runtime.scoring_workers": "[0, inf)",
     "runtime.threads": "[0, inf)", "control.history": "[1, inf)",
+    "control.duet_grace": "[0, inf)", "control.duet_horizon": "[0, inf)",
+    "control.duet_q": "(0, 1]",
     "control.dot_k": "[0, inf)", "control.dot_quantile": "[0, 1)", "control.dot_penalty": "[0, inf)",
     "replay.buffer_size": "[0, inf)", "replay.fresh_fraction": "(0, 1]",
     "replay.max_age": "[0, inf)", "replay.reuse_per_prompt": "[1, inf)",

@@ -45,6 +45,36 @@ class Example:
         return cls(**d)
 
 
+@dataclass(frozen=True)
+class StopRule:
+    """A per-request stop rule on top of EOS, stop strings and the length limit, decided by a
+    control policy (DUET's marker gate, ALGORITHMS.md 3.4) and applied by the engine as it
+    samples. Positions count the tokens sampled in the call (the whole response of a
+    single-turn sample), across resumes:
+
+    - once the token sequence ``marker`` has been sampled (it ends at position ``k``), the
+      request samples ``grace`` more tokens and finishes with "stop" at position ``k +
+      grace``;
+    - with ``horizon > 0`` and ``keep`` False, a request that has sampled ``horizon`` tokens
+      with no marker (and is not finished by EOS or its length limit there) finishes with
+      "pruned"; with ``keep`` True it goes on to EOS.
+
+    The engine only follows it: who draws ``keep`` and what a pruned sample is worth lives in
+    ``reroll.control``."""
+
+    marker: tuple[int, ...]
+    grace: int = 0
+    horizon: int = 0
+    keep: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.marker or self.grace < 0 or self.horizon < 0:
+            raise ValueError(f"StopRule needs a non-empty marker, grace >= 0 and horizon >= "
+                             f"0, got marker={self.marker}, grace={self.grace}, "
+                             f"horizon={self.horizon}")
+        object.__setattr__(self, "marker", tuple(int(t) for t in self.marker))
+
+
 @dataclass
 class SamplingParams:
     """How to sample. ``top_k=0`` and ``top_p=1.0`` disable those filters; ``temperature=0``
@@ -58,6 +88,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     stop_strings: list[str] = field(default_factory=list)
     seed: int | None = None
+    stop_rule: StopRule | None = None
 
     @property
     def greedy(self) -> bool:
@@ -123,6 +154,10 @@ class Rollout:
     shaping: dict[str, float] = field(default_factory=dict)
     """Reward-shaping terms already added to ``reward`` by a control rule (e.g. DOT's
     ``{"dot": -penalty}``), kept apart from the verifier scores."""
+    control: dict[str, Any] = field(default_factory=dict)
+    """What control rules decided about this sample, for the record (e.g. DUET's
+    ``{"duet": {"marker_at": 3, "horizon": 8, "keep": False, "weight": 1.0, "end":
+    "marker_stop"}}``)."""
     timings: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -214,7 +249,10 @@ class Rollout:
     @classmethod
     def from_dict(cls, d: dict) -> Rollout:
         d = dict(d)
-        d["sampling"] = SamplingParams(**d.get("sampling", {}))
+        sampling = dict(d.get("sampling", {}))
+        if sampling.get("stop_rule") is not None:
+            sampling["stop_rule"] = StopRule(**sampling["stop_rule"])
+        d["sampling"] = SamplingParams(**sampling)
         d["scores"] = [Score(**s) for s in d.get("scores", [])]
         d["spans"] = [Span(**s) for s in d.get("spans", [])]
         known = {f.name for f in fields(cls)}

@@ -1,4 +1,4 @@
-"""Allocators: how many samples each prompt gets (ALGORITHMS.md 3.3, 3.6, 3.7, 3.14).
+"""Allocators: how many samples each prompt gets (ALGORITHMS.md 3.3, 3.4, 3.6, 3.7, 3.14).
 
 Owns the ``ALLOCATORS`` registry. An allocator is built as ``cls(group_size, *,
 hyperparameters)`` (``group_size`` is ``rollout.group_size``, the mean budget N) and answers
@@ -251,3 +251,76 @@ class RolloutGDRO(_ShadowPriced):
         super().load_state(d)
         self.bin_rate = list(d.get("bin_rate", self.bin_rate))
         self.prior = float(d.get("prior", self.prior))
+
+
+@ALLOCATORS.register("duet", ranges={"n_min": "[1, inf)", "n_max": "[1, inf)",
+                                       "tokens": "[0, inf)", "prior": "(0, inf)",
+                                       "recent": "[1, inf)", "mu": "[0, inf)",
+                                       "lr": "[0, inf)"})
+class DUETAllocator(Allocator):
+    """DUET token-budget allocation: n = p(1-p) / (mu x relative expected length), clipped
+    to [n_min, n_max], p the mean of the Beta(prior + s, prior + f) posterior over the last
+    ``recent`` observations; the price ``mu`` (0: 0.25 / group_size, so an unseen prompt
+    starts at group_size) moves by ``lr`` x (mean expected tokens per group - budget) / the
+    pooled mean length at each step boundary; budget ``tokens`` per group (0: group_size x
+    the pooled mean length). `reroll.control.duet` says why a price, not a batch split."""
+
+    def __init__(self, group_size: int, /, *, n_min: int = 2, n_max: int = 16,
+                 tokens: float = 0.0, prior: float = 1.0, recent: int = 4, mu: float = 0.0,
+                 lr: float = 0.002):
+        super().__init__(group_size)
+        if not 1 <= n_min <= group_size <= n_max:
+            raise ValueError(f"allocator 'duet': need n_min <= rollout.group_size <= n_max, "
+                             f"got {n_min}, {group_size}, {n_max}")
+        self.n_min, self.n_max, self.tokens, self.prior = n_min, n_max, tokens, prior
+        self.recent, self.lr = recent, lr
+        self.mu = mu if mu > 0 else 0.25 / group_size
+        self.pooled_len: float | None = None  # mean policy tokens per sample, at the boundary
+
+    def score(self, prompt: PromptRecord | None) -> float:
+        obs = prompt.history[-self.recent:] if prompt is not None else []
+        return rules.duet_informativeness(sum(s for _, s, _ in obs), sum(t for _, _, t in obs),
+                                          prior=self.prior)
+
+    def rel_len(self, prompt: PromptRecord | None) -> float:
+        """Expected length in units of the pooled mean (1 when either is unknown)."""
+        own = prompt.mean_len if prompt is not None else None
+        if own is None or not self.pooled_len:
+            return 1.0
+        return max(own, 1.0) / self.pooled_len
+
+    def initial(self, prompt):
+        return rules.duet_size(self.score(prompt), self.rel_len(prompt), mu=self.mu,
+                               n_min=self.n_min, n_max=self.n_max)
+
+    def max_size(self):
+        return self.n_max
+
+    def budget(self) -> float:
+        """Tokens per group the price aims at, in units of the pooled mean length."""
+        if self.tokens > 0 and self.pooled_len:
+            return self.tokens / self.pooled_len
+        return float(self.group_size)
+
+    def end_step(self, outcomes: list[Outcome], stats: PromptStats) -> None:
+        """Lengths now include this step's samples; then the groups' expected tokens (in
+        pooled-mean units) against the budget move the price."""
+        self.pooled_len = stats.mean_len()
+        if outcomes:
+            spent = sum(n * self.rel_len(stats.get(pid)) for pid, n, _ in outcomes)
+            self.mu = rules.dual_step(self.mu, spent / len(outcomes), self.budget(),
+                                      lr=self.lr)
+            self.mu = max(self.mu, 1e-9)  # a zero price would give every group n_max forever
+
+    def state(self):
+        return {"mu": self.mu, "pooled_len": self.pooled_len}
+
+    def load_state(self, d):
+        self.mu = float(d.get("mu", self.mu))
+        self.pooled_len = d.get("pooled_len", self.pooled_len)
+
+    def metrics(self):
+        out = {"control/price": self.mu, "control/duet_budget": self.budget()}
+        if self.pooled_len:
+            out["control/duet_pooled_len"] = self.pooled_len
+        return out

@@ -2,7 +2,8 @@
 the prompt selector and the length schedule, with the state that goes into checkpoints.
 
 The scheduler asks it, for a new group, how many samples to start and to reserve and what
-response limit is in force; a workflow asks it, after each round of a group, whether to add
+response limit is in force (and the group starter lets it ``prepare`` each new sample: DUET's
+stop rule, `reroll.control.duet`); a workflow asks it, after each round of a group, whether to add
 samples (through `Scheduler.grow`). Outcomes reach the statistics only at step boundaries
 (`end_step`): the groups a step consumed in consumption order, after the groups dropped by
 filters since the last boundary in admission order. Decisions therefore read state that is
@@ -27,13 +28,16 @@ ValueOf = Callable[[Rollout], "float | None"]  # the verifier value of a scored 
 class Controller:
     def __init__(self, allocator: Allocator | None = None, stats: PromptStats | None = None,
                  *, value_of: ValueOf | None = None, success_at: float = 1.0,
-                 length=None, step: int = 0, dot: dict | None = None):
+                 length=None, step: int = 0, dot: dict | None = None, gate=None):
         self.allocator = allocator
         self.stats = stats or PromptStats()
         self.value_of = value_of or (lambda r: r.reward)
         self.success_at, self.length, self.step = success_at, length, step
         self.dot = dot  # {k, quantile, penalty} of DOT outlier truncation, or None
-        self.pending: list[tuple[int, str, int, int]] = []  # (seq, prompt, successes, n)
+        self.gate = gate  # DUET's `MarkerGate`, or None
+        self.step_metrics: dict[str, float] = {}  # about the last step's groups
+        # (seq, prompt, successes, n, policy tokens) of dropped groups, until the boundary
+        self.pending: list[tuple] = []
         self.selector = None  # set by whoever builds the prompt stream (see build)
 
     @property
@@ -50,6 +54,13 @@ class Controller:
         max_size = max(size, a.max_size()) if a is not None else size
         limit = self.length(version) if self.length is not None else None
         return {"size": size, "max_size": max_size, "max_new_tokens": limit}
+
+    def prepare(self, rollouts: list[Rollout]) -> None:
+        """Per-sample decisions on fresh samples, after their seeds are set (DUET's stop
+        rule and keep draw)."""
+        if self.gate is not None:
+            for r in rollouts:
+                self.gate.prepare(r)
 
     # ---- a round of a group finished ---------------------------------------------------
     def values(self, g: Group, fresh: bool = False) -> list[float] | None:
@@ -86,7 +97,11 @@ class Controller:
         quantile) loses ``penalty`` reward, so among equally correct answers the outlying
         long ones get a negative advantage; groups with a failure (hard prompts) keep their
         long reasoning. The penalty and the threshold are recorded in ``Rollout.shaping``
-        (not among the verifier scores, which the advantage and the statistics read)."""
+        (not among the verifier scores, which the advantage and the statistics read).
+        First, DUET's gate weighs each sample (`MarkerGate.settle`)."""
+        if self.gate is not None:
+            for r in g.rollouts:
+                self.gate.settle(r)
         if self.dot is None or len(g.rollouts) < 2:
             return
         vals = self.values(g)
@@ -115,25 +130,34 @@ class Controller:
         is (an all-correct group is easy); folded in at the next boundary."""
         vals = self.values(g, fresh=True)
         if vals:
-            self.pending.append((seq, g.prompt_id, self.successes(vals), len(vals)))
+            self.pending.append((seq, g.prompt_id, self.successes(vals), len(vals),
+                                 _fresh_tokens(g)))
 
     def end_step(self, consumed: list[Group]) -> None:
         """Fold in the groups dropped since the last boundary (by admission order), then
         the consumed ones (in consumption order); let the allocator update its prices."""
-        for _, pid, s, n in sorted(self.pending):
-            self.stats.observe(pid, s, n, self.step)
+        for _, pid, s, n, *tokens in sorted(self.pending):  # no tokens: an older checkpoint
+            self.stats.observe(pid, s, n, self.step, tokens[0] if tokens else None)
         self.pending.clear()
         outcomes = []
         for g in consumed:
             vals = self.values(g, fresh=True) or []
             s = self.successes(vals)
-            self.stats.observe(g.prompt_id, s, len(vals), self.step)
+            self.stats.observe(g.prompt_id, s, len(vals), self.step,
+                               _fresh_tokens(g) if vals else None)
             outcomes.append((g.prompt_id, len(g.rollouts), s))
+        if self.gate is not None:
+            self.step_metrics = self.gate.metrics(consumed)
         if self.allocator is not None:
             self.allocator.end_step(outcomes, self.stats)
         if self.selector is not None:
             self.selector.end_step(outcomes, self.stats)
         self.step += 1
+
+    def metrics(self) -> dict[str, float]:
+        """What to log: the allocator's state and the last step's DUET counts."""
+        a = self.allocator.metrics() if self.allocator is not None else {}
+        return {**a, **self.step_metrics}
 
     # ---- checkpoints -------------------------------------------------------------------
     def state(self) -> dict:
@@ -152,3 +176,8 @@ class Controller:
             self.allocator.load_state(d.get("allocator", {}))
         if self.selector is not None:
             self.selector.load_state(d.get("selector", {}))
+
+
+def _fresh_tokens(g: Group) -> int:
+    """Policy tokens of the group's fresh samples (the ones the statistics count)."""
+    return sum(r.n_sampled for r in g.rollouts if not r.reused)

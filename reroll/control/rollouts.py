@@ -89,10 +89,9 @@ class Rollouts:
 
     def stats(self) -> dict:
         s = self.scheduler
-        a = s.controller.allocator
         return {"engine": self.engine.stats(),
                 "counters": s.counters(), "score_errors": dict(s.score_errors),
-                "control": a.metrics() if a is not None else {},
+                "control": s.controller.metrics(),
                 "replay": s.replay.metrics() if s.replay is not None else {}}
 
     async def close(self) -> None:

@@ -391,3 +391,32 @@ def duet_keep(u: float, *, q: float) -> tuple[bool, float]:
     unbiased. u == q aborts."""
     u, q = _real("duet_keep", "u", u, 0.0, 1.0), _positive("duet_keep", "q", q, 1.0)
     return (True, 1.0 / q) if u < q else (False, 0.0)
+
+
+def duet_informativeness(successes: int, trials: int, *, prior: float = 1.0) -> float:
+    """DUET's pre-rollout informativeness of a prompt (ALGORITHMS 3.4): p (1 - p) at the mean
+    of its Beta(prior + s, prior + n - s) posterior, p = (prior + s) / (2 prior + n), the
+    Bernoulli variance that gives a GRPO group non-zero advantages. Unseen (n = 0): 0.25."""
+    f = "duet_informativeness"
+    n = _int(f, "trials", trials, 0)
+    s = _int(f, "successes", successes, 0)
+    if s > n:
+        raise _fail(f, "successes", f"<= trials ({n})", successes)
+    a = _positive(f, "prior", prior)
+    p = (a + s) / (2.0 * a + n)
+    return p * (1.0 - p)
+
+
+def duet_size(score: float, rel_len: float, *, mu: float, n_min: int, n_max: int) -> int:
+    """DUET samples for one prompt under a shadow price ``mu`` on tokens: the n that
+    maximises ``score * log(n) - mu * n * rel_len`` (diminishing returns in samples, each
+    costing its expected length ``rel_len`` in units of the pooled mean length) is
+    ``score / (mu * rel_len)``, rounded half up and clipped to [n_min, n_max]; mu = 0 gives
+    n_max. With one price for every group the sizes are proportional to score / length,
+    as in ``duet_allocation``'s batch rule."""
+    f = "duet_size"
+    score, rel_len = _real(f, "score", score, 0.0), _positive(f, "rel_len", rel_len)
+    mu = _real(f, "mu", mu, 0.0)
+    lo, hi = _bounds(f, n_min, n_max)
+    x = score / (mu * rel_len) if mu > 0.0 else math.inf
+    return hi if x >= hi else max(lo, math.floor(x + 0.5))

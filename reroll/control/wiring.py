@@ -1,6 +1,7 @@
 """Builds the Control stage of a run from its config: the allocator, the prompt selector, the
-length schedule and the `Controller` holding them with the per-prompt statistics, restored
-from a checkpoint's state when resuming. Looks things up in the registries; no decisions.
+length schedule, DUET's marker gate and the `Controller` holding them with the per-prompt
+statistics, restored from a checkpoint's state when resuming. Looks things up in the
+registries; no decisions.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from reroll.control.allocators import ALLOCATORS
 from reroll.control.controller import Controller, ValueOf
+from reroll.control.duet import MarkerGate
 from reroll.control.lengths import LENGTHS
 from reroll.control.prompts import PromptStream
 from reroll.control.selectors import SELECTORS
@@ -35,6 +37,7 @@ def check_control(cfg: RunConfig) -> None:
         allocator, _ = build_allocator(cfg), build_length(cfg)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    check_duet(cfg)
     import math
 
     from reroll.replay.stage import fresh_groups
@@ -51,6 +54,25 @@ def check_control(cfg: RunConfig) -> None:
             f"lower its n_max / stages or raise rollout.batch_groups")
 
 
+def check_duet(cfg: RunConfig) -> None:
+    """DUET's marker gate: what it cannot do is refused when the config loads. (A gate
+    with no marker at all is found when the task is built: `build.answer_marker_ids`.)"""
+    c, r = cfg.control, cfg.rollout
+    if not c.duet_abort:
+        if c.duet_horizon > 0 or c.duet_marker:
+            raise ConfigError("control.duet_horizon / control.duet_marker are set but "
+                              "control.duet_abort = false: set it to true to use the gate")
+        return
+    if r.workflow != "single_turn":
+        raise ConfigError(f"control.duet_abort = true works with rollout.workflow = "
+                          f"\"single_turn\" only (its positions count one response), got "
+                          f"{r.workflow!r}")
+    if c.duet_horizon >= r.max_new_tokens:
+        raise ConfigError(f"control.duet_horizon ({c.duet_horizon}) must be below rollout."
+                          f"max_new_tokens ({r.max_new_tokens}): no sample would reach it; "
+                          f"0 turns the abort off (the stop after the marker stays)")
+
+
 def build_allocator(cfg: RunConfig):
     c = cfg.control
     return ALLOCATORS.get(c.allocator)(cfg.rollout.group_size, **c.allocator_args)
@@ -62,17 +84,21 @@ def build_length(cfg: RunConfig):
 
 
 def build_control(cfg: RunConfig, examples: list[Example], value_of: ValueOf,
-                  state: dict | None = None) -> tuple[Controller, PromptStream]:
+                  state: dict | None = None, marker: list[int] = ()
+                  ) -> tuple[Controller, PromptStream]:
     """The controller and the prompt stream it selects from, with ``state`` (a checkpoint's
-    ``prompts`` and ``control`` entries) restored."""
+    ``prompts`` and ``control`` entries) restored; ``marker``: the token ids of DUET's answer
+    marker (`build.answer_marker_ids`) when ``control.duet_abort`` is on."""
     saved = state or {}
     allocator = build_allocator(cfg)
     length = build_length(cfg) if cfg.control.length != "fixed" else None
     c = cfg.control
     dot = ({"k": c.dot_k, "quantile": c.dot_quantile, "penalty": c.dot_penalty}
            if c.dot_k > 0 or c.dot_quantile > 0 else None)
+    gate = (MarkerGate(list(marker), grace=c.duet_grace, horizon=c.duet_horizon, q=c.duet_q)
+            if c.duet_abort else None)
     ctl = Controller(allocator, PromptStats(c.history), value_of=value_of,
-                     success_at=c.success_at, length=length, dot=dot)
+                     success_at=c.success_at, length=length, dot=dot, gate=gate)
     choose = None
     if cfg.control.selector != "uniform":
         ctl.selector = SELECTORS.get(cfg.control.selector)(

@@ -1,5 +1,6 @@
-"""One in-flight generation request: validation, its token buffer, stop checks, flushing
-into the `Rollout` record.
+"""One in-flight generation request: validation, its token buffer, stop checks (including a
+control policy's `StopRule`: a marker gate and an abort horizon), flushing into the
+`Rollout` record.
 
 Owns the per-request bookkeeping that the engine does in Python (cheap per token: two list
 appends and a set lookup). Knows nothing of tensors, caches or the model.
@@ -10,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from reroll.rollout import FINISHED, Rollout
+from reroll.rollout import FINISHED, Rollout, StopRule
 
 
 @dataclass(slots=True)
@@ -29,6 +30,10 @@ class Request:
     resp_prev: list[int] = field(default_factory=list)  # response tokens before this add
     resume: bool = False  # this call already sampled tokens before (re-prefilled prefix)
     turn_start: int = 0  # index in the record where this call's sampled tokens begin
+    rule: StopRule | None = None  # a control policy's marker gate / abort horizon
+    sampled0: int = 0  # tokens of this call sampled before this request (a resume)
+    marker_end: int = -1  # position (tokens of the call) where the marker ended; -1: not yet
+    tail: list[int] = field(default_factory=list)  # last len(marker) tokens, while unseen
 
     def flush(self, version: int) -> None:
         """Move sampled tokens into the record (same result as one `Rollout.append` each)."""
@@ -50,6 +55,24 @@ class Request:
         tail = (self.resp_prev[-self.window:] + self.toks[-self.window:])[-self.window:]
         text = decode(tail)
         return any(s in text for s in self.stop_strings)
+
+    def rule_hit(self, t: int) -> str | None:
+        """The stop rule after sampling ``t`` (already in ``toks``): "stop" at ``grace``
+        tokens after the marker, "pruned" at the horizon with no marker when not kept, else
+        None. A few list operations per token, and only for requests that carry a rule."""
+        rule, n = self.rule, self.sampled0 + len(self.toks)
+        if self.marker_end < 0:
+            m = rule.marker
+            self.tail.append(t)
+            if len(self.tail) > len(m):
+                del self.tail[0]
+            if t == m[-1] and tuple(self.tail) == m:
+                self.marker_end = n
+        if self.marker_end >= 0:
+            return "stop" if n >= self.marker_end + rule.grace else None
+        if not rule.keep and 0 < rule.horizon <= n:
+            return "pruned"
+        return None
 
     def finish(self, reason: str, version: int, decode) -> Rollout:
         self.flush(version)
@@ -99,11 +122,26 @@ def make_request(r: Rollout, *, vocab: int, max_seq_len: int, seed: int,
     stops = tuple(x for x in s.stop_strings if x)
     window = 2 * max((len(x) for x in stops), default=0) + 8
     greedy = s.temperature == 0.0
-    return Request(rollout=r, budget=min(end - len(r.tokens), room), turn_start=start,
-                   stop_ids=frozenset(s.stop_token_ids), stop_strings=stops, seed=seed,
-                   greedy=greedy, filtered=not greedy and (s.top_k > 0 or s.top_p < 1.0),
-                   window=window, resp_prev=list(r.tokens[start:]) if stops else [],
-                   resume=len(r.tokens) > start)
+    q = Request(rollout=r, budget=min(end - len(r.tokens), room), turn_start=start,
+                stop_ids=frozenset(s.stop_token_ids), stop_strings=stops, seed=seed,
+                greedy=greedy, filtered=not greedy and (s.top_k > 0 or s.top_p < 1.0),
+                window=window, resp_prev=list(r.tokens[start:]) if stops else [],
+                resume=len(r.tokens) > start)
+    if s.stop_rule is not None:
+        _restore_rule(q, s.stop_rule, r.tokens[start:])
+    return q
+
+
+def _restore_rule(q: Request, rule: StopRule, before: list[int]) -> None:
+    """Attach ``rule`` to ``q``, with the marker state of the tokens this call sampled
+    before (a resumed request): where the marker first ended, else the tail to match."""
+    m = rule.marker
+    q.rule, q.sampled0 = rule, len(before)
+    for i in range(len(before) - len(m) + 1):
+        if tuple(before[i:i + len(m)]) == m:
+            q.marker_end = i + len(m)
+            return
+    q.tail = list(before[-(len(m) - 1):]) if len(m) > 1 else []
 
 
 class _Where:

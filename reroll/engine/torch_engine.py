@@ -288,6 +288,8 @@ class TorchEngine:
                 reason = "stop"
             elif len(q.toks) >= q.budget:
                 reason = "length"
+            elif q.rule is not None:
+                reason = q.rule_hit(t)
             if reason:
                 fin.append(sl.start + j)
                 done.append(q.finish(reason, self.version, self._decode_text))

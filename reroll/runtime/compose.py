@@ -61,9 +61,11 @@ def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_com
         build.check_sandbox(cfg, task)
         combine = parts.scorer.combine
         control, prompts = build_control(
-            cfg, task.train, lambda x: None if x.failed else combine(x.scores), state)
+            cfg, task.train, lambda x: None if x.failed else combine(x.scores), state,
+            marker=build.answer_marker_ids(cfg, tok, task))
         r = cfg.rollout
-        sched = Scheduler(prompts, build.group_starter(cfg, tok), group_size=r.group_size,
+        start = build.group_starter(cfg, tok, control.prepare)
+        sched = Scheduler(prompts, start, group_size=r.group_size,
                           batch_groups=fresh_groups(cfg), max_staleness=cfg.runtime.max_staleness,
                           overprovision=cfg.runtime.overprovision,
                           filters=build.build_filters(cfg, combine), controller=control,

@@ -24,13 +24,16 @@ class TaskError(ValueError):
 class Task:
     """Examples to train and evaluate on, and the reward spec used when the config names none.
 
-    ``verifier`` is ``{"name": <registered verifier>, "args": {...}}``.
+    ``verifier`` is ``{"name": <registered verifier>, "args": {...}}``. ``answer_marker``:
+    the text after which a completion states its final answer (``####``, ``\\boxed{``),
+    when the task has one; DUET's marker gate stops a sample shortly after it.
     """
 
     name: str
     train: list[Example]
     test: list[Example]
     verifier: dict
+    answer_marker: str = ""
 
 
 def seeded_unit(seed: int, key: str) -> float:

@@ -17,7 +17,13 @@ Problem generation is ``reroll.tasks.arithmetic``'s: an index into an operand/op
 decoded to an expression, evaluated with ``reroll.tasks.expr``. Train is shuffled; test is
 interleaved level by level so that any prefix of it (``eval.n_examples``) keeps the
 proportions. After ``configs/mixed.toml``'s SFT the tiny model solves about 90% of easy,
-50% of medium and 2% of hard held-out prompts greedily. Must not know tokenizers or
+50% of medium and 2% of hard held-out prompts greedily.
+
+With ``marker`` set (e.g. ``"#"``) completions show their work and then state the answer
+after the marker, the task's ``answer_marker`` (DUET's marker gate): a three-operand problem
+does its first operation, then the rest (``37-45+12=`` -> ``-8+12#4``), a two-operand one
+answers at once (``37+5=`` -> ``#42``). Only the demonstrations change (prompts, answers and
+the ``numeric`` reward's last number are the same); "" (the default) keeps the plain answers. Must not know tokenizers or
 verifiers (the default reward is ``numeric``).
 """
 
@@ -33,6 +39,7 @@ from dataclasses import dataclass, replace
 from reroll.rollout import Example
 from reroll.tasks.arithmetic import _distinct_indices, decode, make_example, space_size
 from reroll.tasks.base import TASKS, Task, TaskError, require
+from reroll.tasks.expr import evaluate
 
 _ENUMERATE_LIMIT = 100_000  # a filtered level's space is listed in full up to this size
 
@@ -86,9 +93,22 @@ def apportion(n: int, weights: dict[str, float]) -> dict[str, int]:
     return counts
 
 
-def mixed_example(expression: str, level: str) -> Example:
-    """One problem as ``arithmetic`` makes it, with this task's id and its level."""
-    return replace(make_example(expression), prompt_id=f"arith_mixed:{expression}",
+def worked(expression: str, answer: str, marker: str) -> str:
+    """The demonstration with its work: the first operation of ``expression`` done, the
+    rest as written, then ``marker`` and the answer (no work for two operands)."""
+    m = re.fullmatch(r"(\d+[-+]\d+)([-+].*)?", expression)
+    if m is None:
+        raise ValueError(f"arith_mixed: cannot show the work of {expression!r}")
+    work = f"{int(evaluate(m[1]))}{m[2]}" if m[2] else ""
+    return f"{work}{marker}{answer}"
+
+
+def mixed_example(expression: str, level: str, marker: str = "") -> Example:
+    """One problem as ``arithmetic`` makes it, with this task's id and its level (and the
+    worked demonstration when ``marker`` is set)."""
+    ex = make_example(expression)
+    demo = worked(expression, ex.answer, marker) if marker else ex.demo
+    return replace(ex, prompt_id=f"arith_mixed:{expression}", demo=demo,
                    fields={"difficulty": level})
 
 
@@ -104,12 +124,13 @@ def _interleave(by_level: dict[str, list[Example]]) -> list[Example]:
                                        "hard": "[0, inf)", "n_train": "[1, inf)",
                                        "n_test": "[0, inf)"})
 def arith_mixed(seed: int, *, easy: float = 1.0, medium: float = 1.0, hard: float = 1.0,
-                n_train: int = 4500, n_test: int = 300) -> Task:
+                n_train: int = 4500, n_test: int = 300, marker: str = "") -> Task:
     """Seeded arithmetic at three levels mixed by the relative weights ``easy``, ``medium``
     and ``hard`` (a zero weight leaves the level out). Each split is apportioned among the
     levels; a level with fewer problems than its train and test shares together has its
     train share capped (with a warning; the defaults fit: 1,500 + 100 of easy's 1,900), and
-    a test share at or above the level's whole space is a TaskError naming the level."""
+    a test share at or above the level's whole space is a TaskError naming the level.
+    ``marker``: the answer marker of worked demonstrations (see the module docstring)."""
     weights = {"easy": easy, "medium": medium, "hard": hard}
     for name, w in weights.items():
         require(w >= 0, "arith_mixed", f"{name} (a level weight) must be >= 0, got {w}")
@@ -117,6 +138,8 @@ def arith_mixed(seed: int, *, easy: float = 1.0, medium: float = 1.0, hard: floa
             f"at least one of easy, medium, hard (level weights) must be > 0, got {weights}")
     require(n_train >= 1, "arith_mixed", f"n_train must be >= 1, got {n_train}")
     require(n_test >= 0, "arith_mixed", f"n_test must be >= 0, got {n_test}")
+    require(not set(marker) & set("0123456789+-") and marker.strip() == marker,
+            "arith_mixed", f"marker must hold no digit, sign or outer space, got {marker!r}")
     n_tr, n_te = apportion(n_train, weights), apportion(n_test, weights)
     train: list[Example] = []
     test: dict[str, list[Example]] = {}
@@ -137,9 +160,9 @@ def arith_mixed(seed: int, *, easy: float = 1.0, medium: float = 1.0, hard: floa
         k = n_tr[name] + n_te[name]
         picks = _distinct_indices(rng, size, k)
         indices = picks if pool is None else [pool[i] for i in picks]
-        examples = [mixed_example(level.expression(i), name) for i in indices]
+        examples = [mixed_example(level.expression(i), name, marker) for i in indices]
         train += examples[: n_tr[name]]
         test[name] = examples[n_tr[name]:]
     random.Random(f"{seed}:train").shuffle(train)
     return Task(name="arith_mixed", train=train, test=_interleave(test),
-                verifier={"name": "numeric", "args": {}})
+                verifier={"name": "numeric", "args": {}}, answer_marker=marker)
