@@ -96,8 +96,15 @@ def cmd_eval(args) -> int:
 
 def cmd_report(args) -> int:
     from reroll.report import plot_run
+    from reroll.report_html import write_report
 
-    print(plot_run(Path(args.run_dir)))
+    runs = [Path(p) for p in args.run_dirs]
+    out = Path(args.out) if args.out else (runs[0] / "report.html" if len(runs) == 1
+                                           else Path("report.html"))
+    print(write_report(runs, out))
+    if not args.no_png:
+        for run in runs:
+            print(plot_run(run))
     return 0
 
 
@@ -121,8 +128,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="model dir, sft dir, checkpoint dir, or run dir (its latest checkpoint)")
     p.add_argument("--output", help="also write the metrics JSON here")
     p.set_defaults(fn=cmd_eval)
-    p = sub.add_parser("report", help="plot a run's metrics to RUN_DIR/report.png")
-    p.add_argument("run_dir")
+    p = sub.add_parser("report", help="a self-contained HTML page of one or more runs "
+                       "(RUN_DIR/report.html) and each run's PNG (RUN_DIR/report.png)")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="runs, overlaid in one page")
+    p.add_argument("--out", help="the HTML file (default: RUN_DIR/report.html for one run, "
+                   "./report.html for several)")
+    p.add_argument("--no-png", action="store_true", help="skip the PNGs")
     p.set_defaults(fn=cmd_report)
     cli_info.add_parsers(sub)
     export.add_parser(sub)

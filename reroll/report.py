@@ -1,15 +1,68 @@
-"""`reroll report RUN_DIR`: plot a run's metrics.jsonl to RUN_DIR/report.png (matplotlib is
-imported only here)."""
+"""`reroll report RUN_DIR`: the terminal-friendly PNG of a run, RUN_DIR/report.png, titled with
+the run's name: reward (train accuracy drawn only where it differs from the reward), held-out
+accuracy with its 95% Wilson interval, response length, generation throughput, the time
+split per step and KL / clip fraction. The interactive page is `reroll.report_html`.
+matplotlib is imported only here."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
-from reroll.runlog import read_metrics
+from reroll import report_data as rd
 
-PANELS = [("reward/mean", "reward"), ("reward/accuracy", "train accuracy"),
-          ("eval/greedy_accuracy", "held-out greedy accuracy"), ("length/mean", "response length"),
-          ("throughput/gen_tokens_per_s", "generation tokens/s"), ("time/step_s", "step time (s)")]
+
+def _line(ax, xs, ys, label: str | None = None, **kw) -> None:
+    if len(xs) < 30:
+        ax.plot(xs, ys, marker=".", label=label, **kw)
+        return
+    w = max(2, len(ys) // 50)  # raw values faint, a moving average over ~2% of the run on top
+    avg = [sum(ys[max(0, i - w + 1): i + 1]) / len(ys[max(0, i - w + 1): i + 1])
+           for i in range(len(ys))]
+    line = ax.plot(xs, ys, alpha=0.25, lw=0.6, **kw)[0]
+    ax.plot(xs, avg, lw=1.6, color=line.get_color(), label=label, **kw)
+
+
+def _keys(keys: list[tuple[str, str]]) -> Callable:
+    def draw(ax, run: rd.Run) -> bool:
+        drawn = False
+        for key, label in keys:
+            xs, ys = run.series(key)
+            if xs:
+                _line(ax, xs, ys, label)
+                drawn = True
+        return drawn
+    return draw
+
+
+def _reward(ax, run: rd.Run) -> bool:
+    same = all(r.get("reward/accuracy") == r.get("reward/mean") for r in run.rows)
+    return _keys([("reward/mean", "reward (= train accuracy)" if same else "reward")]
+                 + ([] if same else [("reward/accuracy", "train accuracy")]))(ax, run)
+
+
+def _held_out(ax, run: rd.Run) -> bool:
+    p = rd.eval_points(run)
+    if not p.x:
+        return False
+    err = [[a - lo for a, lo in zip(p.acc, p.low)], [h - a for h, a in zip(p.high, p.acc)]]
+    ax.errorbar(p.x, p.acc, yerr=err, marker=".", capsize=2,
+                label=f"greedy, n = {', '.join(map(str, sorted(set(p.n))))}")
+    return True
+
+
+PANELS = [
+    ("reward", _reward),
+    ("held-out accuracy (95% Wilson interval)", _held_out),
+    ("response length", _keys([("length/mean", "mean"), ("length/max", "max")])),
+    ("generation tokens/s", _keys([("throughput/gen_tokens_per_s", "tokens/s")])),
+    ("time per step (s)", _keys([("time/step_s", "step"), ("time/generate_s", "generate"),
+                                 ("time/train_s", "train"),
+                                 ("time/wait_for_rollouts_s", "wait for rollouts")])),
+    ("KL and clipping", _keys([("kl_ref", "KL to reference"), ("ppo_kl", "KL policy/proximal"),
+                               ("clip_frac_low", "clipped low"),
+                               ("clip_frac_high", "clipped high")])),
+]
 
 
 def plot_run(run_dir: Path) -> Path:
@@ -18,25 +71,18 @@ def plot_run(run_dir: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = read_metrics(run_dir)
-    if not rows:
-        raise FileNotFoundError(f"{run_dir} has no metrics.jsonl rows")
-    fig, axes = plt.subplots(2, 3, figsize=(13, 7))
-    for ax, (key, title) in zip(axes.flat, PANELS):
-        pts = [(r["step"], r[key]) for r in rows if key in r]
-        if pts:
-            xs, ys = zip(*pts)
-            if len(pts) < 30:
-                ax.plot(xs, ys, marker=".")
-            else:  # raw values faint, a moving average over ~2% of the run on top
-                w = max(2, len(ys) // 50)
-                avg = [sum(ys[max(0, i - w + 1): i + 1]) / len(ys[max(0, i - w + 1): i + 1])
-                       for i in range(len(ys))]
-                ax.plot(xs, ys, alpha=0.25, lw=0.6)
-                ax.plot(xs, avg, lw=1.6)
+    run = rd.load_runs([run_dir])[0]
+    fig, axes = plt.subplots(2, 3, figsize=(13, 7.4))
+    for ax, (title, draw) in zip(axes.flat, PANELS):
+        if draw(ax, run):
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "not recorded in this run", ha="center", va="center",
+                    transform=ax.transAxes, color="0.5")
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
+    fig.suptitle(f"reroll run {run.name} ({Path(run_dir).resolve()})", fontsize=11)
     fig.tight_layout()
     out = Path(run_dir) / "report.png"
     fig.savefig(out, dpi=90)
