@@ -11,14 +11,22 @@ steps and evaluation; a method changes only its ``[control]`` keys, at their def
 is tuned here). Seeds via ``train.seed``. The pruner of the issue is not built yet: listed,
 not measured. Runs go one after another (2 cores) through ``reroll train``, unchanged.
 
+DUET (ALGORITHMS.md 3.4): ``duet-alloc`` is its token-budget allocator alone, from the
+shared warm start. Its marker gate needs completions with an answer marker, which the plain
+task does not write, so ``duet`` (allocator + gate: stop 4 tokens after ``#``, abort at 8
+tokens with no marker unless the 5% draw keeps it) and its own baseline ``fixed-marker``
+(fixed-n GRPO) start from a second SFT warm start on ``task.args.marker="#"`` (worked
+demonstrations, ``-8+12#4``; up to 12 new tokens), and ``duet``'s ratios are against
+``fixed-marker``, not ``fixed`` (``BASELINE``).
+
 Per run, from ``RUN/metrics.jsonl`` (``log_every = 1``): held-out greedy accuracy every
 ``--eval-every`` steps (all 300 held-out prompts, per level too), against
 ``pipeline/tokens_generated`` (cumulative response tokens the engine generated, dropped or
 unused samples included) and against training seconds (the summed ``time/step_s``; the loop
 stops a step's timer before it evaluates, so evaluation is already outside it). Every
-``record_every`` steps the trained groups are read back from ``rollouts.jsonl`` for the
-training mix (share of trained samples per level, share in groups with both outcomes), then
-the file is deleted.
+``record_every`` steps the trained groups are read back from the rollout store
+(``RUN/rollouts/``) for the training mix (share of trained samples per level, share in groups
+with both outcomes), then the store is deleted.
 
 Noise: one evaluation on 300 prompts near 50% has a standard error of 2.9 points, so curves
 are smoothed over ``--smooth`` consecutive evaluations (centred; shorter at the ends) before
@@ -75,7 +83,16 @@ METHODS: dict[str, list[str]] = {
     "gdro-select": ["control.selector=gdro"],
     "ar3po+dots": ["control.allocator=ar3po", "control.selector=dots"],
     "gdro+gdro": ["control.allocator=gdro", "control.selector=gdro"],
+    "duet-alloc": ["control.allocator=duet"],
+    "fixed-marker": [],
+    "duet": ["control.allocator=duet", "control.duet_abort=true", "control.duet_grace=4",
+             "control.duet_horizon=8"],
 }
+# completion formats with their own SFT warm start: format -> overrides of the SFT and of
+# every RL run of the methods in FORMAT_OF (their ratios are against BASELINE's method)
+FORMATS = {"marker": ['task.args.marker="#"', "rollout.max_new_tokens=12"]}
+FORMAT_OF = {"fixed-marker": "marker", "duet": "marker"}
+BASELINE = {"duet": "fixed-marker"}
 NOT_BUILT = {"pruner": "not built yet: reroll.control has no pruning stage; not measured"}
 
 
@@ -88,15 +105,17 @@ def sh(cmd: list[str], log: Path) -> None:
         raise SystemExit(f"command failed ({p.returncode}): {' '.join(cmd)}\n{tail}")
 
 
-def warm_start(out: Path, extra: list[str]) -> Path:
-    """The shared SFT checkpoint (``out/sft``), made once."""
-    sft = out / "sft"
+def warm_start(out: Path, extra: list[str], fmt: str = "") -> Path:
+    """The shared SFT checkpoint (``out/sft``, or ``out/sft_FORMAT`` for a completion format
+    of `FORMATS`), made once."""
+    sft = out / (f"sft_{fmt}" if fmt else "sft")
+    extra = extra + FORMATS.get(fmt, [])
     if (sft / "model" / "config.json").is_file():
         return sft
     shutil.rmtree(sft, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    sh([REROLL, "sft", CONFIG, f"out_dir={sft}", *extra], out / "sft.log")
+    sh([REROLL, "sft", CONFIG, f"out_dir={sft}", *extra], out / f"{sft.name}.log")
     print(f"SFT warm start: {time.perf_counter() - t0:.0f} s -> {sft}", flush=True)
     return sft
 
@@ -109,20 +128,19 @@ def read_rows(run: Path) -> list[dict]:
 def training_mix(run: Path) -> dict:
     """From the recorded groups: share of trained samples per level, share of trained
     samples in groups with both outcomes (a nonzero GRPO advantage), success rate per level."""
-    p = run / "rollouts.jsonl"
+    from reroll.replay.store import RolloutStore
+
     n = {lv: 0 for lv in LEVELS}
     ok = {lv: 0 for lv in LEVELS}
     mixed, total = 0, 0
-    with open(p) as f:
-        for line in f:
-            g = json.loads(line)["group"]
-            lv = g["example"]["fields"].get("difficulty", "?")
-            vals = [float(r["reward"] or 0.0) for r in g["rollouts"]]
-            succ = sum(v >= 1.0 - 1e-9 for v in vals)
-            n[lv] = n.get(lv, 0) + len(vals)
-            ok[lv] = ok.get(lv, 0) + succ
-            total += len(vals)
-            mixed += len(vals) if 0 < succ < len(vals) else 0
+    for _, g in RolloutStore(run).groups():
+        lv = g.example.fields.get("difficulty", "?")
+        vals = [float(r.reward or 0.0) for r in g.rollouts]
+        succ = sum(v >= 1.0 - 1e-9 for v in vals)
+        n[lv] = n.get(lv, 0) + len(vals)
+        ok[lv] = ok.get(lv, 0) + succ
+        total += len(vals)
+        mixed += len(vals) if 0 < succ < len(vals) else 0
     return {"samples": total,
             "level_share": {lv: n[lv] / max(1, total) for lv in n},
             "level_success": {lv: ok[lv] / n[lv] if n[lv] else None for lv in n},
@@ -144,7 +162,7 @@ def run_one(out: Path, name: str, seed: int, overrides: list[str], init: Path, s
     run.parent.mkdir(parents=True, exist_ok=True)
     sh([REROLL, "train", *args, "--no-progress"], run.with_name(run.name + ".log"))
     (run / "mix.json").write_text(json.dumps(training_mix(run)))
-    (run / "rollouts.jsonl").unlink()
+    shutil.rmtree(run / "rollouts")
     spec.write_text(json.dumps(args))
     return run, False
 
@@ -266,8 +284,9 @@ def summarise(runs: dict[str, list[dict]], target: float, w: int, t_eq: float) -
             } if all("mix" in x for x in d) else None,
             "mean_curve": mc,
         }
-    base = out["fixed"]
-    for m in out.values():
+    for name, m in out.items():
+        base = out.get(BASELINE.get(name, "fixed"), out["fixed"])
+        m["baseline"] = BASELINE.get(name, "fixed") if base is not out["fixed"] else "fixed"
         b, x = base["tokens_to_target"][0], m["tokens_to_target"][0]
         full = m["reached"] == m["seeds"] and base["reached"] == base["seeds"]
         m["ratio_tokens"] = b / x if full and x > 0 else None
@@ -303,8 +322,9 @@ def table(summary: dict, target: float, t_eq: float) -> str:
         mc = m["tokens_to_target_mean_curve"]
         lvl = " / ".join(f"{m[f'final_{lv}'][0]:.3f}" for lv in LEVELS)
         dg = m["diag"]
+        label = name if m["baseline"] == "fixed" else f"{name} (vs {m['baseline']})"
         lines.append(
-            f"| {name} | {fmt(m['tokens_to_target'], 1e3)}{reach} | {ratio(m['ratio_tokens'])} "
+            f"| {label} | {fmt(m['tokens_to_target'], 1e3)}{reach} | {ratio(m['ratio_tokens'])} "
             f"| {'not reached' if mc is None else f'{mc / 1e3:.1f}'} "
             f"({ratio(m['ratio_tokens_mean_curve'])}) "
             f"| {fmt(m['train_s_to_target'], 1.0, 1, ' s')} | {ratio(m['ratio_time'])} "
@@ -369,7 +389,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=None, help="train.seed values")
     ap.add_argument("--methods", nargs="+", default=None,
-                    help=f"subset of {', '.join(METHODS)} (fixed always runs)")
+                    help=f"subset of {', '.join(METHODS)} (fixed always runs, and a "
+                         f"method's own baseline with it)")
     ap.add_argument("--steps", type=int, default=None, help="RL steps per run (500)")
     ap.add_argument("--eval-every", type=int, default=None, help="held-out eval interval (10)")
     ap.add_argument("--out", default="/tmp/reroll_bench_control", help="work directory")
@@ -394,7 +415,8 @@ def main() -> None:
         unknown = set(args.methods) - set(METHODS)
         if unknown:
             raise SystemExit(f"unknown methods {sorted(unknown)}; choose from {list(METHODS)}")
-        methods = {k: v for k, v in METHODS.items() if k == "fixed" or k in args.methods}
+        wanted = set(args.methods) | {BASELINE[m] for m in args.methods if m in BASELINE}
+        methods = {k: v for k, v in METHODS.items() if k == "fixed" or k in wanted}
     sft_extra = ["sft.steps=100"] if args.quick else []
     extra = (["eval.n_examples=60"] if args.quick else []) + args.set
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
@@ -406,12 +428,15 @@ def main() -> None:
         print(f"  {name}: {why}")
 
     t0 = time.perf_counter()
-    init = warm_start(out, sft_extra)
+    inits = {f: warm_start(out, sft_extra, f)
+             for f in sorted({FORMAT_OF.get(n, "") for n in methods})}
     runs: dict[str, list[dict]] = {}
     for seed in seeds:  # seeds outermost: drift in machine load hits every method alike
         for name, ov in methods.items():
             t1 = time.perf_counter()
-            run, cached = run_one(out, name, seed, ov, init, steps, every, extra, args.fresh)
+            form = FORMAT_OF.get(name, "")
+            run, cached = run_one(out, name, seed, FORMATS.get(form, []) + ov, inits[form],
+                                  steps, every, extra, args.fresh)
             r = parse(run)
             runs.setdefault(name, []).append(r)
             p = r["points"]

@@ -216,6 +216,23 @@ def test_prompt_lengths_survive_a_checkpoint():
     assert back.get("p").mean_len == 2.5 and back.mean_len() == 2.5  # 10 tokens / 4
 
 
+# ---- a task with a marker ----------------------------------------------------------------
+
+
+def test_arith_mixed_with_a_marker_shows_its_work_then_the_answer():
+    from reroll.tasks.mixed import arith_mixed, worked
+
+    assert worked("37-45+12", "4", "#") == "-8+12#4"  # 37 - 45 = -8, then -8 + 12 = 4
+    assert worked("37+5", "42", "#") == "#42"  # two operands: no work
+    assert worked("5-45-99", "-139", "##") == "-40-99##-139"
+    plain, marked = arith_mixed(0, n_train=30, n_test=6), arith_mixed(0, n_train=30, n_test=6,
+                                                                    marker="#")
+    assert plain.answer_marker == "" and marked.answer_marker == "#"
+    for a, b in zip(plain.train + plain.test, marked.train + marked.test):
+        assert (a.prompt, a.answer, a.demo) == (b.prompt, b.answer, b.answer)  # plain demo
+        assert b.demo.endswith("#" + b.answer) and b.demo.count("#") == 1
+
+
 # ---- config ----------------------------------------------------------------------------
 
 
