@@ -1,4 +1,5 @@
-"""The run directory: resolved config, metrics.jsonl, TensorBoard events, recorded rollouts.
+"""The run directory: resolved config, metrics.jsonl, TensorBoard events, recorded rollouts
+(the Parquet rollout store under ``RUN/rollouts/``, `reroll.replay.store`).
 
 Owns the rules that protect finished work: a directory that already holds a run is never
 overwritten (resume it or choose another), and resuming with a config that differs in what
@@ -89,7 +90,9 @@ class RunDir:
     def truncate(self, step: int) -> None:
         """On resume from the checkpoint at ``step``: forget rows logged after it (they belong
         to updates the checkpoint does not contain and will be redone)."""
-        for name in ("metrics.jsonl", "rollouts.jsonl"):
+        if (self.path / "rollouts").is_dir():
+            self._store().truncate(step)  # whole files go: a kill mid-way leaves no torn one
+        for name in ("metrics.jsonl", "rollouts.jsonl"):  # rollouts.jsonl: runs before the store
             p = self.path / name
             if not p.exists():
                 continue
@@ -118,21 +121,22 @@ class RunDir:
                 self._tb.add_scalar(k, v, step)
 
     def record(self, step: int, groups) -> None:
-        """Append the groups consumed by ``step`` to rollouts.jsonl (replayable under another
-        estimator); one line per group: {"step": ..., "group": {...}}."""
+        """Store the groups consumed by ``step`` in the rollout store (``RUN/rollouts/``, one
+        Parquet file per step; replayable under another estimator with `reroll replay`)."""
+        self._store().append(step, groups)
+
+    def _store(self):
         if self._rollouts is None:
-            self._rollouts = open(self.path / "rollouts.jsonl", "a")
-        for g in groups:
-            self._rollouts.write(json.dumps({"step": step, "group": g.to_dict()}) + "\n")
-        self._rollouts.flush()
+            from reroll.replay.store import RolloutStore  # pyarrow only when recording
+
+            self._rollouts = RolloutStore(self.path)
+        return self._rollouts
 
     def close(self) -> None:
         if self._metrics is not None:
             self._metrics.close()
         if self._tb is not None:
             self._tb.close()
-        if self._rollouts is not None:
-            self._rollouts.close()
         if self._lock is not None:
             self._lock.close()  # releases the flock
             self._lock = None
@@ -165,9 +169,16 @@ def _step_of(line: str) -> float:
 
 
 def read_rollouts(run_dir: str | Path) -> list[tuple[int, dict]]:
+    """(step, group as a dict) for every recorded group, in training order: the rollout
+    store's, after the rows of a ``rollouts.jsonl`` that a run made before the store."""
     p = Path(run_dir) / "rollouts.jsonl"
     rows = [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.exists() else []
-    return [(r["step"], r["group"]) for r in rows]
+    out = [(r["step"], r["group"]) for r in rows]
+    if (Path(run_dir) / "rollouts").is_dir():
+        from reroll.replay.store import RolloutStore
+
+        out += [(s, g.to_dict()) for s, g in RolloutStore(run_dir).groups()]
+    return out
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:

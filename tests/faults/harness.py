@@ -198,12 +198,13 @@ def _latest_buffer(out: Path) -> set[str]:
 
 
 def _pad_logs(out: Path, mb: float) -> None:
-    """Append ``mb`` MB of rows from after any checkpoint to rollouts.jsonl (a long run's log
-    whose tail a resume must cut): the resume's truncation then lasts long enough to be hit."""
-    p = out / "rollouts.jsonl"
+    """Append ``mb`` MB of rows from after any checkpoint to metrics.jsonl (a long run's log
+    whose tail a resume must cut): the resume's truncation then lasts long enough to be hit.
+    (Recorded rollouts are one file per step, which a resume deletes whole.)"""
+    p = out / "metrics.jsonl"
     if not p.is_file() or mb <= 0:
         return
-    row: dict = {"group": {}}
+    row: dict = {}
     for x in reversed(p.read_text().splitlines()):  # the last whole row (a kill may cut one)
         try:
             row = json.loads(x)
@@ -291,8 +292,9 @@ def run_trial(out: Path, *, seed: int, steps: int = 8, staleness: int = 2,
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
     t.rows = [r["step"] for r in rows if r["step"] > 0]
     t.consumed = int(rows[-1]["pipeline/consumed"]) if rows else 0
-    recs = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines() if x.strip()]
-    t.group_ids = [r["group"]["group_id"] for r in recs]
+    from reroll.runlog import read_rollouts
+
+    t.group_ids = [g["group_id"] for _, g in read_rollouts(out)]
     went_on = set(t.group_ids) | _latest_buffer(out)
     t.buffered_lost = len(buffered - went_on)
     return t

@@ -187,12 +187,11 @@ def test_length_shaping_measures_policy_tokens_against_the_episode_limit(tiny):
 
 
 def test_every_recorded_rollout_of_a_real_multi_turn_run_replays_to_its_transcript(tmp_path):
-    """A real `train` run on the guess environment: every rollout in rollouts.jsonl, replayed
+    """A real `train` run on the guess environment: every recorded rollout, replayed
     through a fresh environment turn by turn (each policy turn decoded from the stored
     tokens), gives back exactly the stored observation tokens; no environment token carries
     loss, a version or a log-prob, and the policy tokens respect the turn and episode limits."""
     from reroll.envs import ENVIRONMENTS
-    from reroll.rollout import Group
     from reroll.runtime import train
 
     cfg = load_config("configs/guess.toml", [
@@ -201,10 +200,9 @@ def test_every_recorded_rollout_of_a_real_multi_turn_run_replays_to_its_transcri
         "task.args.n_test=8", "ckpt_every=2", "log_every=1"])
     train(cfg, progress=False)
     tok = build.load_tokenizer(tmp_path / "init")
-    lines = (tmp_path / "rollouts.jsonl").read_text().splitlines()
-    import json
+    from reroll.replay.store import RolloutStore
 
-    groups = [Group.from_dict(json.loads(x)["group"]) for x in lines]
+    groups = [g for _, g in RolloutStore(tmp_path).groups()]
     assert len(groups) == 8
     n_env_turns = 0
     for g in groups:
