@@ -127,3 +127,63 @@ def test_several_runs_overlay_in_one_page(short_run, tmp_path, capsys):
     assert names[0] != names[1]
     for name in names:  # one reward trace per run in the same panel
         assert f'"name":"{name}: reward (= train accuracy)"' in page
+
+
+def chromium() -> str:
+    """Debian's headless Chromium; installed with apt-get when missing and running as root,
+    else the test is skipped saying why."""
+    import os
+    import shutil
+    import subprocess
+
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found:
+        return found
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.skip("headless Chromium is not installed and this is not root with apt-get "
+                    "(install Debian's package: apt-get install chromium)")
+    for cmd in (["apt-get", "install", "-y", "-q", "chromium"], ["apt-get", "update", "-q"],
+                ["apt-get", "install", "-y", "-q", "chromium"]):
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                              env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        if done.returncode == 0 and cmd[1] == "install":
+            break
+    found = shutil.which("chromium")
+    if not found:
+        pytest.skip(f"apt-get install chromium failed: {done.stderr.strip()[-300:]}")
+    return found
+
+
+def headless(browser: str, page, tmp_path, *flags: str):
+    import subprocess
+
+    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+           f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0",
+           "--virtual-time-budget=10000", *flags, page.as_uri()]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.browser
+def test_report_renders_every_plot_in_headless_chromium(short_run, tmp_path):
+    browser = chromium()
+    page = short_run / "report.html"
+    if not page.exists():
+        from reroll.report_html import write_report
+
+        write_report([short_run], page)
+    expected = len(re.findall(r'data-plotted="1"', page.read_text()))
+    dom = headless(browser, page, tmp_path, "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    # plotly marks a div it has drawn "js-plotly-plot" and puts its SVG inside
+    drawn = re.findall(r'<div id="plot-(\w+)" class="[^"]*js-plotly-plot', dom.stdout)
+    assert len(drawn) == expected == 12, drawn
+    assert dom.stdout.count('class="main-svg"') >= expected
+    console = [x for x in dom.stderr.splitlines() if ":CONSOLE" in x]
+    assert console == [], "\n".join(console)  # no errors (nor anything else) logged
+    shot = tmp_path / "report.png"
+    done = headless(browser, page, tmp_path, "--window-size=1280,2600", f"--screenshot={shot}")
+    assert done.returncode == 0 and shot.is_file(), done.stderr[-2000:]
+    # a PNG's width and height are big-endian at bytes 16-24 of its IHDR chunk
+    head = shot.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")) == (1280, 2600)
