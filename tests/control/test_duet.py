@@ -266,8 +266,11 @@ DUET = ["rollout.max_new_tokens=6", "control.allocator=duet",
         "control.duet_q=0.5"]
 
 
-def test_a_duet_run_logs_the_gate_and_its_records_agree(tmp_path, small_run):
-    train(small_run(tmp_path, "train.steps=3", *DUET), progress=False)
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_a_duet_run_logs_the_gate_and_its_records_agree(tmp_path, small_run, staleness):
+    # asynchronous too: weight updates interrupt samples mid-way, which resume with the rule
+    train(small_run(tmp_path, "train.steps=3", f"runtime.max_staleness={staleness}", *DUET),
+          progress=False)
     rows = read_metrics(tmp_path)
     assert [m["step"] for m in rows] == [1, 2, 3]
     for m in rows:
