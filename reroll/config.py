@@ -175,6 +175,19 @@ class AlgoConfig:
     """DAPO soft overlong punishment buffer L_cache in tokens (0 disables)."""
     overlong_penalty: float = 1.0
     """DAPO overlong penalty factor."""
+    ess_lr: bool = False
+    """VCPO's ESS-scaled learning rate: each mini-batch's optimiser step runs at lr x
+    rule(min(1, rho / ess_base_ratio)), rho = ESS / B of the samples' sequence IS weights
+    pi_prox / mu (1 on-policy, falling as stale samples' weights spread); the schedule's lr
+    is untouched. Logged as vcpo/ess_ratio and vcpo/lr_scale. VCPO's other half, the
+    off-policy optimal baseline, is algo.advantage = "opob"."""
+    ess_rule: str = "sqrt"
+    """ESS learning-rate rule (registry `reroll.algo.vcpo.LR_RULES`): sqrt (Adam-type
+    optimisers) or linear."""
+    ess_base_ratio: float = 1.0
+    """ESS ratio at or above which the full learning rate is kept, in (0, 1]."""
+    ess_is_cap: float = 0.0
+    """Clip each sequence IS weight at this value before the ESS (0: unclipped, as VCPO)."""
 
 
 @dataclass

@@ -27,7 +27,8 @@ RANGES = {
     "rollout.max_episode_tokens": "[0, inf)", "engine.max_batch": "[0, inf)",
     "reward.workers": "[0, inf)", "reward.timeout_s": "(0, inf)",
     "algo.kl_coef": "[0, inf)", "algo.overlong_buffer": "[0, inf)",
-    "algo.overlong_penalty": "[0, inf)",
+    "algo.overlong_penalty": "[0, inf)", "algo.ess_base_ratio": "(0, 1]",
+    "algo.ess_is_cap": "[0, inf)",
     "train.lr": "(0, inf)", "train.weight_decay": "[0, inf)", "train.warmup_steps": "[0, inf)",
     "train.grad_clip": "[0, inf)", "train.minibatches": "[1, inf)",
     "train.micro_batch": "[1, inf)", "train.logprob_chunk": "[0, inf)",
@@ -104,10 +105,19 @@ def _registries(cfg: RunConfig) -> None:
 
     a = cfg.algo
     algo.ADVANTAGES.check_kwargs(a.advantage, a.advantage_args, "algo.advantage_args")
+    check = algo.ADVANTAGES.trait(a.advantage, "check")  # non-numeric hyperparameters
+    if check is not None:
+        try:
+            check(**a.advantage_args)
+        except ValueError as e:
+            raise ConfigError(f"algo.advantage_args: {e}") from None
     algo.SURROGATES.check_kwargs(a.surrogate, a.surrogate_args, "algo.surrogate_args")
     algo.AGGREGATIONS.check_kwargs(a.aggregation, a.aggregation_args, "algo.aggregation_args")
     algo.KL_ESTIMATORS.get(a.kl)
     algo.CORRECTIONS.check_kwargs(a.correction, a.correction_args, "algo.correction_args")
+    if a.ess_rule not in algo.vcpo.LR_RULES:
+        raise ConfigError(f"algo.ess_rule must be one of "
+                          f"{', '.join(algo.vcpo.LR_RULES.names())}, got {a.ess_rule!r}")
     tasks.TASKS.check_kwargs(cfg.task.name, cfg.task.args, "task.args")
     _engine_registered(ENGINES, cfg.engine.name)
     workflow = WORKFLOWS.get(cfg.rollout.workflow)

@@ -8,7 +8,9 @@ decoupled objective (ALGORITHMS.md 2.1/2.2)
 
 with ``s_i`` the sample's weight (``Rollout.sample_weight``, 1 unless a control or replay
 policy set it), aggregated with the global normalisers (weights do not change them), plus ``kl_coef * agg(kl(pi_theta, pi_ref))`` when the
-KL penalty sits in the loss. The trainer never branches on component names; everything it
+KL penalty sits in the loss. VCPO's ESS-scaled learning rate (``lr_scale``) is a factor on
+each mini-batch's optimiser step, its OPOB baseline the advantage estimator ``opob``
+(`reroll.algo.vcpo`). The trainer never branches on component names; everything it
 needs is a method here. Must not know about models, batches or the optimiser.
 """
 
@@ -27,6 +29,7 @@ from reroll.algo.aggregation import AGGREGATIONS
 from reroll.algo.corrections import CORRECTIONS
 from reroll.algo.kl import KL_ESTIMATORS, kl_reward_penalty
 from reroll.algo.surrogates import SURROGATES, masked_mean
+from reroll.algo.vcpo import LR_RULES, effective_sample_size, ess_lr_scale, seq_log_weights
 
 if TYPE_CHECKING:
     from reroll.config import AlgoConfig
@@ -59,6 +62,10 @@ class Objective:
     correction_fn: Callable[..., tuple[Tensor, Tensor, dict[str, Tensor]]]
     kl_coef: float = 0.0
     kl_in_reward: bool = False
+    ess_lr: bool = False  # VCPO: scale each mini-batch's learning rate by its ESS
+    ess_rule: str = "sqrt"  # a `vcpo.LR_RULES` name
+    ess_base_ratio: float = 1.0
+    ess_is_cap: float = 0.0  # clip of the sequence IS weights for the ESS (0: none)
 
     def __post_init__(self) -> None:
         if self.kl_coef < 0:
@@ -69,15 +76,37 @@ class Objective:
         """Whether a reference policy's log-probs are needed (in the loss or the reward)."""
         return self.kl_coef > 0
 
+    def wants(self, name: str) -> bool:
+        """Whether the advantage estimator declares the per-sample input ``name`` (e.g.
+        ``token_counts``, or OPOB's ``grad_sq_norms``, which costs the trainer extra passes)."""
+        return name in inspect.signature(self.advantage_fn).parameters
+
     def advantages(self, rewards: Tensor, components: Tensor, group_index: Tensor,
-                   token_counts: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                   token_counts: Tensor | None = None, **inputs: Tensor
+                   ) -> tuple[Tensor, Tensor]:
         """rewards [N], components [N, K], group_index [N] -> (advantages [N], include [N]).
-        ``token_counts`` [N] reaches estimators that weigh samples by tokens (they declare a
-        ``token_counts`` parameter; the others never see it)."""
-        if token_counts is not None and "token_counts" in inspect.signature(
-                self.advantage_fn).parameters:
-            return self.advantage_fn(rewards, components, group_index, token_counts)
-        return self.advantage_fn(rewards, components, group_index)
+        ``token_counts`` [N] and the per-sample ``inputs`` (each [N]) reach only estimators
+        that declare a parameter of that name (weighing samples by tokens, VCPO's OPOB); the
+        others never see them."""
+        given = {"token_counts": token_counts, **inputs}
+        extra = {k: v for k, v in given.items() if v is not None and self.wants(k)}
+        return self.advantage_fn(rewards, components, group_index, **extra)
+
+    def seq_log_weights(self, prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor,
+                        sample_weights: Tensor | None = None) -> Tensor:
+        """log w_i [B] of VCPO's ESS: each sample's sequence IS weight pi_prox / mu over its
+        loss tokens [B, T], clipped at ``ess_is_cap`` (> 0), times its sample weight [B]."""
+        return seq_log_weights(prox_logprobs, behav_logprobs, mask, sample_weights,
+                               self.ess_is_cap)
+
+    def lr_scale(self, log_weights: Tensor) -> tuple[float, dict[str, float]]:
+        """VCPO's factor on one mini-batch's learning rate from its samples' log sequence IS
+        weights [n] (``seq_log_weights``), and its metrics; (1.0, {}) with ``ess_lr`` off."""
+        if not self.ess_lr:
+            return 1.0, {}
+        ess, ratio = effective_sample_size(log_weights)
+        scale = ess_lr_scale(ratio, self.ess_base_ratio, self.ess_rule)
+        return scale, {"vcpo/ess": ess, "vcpo/ess_ratio": ratio, "vcpo/lr_scale": scale}
 
     def kl_reward_penalty(self, logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) -> Tensor:
         """kl_coef * k(t) per token [B, T] (no grad) from behaviour or proximal log-probs [B, T];
@@ -118,6 +147,7 @@ class Objective:
 def build_objective(algo_cfg: AlgoConfig) -> Objective:
     """Bind every registered piece named by ``algo_cfg`` to its hyperparameters."""
     a = algo_cfg
+    LR_RULES.get(a.ess_rule)  # an unknown rule fails here, naming the registered ones
     return Objective(
         advantage_fn=ADVANTAGES.bind(a.advantage, a.advantage_args, "algo.advantage_args"),
         surrogate_fn=SURROGATES.bind(a.surrogate, a.surrogate_args, "algo.surrogate_args"),
@@ -126,4 +156,8 @@ def build_objective(algo_cfg: AlgoConfig) -> Objective:
         correction_fn=CORRECTIONS.bind(a.correction, a.correction_args, "algo.correction_args"),
         kl_coef=float(a.kl_coef),
         kl_in_reward=bool(a.kl_in_reward),
+        ess_lr=bool(a.ess_lr),
+        ess_rule=a.ess_rule,
+        ess_base_ratio=float(a.ess_base_ratio),
+        ess_is_cap=float(a.ess_is_cap),
     )

@@ -4,7 +4,8 @@ Owns the optimiser and the order of operations of an update: rewards -> advantag
 function of the groups, never stored) -> collate -> proximal log-probs with the weights at the
 start of the update (a forward pass of their own only with several mini-batches or a KL
 penalty in the reward; with one mini-batch they are the loss forward's, detached) ->
-mini-batches of micro-batches -> clip -> AdamW. The math is the
+mini-batches of micro-batches -> clip -> AdamW (VCPO: at an lr scaled by the mini-batch's
+ESS; its OPOB estimator first gets per-sample gradient norms). The math is the
 `Objective` from `reroll.algo`; this file only looks it up and feeds it. Knows nothing of
 engines or scheduling; checkpoints go through `reroll.trainer.checkpoint` into the run
 directory the caller names.
@@ -24,7 +25,7 @@ import torch
 
 from reroll.algo import LossInputs
 from reroll.rollout import Group, Rollout
-from reroll.trainer import checkpoint
+from reroll.trainer import checkpoint, vcpo
 from reroll.trainer.batch import Batch, collate, micro_slices, token_logprobs_and_entropy
 from reroll.trainer.precision import autocast
 
@@ -160,17 +161,21 @@ class Trainer:
             # sequence-level KL folded into the reward before advantages (RLOO / REINFORCE++ style)
             pen = self.objective.kl_reward_penalty(prox, ref, batch.mask)  # [N, T]
             rewards = rewards - pen.sum(-1).cpu()
-        # advantages on the CPU (per-sample scalars); per-token tensors on the model's device
-        adv, include = self.objective.advantages(rewards, comps, gidx,
-                                                 batch.mask.sum(-1).cpu())  # [N], [N]
-        batch.mask = batch.mask * include.float().to(self.device)[:, None]
-        adv_tok = adv.to(self.device)[:, None].expand_as(batch.mask).contiguous()  # [N, T]
         sample_w = torch.tensor([r.sample_weight for r in rollouts],
                                 dtype=torch.float32).to(self.device)  # [N]
-
         metrics: dict[str, float] = {}
         n = len(batch)
         mb_size = -(-n // self.minibatches)
+        extra: dict[str, torch.Tensor] = {}
+        if self.objective.wants("grad_sq_norms"):  # VCPO's OPOB: a pass per sample first
+            extra, m = vcpo.opob_inputs(lambda b: self._forward(self.model, b)[0], self.model,
+                                        batch, sample_w, mb_size)
+            metrics.update(m)
+        # advantages on the CPU (per-sample scalars); per-token tensors on the model's device
+        adv, include = self.objective.advantages(rewards, comps, gidx,
+                                                 batch.mask.sum(-1).cpu(), **extra)  # [N], [N]
+        batch.mask = batch.mask * include.float().to(self.device)[:, None]
+        adv_tok = adv.to(self.device)[:, None].expand_as(batch.mask).contiguous()  # [N, T]
         # several optimiser steps per update: a non-finite loss in a later mini-batch must not
         # leave the earlier ones applied (the version would not say so), so keep a copy
         saved = self._snapshot() if self.minibatches > 1 else None
@@ -202,6 +207,7 @@ class Trainer:
     def _minibatches(self, batch, prox, ref, adv_tok, sample_w, include, n, mb_size,
                      metrics) -> None:
         order = torch.arange(n)
+        n_mb = len(micro_slices(n, mb_size))
         for mb in micro_slices(n, mb_size):
             idx = order[mb]
             mbatch = batch.slice(idx)
@@ -209,6 +215,7 @@ class Trainer:
             n_tok, n_seq = max(mbatch.n_tokens, 1.0), max(float(include[idx].sum()), 1.0)
             sel_all = idx.to(self.device)
             self.opt.zero_grad(set_to_none=True)
+            log_w = []  # [b] per micro-batch: sequence IS weights for VCPO's ESS
             for ms in micro_slices(len(idx), self.micro_batch):
                 sub = mbatch.slice(ms)
                 sel = sel_all[ms]
@@ -217,8 +224,11 @@ class Trainer:
                 metrics["_entropy_sum"] = metrics.get("_entropy_sum", 0.0) + float(
                     (ent * sub.mask).sum())
                 metrics["_entropy_tokens"] = metrics.get("_entropy_tokens", 0.0) + sub.n_tokens
-                inp = LossInputs(logprobs=logp,
-                                 prox_logprobs=logp.detach() if prox is None else prox[sel],
+                prox_mb = logp.detach() if prox is None else prox[sel]  # [b, T]
+                if self.objective.ess_lr:
+                    log_w.append(self.objective.seq_log_weights(
+                        prox_mb, sub.behav_logprobs, sub.mask, sample_w[sel]))
+                inp = LossInputs(logprobs=logp, prox_logprobs=prox_mb,
                                  behav_logprobs=sub.behav_logprobs, advantages=adv_tok[sel],
                                  mask=sub.mask, n_tokens=n_tok, n_seqs=n_seq,
                                  ref_logprobs=None if ref is None else ref[sel],
@@ -242,8 +252,14 @@ class Trainer:
             if not torch.isfinite(gn):
                 self.opt.zero_grad(set_to_none=True)
                 raise FloatingPointError(f"non-finite gradient norm at version {self.version}")
-            self.opt.step()
+            scale, vm = self.objective.lr_scale(torch.cat(log_w)) if log_w else (1.0, {})
+            vcpo.scaled_step(self.opt, scale)
             metrics["grad_norm"] = float(gn)
+            for k, v in vm.items():  # means over the update's mini-batches
+                metrics[k] = metrics.get(k, 0.0) + v / n_mb
+            if vm:
+                metrics["vcpo/ess_ratio_min"] = min(metrics.get("vcpo/ess_ratio_min", 1.0),
+                                                    vm["vcpo/ess_ratio"])
 
     # ---- the rest of TrainerHandle ------------------------------------------------------
     def weights(self) -> dict[str, torch.Tensor]:
