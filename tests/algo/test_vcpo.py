@@ -221,3 +221,14 @@ def test_opob_without_the_trainers_inputs_says_what_is_missing():
     with pytest.raises(ValueError, match="scope 'minibatch' needs minibatch_index"):
         fn(R, R[:, None], ONE_GROUP, seq_log_weights=torch.zeros(3),
            grad_sq_norms=torch.ones(3), scope="minibatch")
+
+
+def test_the_vcpo_preset_turns_on_both_halves():
+    cfg = load_config(None, ["preset=vcpo"])
+    obj = build_objective(cfg.algo)
+    assert obj.ess_lr and obj.ess_rule == "sqrt" and obj.wants("grad_sq_norms")
+    assert build_objective(AlgoConfig()).wants("grad_sq_norms") is False  # off by default
+    # opob as the preset binds it, on hand-checked inputs: (R - 0.23529) / 0.57735
+    adv, _ = obj.advantages(R, R[:, None], ONE_GROUP, seq_log_weights=logs([1.0, 2.0, 1.0]),
+                            grad_sq_norms=torch.tensor([4.0, 1.0, 9.0]))
+    close(adv, [1.32451, -0.40754, -0.40754])
