@@ -47,14 +47,16 @@ def assert_bitwise(a, b, steps: int) -> None:
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-@pytest.mark.parametrize("staleness", [0, 1])
-def test_replay_with_the_runs_settings_reproduces_it_bitwise(tmp_path, small_run, staleness):
+@pytest.mark.parametrize("staleness, preset", [(0, ""), (1, ""), (0, "grpo")])
+def test_replay_with_the_runs_settings_reproduces_it_bitwise(tmp_path, small_run, staleness,
+                                                             preset):
     """5 steps with a held-out evaluation at steps 0 and 5 (the evaluation runs the replayed
     policy through the engine, as training does); at staleness 1 the recorded behaviour
-    log-probs make the importance weights, hence the updates, the run's too."""
+    log-probs make the importance weights, hence the updates, the run's too; the grpo
+    preset's KL term in the loss needs the same reference model (the run's initial one)."""
     run = tmp_path / "run"
     train(small_run(run, "train.steps=5", "eval.every=5", "eval.n_examples=8",
-                    f"runtime.max_staleness={staleness}"), progress=False)
+                    f"runtime.max_staleness={staleness}", f"preset={preset}"), progress=False)
     assert RolloutStore(run).steps() == [1, 2, 3, 4, 5]
     assert replay(run, f"out_dir={tmp_path / 'again'}") == 0
     assert_bitwise(run, tmp_path / "again", 5)
