@@ -356,8 +356,9 @@ class RunConfig:
     ckpt_every: int = 100
     """Steps between checkpoints (the last step is always saved)."""
     record_every: int = 1
-    """Write the groups consumed by every this-many-th step to rollouts.jsonl (0: never).
-    A record is a few KB per group: long runs should thin it out."""
+    """Record the groups consumed by every this-many-th step in the rollout store
+    (RUN/rollouts/, one Parquet file per step; 0: never). `reroll replay` needs every step
+    (1); a step of 128 short samples takes about 20 KB."""
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
