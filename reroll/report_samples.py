@@ -26,7 +26,7 @@ table.samples {border-collapse:collapse;font:13px system-ui,sans-serif;width:100
 table.samples th, table.samples td {border:1px solid #ccc;padding:3px 6px;vertical-align:top}
 table.samples td.text {font-family:ui-monospace,monospace;white-space:pre-wrap;max-width:38em}
 span.tok {border-radius:3px;padding:0 1px}
-.legend span.tok {margin-right:.8em;padding:1px 5px}
+.legend span.tok {margin-right:.8em;padding:1px 5px;white-space:nowrap}
 """
 
 

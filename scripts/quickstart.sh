@@ -23,5 +23,5 @@ keys += sorted(k for k in a if k.startswith("eval/env/"))  # episode diagnostics
 for k in keys:
     if k in b and k in a:
         print(f"{k:24s} before RL {b[k]:.3f}   after RL {a[k]:.3f}   ({100*(a[k]-b[k]):+.1f} points)")
-print(f"run directory: {run}  (plots: {run}/rl/report.png)   total wall time {time.time()-start:.0f}s")
+print(f"run directory: {run}  (report: {run}/rl/report.html, {run}/rl/report.png)   total wall time {time.time()-start:.0f}s")
 PY
