@@ -344,6 +344,19 @@ class RuntimeConfig:
 
 
 @dataclass
+class LogConfig:
+    wandb: bool = False
+    """Also send every metrics row to Weights & Biases, beside metrics.jsonl and TensorBoard
+    (`pip install reroll[wandb]`). One W&B run per run directory (its id kept in
+    RUN/wandb_id), so `--resume` continues it."""
+    wandb_project: str = "reroll"
+    """W&B project of the run."""
+    wandb_mode: str = "offline"
+    """online (streams to the W&B server; needs `wandb login`), offline (writes RUN/wandb;
+    upload later with `wandb sync`) or disabled."""
+
+
+@dataclass
 class RunConfig:
     out_dir: str = "runs/default"
     """Run directory: resolved config, metrics.jsonl, TensorBoard events, checkpoints."""
@@ -371,6 +384,7 @@ class RunConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
 
 # ---- loading -------------------------------------------------------------------------

@@ -185,6 +185,15 @@ def _combinations(cfg: RunConfig) -> None:
             f"train over-provisioned groups one version late, so the run would not be "
             f"synchronous; keep overprovision = 1 for synchronous RL, or set "
             f"runtime.max_staleness >= 1 (over-provisioned groups then lag at most one more)")
+    if cfg.log.wandb_mode not in ("online", "offline", "disabled"):
+        raise ConfigError(f"log.wandb_mode must be online, offline or disabled, got "
+                          f"{cfg.log.wandb_mode!r}")
+    if cfg.log.wandb:
+        import importlib.util
+
+        if importlib.util.find_spec("wandb") is None:
+            raise ConfigError("log.wandb = true needs the wandb package: "
+                              "pip install 'reroll[wandb]'")
     if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"model.dtype must be float32, bfloat16 or float16, got "
                           f"{cfg.model.dtype!r}")

@@ -9,7 +9,8 @@ kernel when the holder dies, so a lock left by kill -9 is never stale). A run di
 holds a run only once the run has started (``commit`` writes ``config.toml`` after the
 components are built), so a failed start leaves nothing that blocks the corrected command.
 Resume truncation rewrites the logs atomically, and TensorBoard purges the replayed steps.
-TensorBoard is imported only here.
+TensorBoard is imported only here; Weights & Biases (``log.wandb``) only in
+`reroll.wandb_log`, when enabled.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from reroll.config import ConfigError, RunConfig, build, dump_toml, read_toml, t
 # Keys that may change between a run and its resume (they do not change what is learned).
 RESUMABLE = {"train.steps", "log_every", "ckpt_every", "record_every", "eval", "out_dir",
              "runtime.threads", "runtime.kind", "runtime.engine_workers",
-             "runtime.scoring_workers"}  # local and Ray runs are bitwise equal
+             "runtime.scoring_workers", "log"}  # local and Ray runs are bitwise equal
 
 
 def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -78,6 +79,7 @@ class RunDir:
         self._metrics = None
         self._tb = None
         self._rollouts = None
+        self._wandb = None
         self._purge: int | None = None
         self.t0 = time.time()
 
@@ -119,6 +121,12 @@ class RunDir:
         for k, v in metrics.items():
             if isinstance(v, (int, float)):
                 self._tb.add_scalar(k, v, step)
+        if self.cfg.log.wandb:
+            if self._wandb is None:
+                from reroll.wandb_log import WandbLogger
+
+                self._wandb = WandbLogger(self.cfg, self.path)
+            self._wandb.log(step, metrics)
 
     def record(self, step: int, groups) -> None:
         """Store the groups consumed by ``step`` in the rollout store (``RUN/rollouts/``, one
@@ -137,6 +145,9 @@ class RunDir:
             self._metrics.close()
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.close()
+            self._wandb = None
         if self._lock is not None:
             self._lock.close()  # releases the flock
             self._lock = None
