@@ -2,10 +2,13 @@
 resolved value, docstring, and the chosen components' hyperparameters) and `reroll list`
 (every registry and the presets); `--help` stays free of torch."""
 
+import importlib
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
 from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 
@@ -90,6 +93,19 @@ def test_list_names_every_registered_component_with_hyperparameters(capsys):
             assert f"  {name}:" in out or f"  {name}\n" in out, (entry.kind, name)
     for name in preset_files():
         assert f"  {name}: " in out
+
+
+def test_every_registry_of_the_package_is_catalogued():
+    # a registry added to reroll without a catalogue entry would be missing from `reroll list`
+    root = Path(__file__).resolve().parents[1] / "reroll"
+    listed = {id(c.registry()) for c in CATALOG}
+    missing = []
+    for path in sorted(root.rglob("*.py")):
+        module = ".".join(path.relative_to(root.parent).with_suffix("").parts)
+        for name in re.findall(r"^(\w+) = Registry\(", path.read_text(), re.M):
+            if id(getattr(importlib.import_module(module), name)) not in listed:
+                missing.append(f"{module}.{name}")
+    assert missing == [], f"add them to reroll.catalog.CATALOG: {missing}"
 
 
 def test_every_catalogued_key_is_a_config_key():
