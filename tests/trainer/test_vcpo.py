@@ -73,6 +73,13 @@ def test_per_sample_gradient_norms_equal_separate_single_sample_backward_passes(
         assert expect > 0 and sq[i].item() == pytest.approx(expect, rel=1e-6)
         n = alone.mask.shape[1]
         assert torch.allclose(logp[i, :n], lp.detach()[0], atol=1e-6)
+    # a sample kept out of the loss has no score gradient: norm 0, and no pass is made
+    rollouts[1].loss_exclusion = "pruned"
+    calls = []
+    sq2, _ = vcpo.score_grad_sq_norms(lambda b: calls.append(1) or token_logprobs(model, b),
+                                      params_of(model), collate(rollouts, pad_id=0))
+    assert sq2[1] == 0.0 and len(calls) == len(rollouts) - 1
+    assert torch.allclose(sq2[[0, 2, 3, 4]], sq[[0, 2, 3, 4]], rtol=1e-6)
 
 
 def test_the_trainer_feeds_opob_the_norms_and_weights_of_each_sample(tiny):
