@@ -4,6 +4,7 @@ same W&B run, and without the package the config is refused when it loads."""
 
 import importlib.util
 import json
+import time
 
 import pytest
 
@@ -22,13 +23,19 @@ def test_wandb_offline_logs_every_row_and_resume_keeps_the_run(small_run, tmp_pa
     train(small_run(out, "train.steps=3", *on), resume=True, progress=False)
     assert capfd.readouterr().out == ""  # wandb's console capture is off
     assert (out / "wandb_id").read_text().strip() == run_id
-    logs = sorted(out.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb"))
-    assert len(logs) == 2  # the first run and its resume, one W&B run id
-    data = b"".join(p.read_bytes() for p in logs)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
-    for r in rows:  # the W&B records hold each row's values (protobuf keeps them as text)
-        assert json.dumps(r["reward/mean"]).encode() in data
+    values = [json.dumps(r["reward/mean"]).encode() for r in rows]
+    deadline = time.monotonic() + 30  # wandb's service may still be writing its log
+    while True:
+        logs = sorted(out.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb"))
+        data = b"".join(p.read_bytes() for p in logs)
+        if all(v in data for v in values) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert len(logs) == 2  # the first run and its resume, one W&B run id
+    for v in values:  # the W&B records hold each row's values (protobuf keeps them as text)
+        assert v in data, (v, [(p.name, p.stat().st_size) for p in logs])
     assert b"reward/mean" in data and b"pipeline/started" in data
 
 
