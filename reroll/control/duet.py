@@ -100,7 +100,8 @@ class MarkerGate:
         if r.finish == "pruned":
             end = "aborted"
             r.loss_exclusion = r.loss_exclusion or ABORTED
-        elif r.finish == "stop" and at >= 0 and len(resp) == at + rule.grace:
+        elif (r.finish == "stop" and at >= 0 and len(resp) == at + rule.grace
+              and resp[-1] not in r.sampling.stop_token_ids):  # not EOS there by chance
             end = "marker_stop"
         else:
             end = "eos" if r.finish == "stop" else r.finish

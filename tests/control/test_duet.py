@@ -157,13 +157,15 @@ def test_weights_are_one_over_q_kept_zero_aborted_one_otherwise():
         "late": finished(go, [1, 2, 3, 9, 4], "stop"),  # its marker at 4 > 3: still 1/q
         "short": finished(cut, [1, 2], "stop"),  # EOS before the horizon
         "at_h": finished(cut, [1, 2, 3], "length"),  # the length limit at the horizon
+        "eos_at_grace": finished(cut, [1, 9, 0], "stop"),  # EOS (id 0) where it would stop
     }
+    rs["eos_at_grace"].sampling.stop_token_ids = [0]
     for r in rs.values():
         gate.settle(r)
     d = {k: r.control["duet"] for k, r in rs.items()}
-    assert [d[k]["weight"] for k in rs] == [1.0, 0.0, 20.0, 20.0, 1.0, 1.0]
+    assert [d[k]["weight"] for k in rs] == [1.0, 0.0, 20.0, 20.0, 1.0, 1.0, 1.0]
     assert [d[k]["end"] for k in rs] == ["marker_stop", "aborted", "eos", "marker_stop",
-                                         "eos", "length"]
+                                         "eos", "length", "eos"]
     assert d["marker"]["marker_at"] == 2 and d["late"]["marker_at"] == 4
     assert d["kept"]["past_horizon"] and not d["short"]["past_horizon"]
     assert rs["aborted"].loss_exclusion == ABORTED and rs["kept"].loss_exclusion is None
@@ -172,10 +174,10 @@ def test_weights_are_one_over_q_kept_zero_aborted_one_otherwise():
     assert rs["kept"].sample_weight == 20.0
     # E[weight] of a sample past the horizon: q * 1/q + (1 - q) * 0 = 1
     assert 0.05 * 20.0 + 0.95 * 0.0 == pytest.approx(1.0)
-    m = MarkerGate.metrics([Group("g", None, 6, list(rs.values()))])
+    m = MarkerGate.metrics([Group("g", None, 7, list(rs.values()))])
     assert m == {"control/duet_marker_stops": 2.0, "control/duet_aborted": 1.0,
                  "control/duet_kept": 2.0,
-                 "control/duet_weight_mean": pytest.approx(43.0 / 6)}  # (1+0+20+20+1+1)/6
+                 "control/duet_weight_mean": pytest.approx(44.0 / 7)}  # (1+0+20+20+1+1+1)/7
 
 
 # ---- the token-budget allocator -----------------------------------------------------------
