@@ -308,9 +308,28 @@ def build_engine(model, tok, cfg: RunConfig, version: int = 0, max_batch: int | 
 
     from reroll.engine import ENGINES
 
+    # a run that generates on servers (trait ``remote``) still evaluates in this process
+    name = "torch" if ENGINES.trait(cfg.engine.name, "remote", False) else cfg.engine.name
     engine_model = copy.deepcopy(model).to(dtype=getattr(torch, cfg.model.dtype))
-    return ENGINES.get(cfg.engine.name)(engine_model, tok,
-                                        max_batch=max_batch or engine_slots(cfg), version=version)
+    return ENGINES.get(name)(engine_model, tok, max_batch=max_batch or engine_slots(cfg),
+                             version=version)
+
+
+def run_engine(trainer, tok, cfg: RunConfig):
+    """The engine a training run generates with: `build_engine` over the trainer's policy,
+    or a remote engine (``engine.name = "openai"``), built from the ``[engine]`` fields named
+    like its keyword-only parameters, connected, and given the trainer's weights; a server
+    that cannot take new weights stops the run here, saying why."""
+    from reroll.engine import ENGINES
+
+    if not ENGINES.trait(cfg.engine.name, "remote", False):
+        return build_engine(trainer.policy(), tok, cfg, version=trainer.version)
+    keys = set(ENGINES.hyperparameters(cfg.engine.name)) - {"version"}
+    kwargs = {k: getattr(cfg.engine, k) for k in keys if hasattr(cfg.engine, k)}
+    engine = ENGINES.get(cfg.engine.name)(trainer.policy(), tok, version=trainer.version,
+                                          **kwargs)
+    engine.connect(trainer.weights(), need_updates=True)
+    return engine
 
 
 def episode_context(cfg: RunConfig, tok, engine, scorer, shaping=None):

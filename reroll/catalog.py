@@ -53,6 +53,7 @@ CATALOG = [
     Catalogued("workflows", "reroll.workflows", "WORKFLOWS", "rollout.workflow"),
     Catalogued("envs", "reroll.envs", "ENVIRONMENTS", "rollout.env", "rollout.env_args"),
     Catalogued("engines", "reroll.engine", "ENGINES", "engine.name"),
+    Catalogued("servers", "reroll.engine", "SERVERS", "engine.server"),
     Catalogued("allocators", "reroll.control.allocators", "ALLOCATORS", "control.allocator",
                "control.allocator_args"),
     Catalogued("selectors", "reroll.control.selectors", "SELECTORS", "control.selector",

@@ -115,9 +115,27 @@ class RolloutConfig:
 class EngineConfig:
     name: str = "torch"
     """Generation engine (registry `reroll.engine.ENGINES`): torch (continuous batching in
-    this process, or in Ray actors with runtime.kind = ray)."""
+    this process, or in Ray actors with runtime.kind = ray), or openai (servers over HTTP:
+    `reroll serve`, vLLM or SGLang; see base_url and server)."""
     max_batch: int = 0
     """KV-cache slots (sequences decoded together). 0: enough for the samples in flight."""
+    base_url: str | list[str] = ""
+    """engine.name = "openai": the server's URL (http://host:port), or a list of them:
+    requests go to the one with the fewest in flight, and the requests of a server that
+    dies are resumed on another."""
+    server: str = "reroll"
+    """What answers at base_url (registry `reroll.engine.SERVERS`): reroll (`reroll serve`),
+    vllm (vLLM's OpenAI server, dev mode, --logprobs-mode processed_logprobs), sglang
+    (SGLang's native API)."""
+    api_key: str = ""
+    """Bearer token for the servers; empty: $REROLL_API_KEY. The run's config.toml records
+    this value, so prefer the environment variable."""
+    timeout_s: float = 600.0
+    """Longest wait for one response, and for a server to come back when all are down."""
+    weights_dir: str = ""
+    """Where new weights are written for servers that load them from disk (vllm: the model
+    directory it was started from; sglang: a directory it can read). Empty: the tensors go
+    in the request body (reroll serve)."""
 
 
 @dataclass

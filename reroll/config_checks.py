@@ -25,6 +25,7 @@ RANGES = {
     "rollout.max_new_tokens": "[1, inf)", "rollout.temperature": "[0, inf)",
     "rollout.top_p": "(0, 1]", "rollout.top_k": "[0, inf)", "rollout.max_turns": "[1, inf)",
     "rollout.max_episode_tokens": "[0, inf)", "engine.max_batch": "[0, inf)",
+    "engine.timeout_s": "(0, inf)",
     "reward.workers": "[0, inf)", "reward.timeout_s": "(0, inf)",
     "algo.kl_coef": "[0, inf)", "algo.overlong_buffer": "[0, inf)",
     "algo.overlong_penalty": "[0, inf)", "algo.ess_base_ratio": "(0, 1]",
@@ -120,6 +121,7 @@ def _registries(cfg: RunConfig) -> None:
                           f"{', '.join(algo.vcpo.LR_RULES.names())}, got {a.ess_rule!r}")
     tasks.TASKS.check_kwargs(cfg.task.name, cfg.task.args, "task.args")
     _engine_registered(ENGINES, cfg.engine.name)
+    check_remote_engine(cfg)
     workflow = WORKFLOWS.get(cfg.rollout.workflow)
     if cfg.rollout.env:
         envs.ENVIRONMENTS.check_kwargs(cfg.rollout.env, cfg.rollout.env_args, "rollout.env_args")
@@ -160,6 +162,30 @@ def _engine_registered(engines, name: str) -> None:
     import reroll.engine  # noqa: F401  (registers the built-in engines)
 
     engines.get(name)
+
+
+def check_remote_engine(cfg: RunConfig) -> None:
+    """``engine.base_url`` and ``engine.server`` go with a remote engine (``openai``): its
+    URLs are http(s) ones, the server kind is registered, and it runs in this process."""
+    from reroll.engine import ENGINES, SERVERS
+
+    e = cfg.engine
+    urls = [e.base_url] if isinstance(e.base_url, str) else e.base_url
+    if not ENGINES.trait(e.name, "remote", False):
+        if e.base_url:
+            raise ConfigError(f"engine.base_url is used only by a remote engine (engine.name = "
+                              f"\"openai\"); engine.name is {e.name!r}")
+        return
+    if not isinstance(urls, list) or not urls or not all(
+            isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
+        raise ConfigError(f"engine.name = {e.name!r} needs engine.base_url: an http(s) URL or a "
+                          f"list of them, e.g. \"http://127.0.0.1:8000\"; got {e.base_url!r}")
+    if len(set(urls)) != len(urls):
+        raise ConfigError(f"engine.base_url names a server twice: {urls}")
+    SERVERS.get(e.server)
+    if cfg.runtime.kind != "local":
+        raise ConfigError(f"engine.name = {e.name!r} generates on servers: it runs with "
+                          f"runtime.kind = \"local\" (got {cfg.runtime.kind!r})")
 
 
 def _combinations(cfg: RunConfig) -> None:

@@ -30,7 +30,7 @@ class Components:
     """What a runtime builds for where it runs."""
 
     trainer: TrainerHandle
-    engine_core: Any  # a `reroll.engine.EngineCore`
+    engine_core: Any  # a `reroll.engine.EngineCore`, or an asynchronous `Engine` (remote)
     scorer: Any  # a scorer (submit / combine / close)
 
 
@@ -75,10 +75,10 @@ def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_com
         shaping = build.build_shaping(cfg)
 
         def make() -> Rollouts:
-            from reroll.engine import EngineService
+            from reroll.engine import as_engine
 
-            ctx = build.episode_context(cfg, tok, EngineService(parts.engine_core),
-                                        parts.scorer, shaping)
+            ctx = build.episode_context(cfg, tok, as_engine(parts.engine_core), parts.scorer,
+                                        shaping)
             ctx.grow = sched.grow if control.adaptive else None
             return Rollouts(sched, workflow, ctx, partial_rollouts=cfg.runtime.partial_rollouts)
 

@@ -19,6 +19,6 @@ from reroll.runtime.compose import Components
 def components(cfg: RunConfig, init_dir: Path, ckpt: Path | None) -> Components:
     trainer = build.build_trainer(cfg, init_dir, ckpt)
     tok = build.load_tokenizer(init_dir)
-    core = build.build_engine(trainer.policy(), tok, cfg, version=trainer.version)
+    core = build.run_engine(trainer, tok, cfg)
     task = build.build_task(cfg)
     return Components(trainer=trainer, engine_core=core, scorer=build.build_scorer(cfg, task))

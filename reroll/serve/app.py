@@ -27,7 +27,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -79,6 +79,9 @@ def _route(fn):
         except BadRequest as e:
             self.http[f"errors_{e.status}"] += 1
             return _error(e)
+        except ClientDisconnect:  # nobody is left to answer
+            self.http["client_disconnects"] += 1
+            return Response(status_code=499)
         except Exception as e:  # a bug here must not take the server down
             log.exception("reroll serve: %s %s failed", request.method, request.url.path)
             self.http["errors_500"] += 1

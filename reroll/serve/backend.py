@@ -66,8 +66,9 @@ class ServeBackend:
         self._shapes = {k: tuple(v.shape) for k, v in state.items()}
         first: dict[int, str] = {}  # tied weights (one tensor, several names): name -> first
         self._tied = {k: first.setdefault(id(v), k) for k, v in state.items()}
-        self.counts = dict.fromkeys(["requests", "requests_finished", "requests_aborted",
-                                     "waves", "wave_timeouts", "weight_updates"], 0)
+        self.counts = dict.fromkeys(["serve_requests", "serve_finished", "serve_aborted",
+                                     "serve_waves", "serve_wave_timeouts",
+                                     "serve_weight_updates"], 0)
 
     @property
     def version(self) -> int:
@@ -102,7 +103,7 @@ class ServeBackend:
                              ) from None
         job = Job(rid, r, turn, asyncio.get_running_loop().create_future(), len(ids))
         self.jobs[rid] = job
-        self.counts["requests"] += 1
+        self.counts["serve_requests"] += 1
         if wave is None:
             self._start(job)
         else:
@@ -130,8 +131,8 @@ class ServeBackend:
             return
         if held.timer is not None:
             held.timer.cancel()
-        self.counts["waves"] += 1
-        self.counts["wave_timeouts"] += int(timed_out)
+        self.counts["serve_waves"] += 1
+        self.counts["serve_wave_timeouts"] += int(timed_out)
         for i in sorted(held.jobs):  # one pass of the loop: prefilled together, in order
             if not held.jobs[i].done.done():
                 self._start(held.jobs[i])
@@ -152,7 +153,7 @@ class ServeBackend:
         if inner.cancelled() or inner.exception() is not None:
             job.done.set_exception(inner.exception() or RuntimeError("generation cancelled"))
             return
-        key = "requests_aborted" if job.rollout.finish == "abort" else "requests_finished"
+        key = "serve_aborted" if job.rollout.finish == "abort" else "serve_finished"
         self.counts[key] += 1
         job.done.set_result(job.rollout)
 
@@ -170,7 +171,7 @@ class ServeBackend:
             if rid in held and job is not None and not job.done.done():  # never reached
                 job.rollout.finish = "abort"  # the engine: nothing sampled
                 self._forget(job)
-                self.counts["requests_aborted"] += 1
+                self.counts["serve_aborted"] += 1
                 job.done.set_result(job.rollout)
         await self.service.abort([r for r in wanted if r not in held])
         return wanted
@@ -200,7 +201,7 @@ class ServeBackend:
                              code="weight_updates_disabled")
         state = self.check_weights(state)
         await self.service.update_weights(state, version, interrupt=interrupt)
-        self.counts["weight_updates"] += 1
+        self.counts["serve_weight_updates"] += 1
 
     # ---- the stream clock -------------------------------------------------------------------
     async def next_tick(self, waiting: list[asyncio.Future]) -> None:
@@ -235,7 +236,7 @@ class ServeBackend:
     def stats(self) -> dict[str, float]:
         s = dict(self.service.stats())
         s.update({k: float(v) for k, v in self.counts.items()})
-        s["requests_running"] = float(len(self.jobs))
+        s["serve_running"] = float(len(self.jobs))
         return s
 
     async def close(self) -> None:

@@ -62,7 +62,7 @@ class _Sampling(_Body):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=-1)  # vLLM's convention: -1 (or 0) = off
     n: int = Field(1, ge=1, le=1024)
-    seed: int | None = Field(None, ge=0, lt=2**62)
+    seed: int | None = Field(None, ge=0, lt=2**64)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False

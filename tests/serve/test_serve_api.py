@@ -13,14 +13,21 @@ import torch
 
 httpx = pytest.importorskip("httpx")
 
-TOKEN = "sekrit"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
+from serve_helpers import AUTH  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def served(spawn_module, tiny_dir):
-    return spawn_module(tiny_dir, "--token", TOKEN, "--max-batch", "16", "--max-body-mb",
-                        "0.05", "--stream-interval-ms", "5")
+def served(tiny_servers, tiny_dir):
+    """Server S, holding the tiny model's own weights as version 0 again."""
+    from safetensors.torch import save
+
+    from reroll.models import load
+
+    s = tiny_servers[0]
+    state = {k: v.detach().clone() for k, v in load(tiny_dir)[0].state_dict().items()}
+    r = httpx.post(s.url + "/v1/weights?version=0", content=save(state), headers=AUTH)
+    assert r.status_code == 200, r.text
+    return s
 
 
 def post(served, path, body, **kw):
