@@ -56,7 +56,7 @@ def run(cfg: RunConfig, *, trainer: TrainerHandle, source: BatchSource,
     the resume truncates the row). With ``stop`` requested (a signal), the loop checkpoints
     at the end of the current step and raises `Stopped`."""
     step, last = start_step, {}
-    bar = progress_bar(cfg.train.steps, step, enabled=progress)
+    bar = progress_bar(cfg.train.steps, step, enabled=progress, every=cfg.log_every)
     try:
         if cfg.eval.every and step == 0:  # the starting point of the accuracy curve
             run_dir.log(0, timed(evaluate))
