@@ -19,13 +19,18 @@ IS columns (ESS of those weights, k1 KL between pi_prox and mu) say how far each
 drifted; a replay is a controlled comparison of estimators on identical data, not a
 substitute for training each one on its own rollouts.
 
-Reported per estimator: final held-out greedy accuracy, mean policy loss, mean gradient norm
-(before clipping), mean clip fraction (low + high), mean IS ESS and k1 KL, and training
-seconds (summed ``time/step_s``; the recorded run's include generation). PNG: held-out
-accuracy, gradient norm, clip fraction and the k1 KL to the behaviour policy, per step.
+With ``--on-policy`` each preset also trains from the same warm start on its own rollouts
+(``reroll train preset=X``, same steps and seed): what the replay stands in for.
+
+Reported per estimator: final and best held-out greedy accuracy (and on its own rollouts),
+mean policy loss, mean gradient norm (before clipping), mean clip fraction (low + high), mean
+IS ESS and k1 KL, and training seconds (summed ``time/step_s``; the recorded run's include
+generation). PNG: held-out accuracy (on-policy runs dashed), gradient norm, clip fraction and
+the k1 KL to the behaviour policy, per step.
 
     .venv/bin/python benchmarks/replay_compare.py [--steps 400] [--eval-every 50]
-        [--out runs/bench_replay] [--presets grpo dr_grpo rloo gspo] [--quick] [--fresh]
+        [--out runs/bench_replay] [--presets grpo dr_grpo rloo gspo] [--on-policy]
+        [--quick] [--fresh]
 """
 
 from __future__ import annotations
@@ -101,7 +106,7 @@ def bitwise(a: Path, b: Path, steps: int) -> bool:
         torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def plot(runs: dict[str, Path], path: Path) -> None:
+def plot(runs: dict[str, Path], own: dict[str, Path], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -125,7 +130,12 @@ def plot(runs: dict[str, Path], path: Path) -> None:
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    axes[0, 0].legend(fontsize=8)
+    colours = {name: line.get_color() for name, line in zip(runs, axes[0, 0].get_lines())}
+    for name, run in own.items():
+        rs = [r for r in rows(run) if "eval/greedy_accuracy" in r]
+        axes[0, 0].plot([r["step"] for r in rs], [r["eval/greedy_accuracy"] for r in rs],
+                        ls="--", lw=1.0, color=colours.get(name), label=f"{name}, own rollouts")
+    axes[0, 0].legend(fontsize=7)
     fig.suptitle("the same recorded rollouts, trained under each estimator (reroll replay; "
                  "off-policy after step 1 except 'recorded')", fontsize=10)
     fig.tight_layout()
@@ -139,6 +149,8 @@ def main() -> int:
     ap.add_argument("--sft-steps", type=int, default=525)
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "bench_replay")
     ap.add_argument("--presets", nargs="+", default=["grpo", "dr_grpo", "rloo", "gspo"])
+    ap.add_argument("--on-policy", action="store_true",
+                    help="also train each preset on its own rollouts (reroll train)")
     ap.add_argument("--quick", action="store_true", help="smoke test: tiny SFT, 20 steps")
     ap.add_argument("--fresh", action="store_true", help="redo the recorded run and replays")
     a = ap.parse_args()
@@ -162,6 +174,17 @@ def main() -> int:
                a.out / "recorded.log")
         print(f"recorded run: {a.steps} steps in {s:.0f} s", flush=True)
     runs = {"recorded (config's own algo)": run}
+    own: dict[str, Path] = {}
+    for name in a.presets if a.on_policy else []:
+        out = a.out / f"own_{name}"
+        if a.fresh or not (out / "checkpoints" / f"step_{a.steps:06d}").is_dir():
+            shutil.rmtree(out, ignore_errors=True)
+            s = sh([*REROLL, "train", CONFIG, f"out_dir={out}", f"init={sft}",
+                    f"preset={name}", *PRESET_ARGS.get(name, []), f"train.steps={a.steps}",
+                    f"eval.every={a.eval_every}", "record_every=0", "log_every=1",
+                    f"ckpt_every={a.steps}", "--no-progress", *extra], a.out / f"own_{name}.log")
+            print(f"{name} on its own rollouts: {s:.0f} s", flush=True)
+        own[name] = out
     wall = {}
     for name in ["same", *a.presets]:
         out = a.out / f"replay_{name}"
@@ -175,21 +198,25 @@ def main() -> int:
     same = bitwise(run, a.out / "replay_same", a.steps)
     table = {name: summary(p) for name, p in runs.items()}
     table["replay, run's own settings"] = summary(a.out / "replay_same")
-    head = ("| estimator | final greedy | best greedy | mean loss | mean grad norm | "
-            "mean clip frac | mean IS ESS | mean k1(pi_prox, mu) | train s |\n"
-            "|---|---|---|---|---|---|---|---|---|\n")
-    lines = [f"| {n} | {s['final_greedy']:.1%} | {s['best_greedy']:.1%} | {s['loss']:+.4f} | "
-             f"{s['grad_norm']:.3f} | {s['clip_frac']:.4f} | {s['is_ess']:.4f} | "
-             f"{s['is_kl_k1']:.5f} | {s['train_s']:.1f} |" for n, s in table.items()]
+    for name, p in own.items():
+        table[name]["own"] = summary(p)
+    head = ("| estimator | final greedy | best greedy | on own rollouts: final (best) | mean "
+            "loss | mean grad norm | mean clip frac | mean IS ESS | mean k1(pi_prox, mu) | "
+            "train s |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    lines = [f"| {n} | {s['final_greedy']:.1%} | {s['best_greedy']:.1%} | "
+             + (f"{s['own']['final_greedy']:.1%} ({s['own']['best_greedy']:.1%})" if "own" in s
+                else "") +
+             f" | {s['loss']:+.4f} | {s['grad_norm']:.3f} | {s['clip_frac']:.4f} | "
+             f"{s['is_ess']:.4f} | {s['is_kl_k1']:.1e} | {s['train_s']:.1f} |"
+             for n, s in table.items()]
     report = head + "\n".join(lines)
-    plot(runs, a.out / "replay_compare.png")
+    plot(runs, own, a.out / "replay_compare.png")
     print()
     print(report)
     print(f"\nreplay with the run's own settings bitwise equal to the run (every update "
           f"metric, final weights): {'yes' if same else 'NO'}")
-    rec, rep = table["recorded (config's own algo)"], table["replay, run's own settings"]
-    print(f"training seconds, run (generation included) / replay: {rec['train_s']:.1f} / "
-          f"{rep['train_s']:.1f} = {rec['train_s'] / max(rep['train_s'], 1e-9):.2f}x")
+    print("clip fraction: one optimiser step per batch (train.minibatches = 1), so the "
+          "ratio pi_theta / pi_prox is 1 at the only update and nothing is clipped")
     print("off-policy: every replay but the run's own trains from step 2 on on rollouts "
           "sampled by another policy (the recorded one); the truncated IS weights "
           "pi_prox / mu with the recorded mu correct for it (IS columns: how far it drifted)")
