@@ -8,13 +8,14 @@ tested against a stand-in that answers with them; it is not run against a real S
   ``top_k`` -1 when off, ``stop_token_ids``, ``stop``, ``sampling_seed``) and
   ``return_logprob`` with ``logprob_start_len: -1`` (output tokens only). The reply's
   ``meta_info.output_token_logprobs`` is a list of ``[logprob, token_id, text]``,
-  ``meta_info.finish_reason.type`` is ``stop``, ``length`` or ``abort``, and
-  ``meta_info.weight_version`` the version of the weights that served it.
+  ``meta_info.finish_reason.type`` is ``stop``, ``length`` or ``abort``.
 - Behaviour log-probs: check that your SGLang version reports the log-probs of the
   distribution it sampled from (after temperature); the trainer's importance weights divide
   by them.
-- Versions: ``weight_version`` (set by every push) stamps all tokens of a reply; a push
-  aborts in-flight requests (``abort_all_requests``), so a reply never spans two versions.
+- Versions: every token is stamped with the version reroll last pushed before sending the
+  request; a push aborts in-flight requests first (``abort_all_requests``), so a reply never
+  spans two versions. (``meta_info.weight_version`` is not used: a reply that the push
+  aborted may already read the version that replaced its weights.)
 - Weights: ``POST /update_weights_from_disk`` with ``model_path`` (a directory reroll
   writes under ``engine.weights_dir``: the server must be able to read it),
   ``weight_version`` and ``abort_all_requests``; the reply says ``success`` and
@@ -42,9 +43,9 @@ from reroll.engine.adapters import (
 
 @SERVERS.register("sglang")
 class SGLangServer:
-    """SGLang's native /generate: weights from disk via /update_weights_from_disk, versions from weight_version."""
+    """SGLang's native /generate: weights from disk via /update_weights_from_disk."""
 
-    streams, versions, waves, takes_bytes, in_place = False, True, False, False, False
+    streams, versions, waves, takes_bytes, in_place = False, False, False, False, False
 
     def generate(self, ask: Ask) -> Call:
         r, s = ask.rollout, ask.rollout.sampling
@@ -69,11 +70,7 @@ class SGLangServer:
         ids = [int(row[1]) for row in rows]
         lps = [float(row[0]) for row in rows]
         finish = (meta.get("finish_reason") or {}).get("type")
-        version = meta.get("weight_version")
-        versions = None
-        if version is not None and str(version).isdigit():
-            versions = [int(version)] * len(ids)
-        return Piece(ids, lps, versions, finish or "stop")
+        return Piece(ids, lps, None, finish or "stop")
 
     def abort(self, request_ids: list[str]) -> list[Call]:
         return [Call("POST", "/abort_request", json={"rid": rid}) for rid in request_ids]
