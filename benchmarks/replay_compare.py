@@ -25,8 +25,9 @@ With ``--on-policy`` each preset also trains from the same warm start on its own
 Reported per estimator: final and best held-out greedy accuracy (and on its own rollouts),
 mean policy loss, mean gradient norm (before clipping), mean clip fraction (low + high), mean
 IS ESS and k1 KL, and training seconds (summed ``time/step_s``; the recorded run's include
-generation). PNG: held-out accuracy (on-policy runs dashed), gradient norm, clip fraction and
-the k1 KL to the behaviour policy, per step.
+generation). PNG: held-out accuracy (on-policy runs dashed), gradient norm, the IS weights' ESS
+and the k1 KL to the behaviour policy, per step. Finished runs and replays are reused
+(``--fresh`` redoes them; the SFT warm start is always reused).
 
     .venv/bin/python benchmarks/replay_compare.py [--steps 400] [--eval-every 50]
         [--out runs/bench_replay] [--presets grpo dr_grpo rloo gspo] [--on-policy]
@@ -115,14 +116,12 @@ def plot(runs: dict[str, Path], own: dict[str, Path], path: Path) -> None:
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     panels = [("eval/greedy_accuracy", "held-out greedy accuracy", 1),
               ("grad_norm", "gradient norm (before clipping, 10-step mean)", 10),
-              ("clip_frac", "clip fraction (low + high, 10-step mean)", 10),
+              ("is/ess", "ESS of the IS weights pi_prox / mu (10-step mean)", 10),
               ("is/kl_k1", "k1 KL(pi_prox || mu): drift from the recorded policy", 10)]
     for ax, (key, title, smooth) in zip(axes.flat, panels):
         for name, run in runs.items():
-            rs = [r for r in rows(run) if key in r or key == "clip_frac"]
-            xs = [r["step"] for r in rs if key != "clip_frac" or "clip_frac_low" in r]
-            ys = [r.get("clip_frac_low", 0) + r.get("clip_frac_high", 0) if key == "clip_frac"
-                  else r[key] for r in rs if key != "clip_frac" or "clip_frac_low" in r]
+            rs = [r for r in rows(run) if key in r]
+            xs, ys = [r["step"] for r in rs], [r[key] for r in rs]
             if smooth > 1:
                 ys = [statistics.fmean(ys[max(0, i - smooth + 1): i + 1]) for i in range(len(ys))]
             ax.plot(xs, ys, label=name, lw=1.4 if smooth == 1 else 1.0,
@@ -152,7 +151,8 @@ def main() -> int:
     ap.add_argument("--on-policy", action="store_true",
                     help="also train each preset on its own rollouts (reroll train)")
     ap.add_argument("--quick", action="store_true", help="smoke test: tiny SFT, 20 steps")
-    ap.add_argument("--fresh", action="store_true", help="redo the recorded run and replays")
+    ap.add_argument("--fresh", action="store_true",
+                    help="redo the recorded run, the on-policy runs and the replays")
     a = ap.parse_args()
     if a.quick:
         a.steps, a.eval_every, a.sft_steps = 20, 10, 60
@@ -188,11 +188,13 @@ def main() -> int:
     wall = {}
     for name in ["same", *a.presets]:
         out = a.out / f"replay_{name}"
-        shutil.rmtree(out, ignore_errors=True)
-        args = ([] if name == "same" else [f"preset={name}", *PRESET_ARGS.get(name, [])])
-        wall[name] = sh([*REPLAY, str(run), *args, f"out_dir={out}", "log_every=1",
-                         f"ckpt_every={a.steps}", "--no-progress"], a.out / f"replay_{name}.log")
-        print(f"replay {name}: {wall[name]:.0f} s", flush=True)
+        if a.fresh or not (out / "checkpoints" / f"step_{a.steps:06d}").is_dir():
+            shutil.rmtree(out, ignore_errors=True)
+            args = ([] if name == "same" else [f"preset={name}", *PRESET_ARGS.get(name, [])])
+            wall[name] = sh([*REPLAY, str(run), *args, f"out_dir={out}", "log_every=1",
+                             f"ckpt_every={a.steps}", "--no-progress"],
+                            a.out / f"replay_{name}.log")
+            print(f"replay {name}: {wall[name]:.0f} s", flush=True)
         if name != "same":
             runs[name] = out
     same = bitwise(run, a.out / "replay_same", a.steps)
