@@ -164,3 +164,11 @@ def test_module_entry_point_refuses_with_exit_code_2(recorded, tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "reroll replay: error: rollout.temperature cannot change in a replay" in r.stderr
+
+
+def test_reroll_replay_through_the_main_cli_refuses_with_exit_code_2(recorded, tmp_path, capsys):
+    from reroll.cli import main
+
+    assert main(["replay", str(recorded), "rollout.group_size=8",
+                 f"out_dir={tmp_path / 'o'}"]) == 2
+    assert "rollout.group_size cannot change in a replay" in capsys.readouterr().err
