@@ -31,15 +31,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 
+from reroll.engine import weight_files
 from reroll.engine.adapters import SERVERS, AdapterError, Ask, Call, Piece, Reply, Weights, check
 from reroll.errors import ConfigError
 from reroll.rollout import Rollout
@@ -179,7 +178,9 @@ class OpenAIEngine:
             self._ready.clear()  # a request the push stops waits for the new weights
             t0 = time.perf_counter()
             try:
-                payload = await asyncio.to_thread(self._payload, weights, version)
+                payload = await asyncio.to_thread(
+                    weight_files.payload, weights, version, self.weights_dir,
+                    in_place=self.adapter.in_place, model_config=self.model_config)
                 live = [s for s in self.servers if s.alive]
                 got = await asyncio.gather(*(self._push(s, payload, interrupt) for s in live),
                                            return_exceptions=True)
@@ -284,36 +285,6 @@ class OpenAIEngine:
     async def _push(self, s: _Server, payload: Weights, interrupt: bool) -> None:
         await self.adapter.push(_ServerHttp(self, s), payload, interrupt)
         s.version = payload.version
-
-    def _payload(self, weights: Any, version: int) -> Weights:
-        """Safetensors bytes, or (``weights_dir``) a directory the server loads from."""
-        from safetensors.torch import save, save_file
-
-        seen: set[int] = set()
-        plain = {}
-        for k, v in weights.items():  # one storage per name: safetensors refuses shared ones
-            v = v.detach().cpu()
-            plain[k] = v.clone() if v.data_ptr() in seen else v.contiguous()
-            seen.add(v.data_ptr())
-        if not self.weights_dir:
-            return Weights(version, data=save(plain))
-        root = Path(self.weights_dir)
-        if self.adapter.in_place:  # the server's own model directory: replace its weights
-            tmp = root / ".model.safetensors.tmp"
-            save_file(plain, str(tmp))
-            os.replace(tmp, root / "model.safetensors")
-            return Weights(version, path=str(root))
-        target, tmp = root / f"v{version:06d}", root / f".v{version:06d}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        save_file(plain, str(tmp / "model.safetensors"))
-        if self.model_config is not None:
-            self.model_config.save_pretrained(tmp)
-        shutil.rmtree(target, ignore_errors=True)
-        tmp.rename(target)
-        for old in sorted(root.glob("v[0-9]*"))[:-2]:  # keep the last two
-            shutil.rmtree(old, ignore_errors=True)
-        return Weights(version, path=str(target))
 
     # ---- requests -------------------------------------------------------------------------
     def _flush(self) -> None:
