@@ -8,7 +8,9 @@ Token layout is flat: ``tokens`` holds the whole sequence in order (prompt, samp
 environment tokens). ``loss_mask``, ``logprobs`` and ``versions`` have one entry per token:
 ``loss_mask[t]`` is True where the policy sampled token ``t``; ``logprobs[t]`` is the
 behaviour log-prob the engine sampled it with (0.0 where not sampled); ``versions[t]`` is the
-policy version that produced it (-1 where not sampled).
+policy version that produced it (-1 where not sampled). Draft tokens the engine verified and
+accepted (span source ``"draft"``) count as sampled: loss mask True, the log-prob and version
+of the policy that verified them.
 """
 
 from __future__ import annotations
@@ -75,6 +77,38 @@ class StopRule:
         object.__setattr__(self, "marker", tuple(int(t) for t in self.marker))
 
 
+@dataclass(frozen=True)
+class Draft:
+    """Tokens proposed for the start of a response (an earlier epoch's response: SPEC-RL,
+    ALGORITHMS.md 3.2; a suffix match over recent rollouts: DAS), which the engine verifies
+    under the current policy before it samples anything (`reroll.engine.speculative`).
+
+    Draft token ``x_t`` is accepted with probability ``min(1, lenience * p(x_t) / q(x_t))``,
+    ``p`` the current policy's sampling distribution and ``q(x_t) = exp(logprobs[t])`` the
+    probability the draft was made with (``logprobs`` empty: a deterministic draft, ``q = 1``).
+    At the first rejection the engine samples from ``max(0, p - q)`` renormalised, with ``q``
+    what the request knows of the draft distribution: mass ``q(x_t)`` at the drafted token.
+    With ``lenience = 1`` and no ``logprobs`` that is the whole draft distribution, so the
+    response is distributed exactly as plain sampling from the current policy, whatever the
+    draft; recorded ``logprobs`` accept more, and lenience > 1 more still, at a bias.
+    ``source`` names where the draft came from (a sample id), for the record."""
+
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...] = ()
+    lenience: float = 1.0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tokens", tuple(int(t) for t in self.tokens))
+        object.__setattr__(self, "logprobs", tuple(float(x) for x in self.logprobs))
+        if self.logprobs and len(self.logprobs) != len(self.tokens):
+            raise ValueError(f"Draft from {self.source!r}: {len(self.logprobs)} logprobs for "
+                             f"{len(self.tokens)} tokens")
+        if not self.lenience >= 1.0:
+            raise ValueError(f"Draft from {self.source!r}: lenience must be >= 1, got "
+                             f"{self.lenience}")
+
+
 @dataclass
 class SamplingParams:
     """How to sample. ``top_k=0`` and ``top_p=1.0`` disable those filters; ``temperature=0``
@@ -89,6 +123,7 @@ class SamplingParams:
     stop_strings: list[str] = field(default_factory=list)
     seed: int | None = None
     stop_rule: StopRule | None = None
+    draft: Draft | None = None  # verified before sampling when a call starts a response
 
     @property
     def greedy(self) -> bool:
@@ -187,7 +222,7 @@ class Rollout:
         """Append one token; extends the last span when source and version match."""
         t = len(self.tokens)
         self.tokens.append(token)
-        sampled = source == "sampled"
+        sampled = source in ("sampled", "draft")  # a verified draft token is the policy's
         self.loss_mask.append(sampled)
         self.logprobs.append(float(logprob) if sampled else 0.0)
         self.versions.append(version if sampled else -1)
@@ -252,6 +287,8 @@ class Rollout:
         sampling = dict(d.get("sampling", {}))
         if sampling.get("stop_rule") is not None:
             sampling["stop_rule"] = StopRule(**sampling["stop_rule"])
+        if sampling.get("draft") is not None:
+            sampling["draft"] = Draft(**sampling["draft"])
         d["sampling"] = SamplingParams(**sampling)
         d["scores"] = [Score(**s) for s in d.get("scores", [])]
         d["spans"] = [Span(**s) for s in d.get("spans", [])]

@@ -9,9 +9,9 @@ appends and a set lookup). Knows nothing of tensors, caches or the model.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from reroll.rollout import FINISHED, Rollout, StopRule
+from reroll.rollout import FINISHED, Draft, Rollout, Source, StopRule
 
 
 @dataclass(slots=True)
@@ -34,14 +34,15 @@ class Request:
     sampled0: int = 0  # tokens of this call sampled before this request (a resume)
     marker_end: int = -1  # position (tokens of the call) where the marker ended; -1: not yet
     tail: list[int] = field(default_factory=list)  # last len(marker) tokens, while unseen
+    draft: Draft | None = None  # to verify at admission (a fresh call only), cut to budget
 
-    def flush(self, version: int) -> None:
+    def flush(self, version: int, source: Source = "sampled") -> None:
         """Move sampled tokens into the record (same result as one `Rollout.append` each)."""
         new_t, new_l = self.toks[self.flushed:], self.lps[self.flushed:]
         if not new_t:
             return
         r = self.rollout
-        r.append(new_t[0], new_l[0], version)
+        r.append(new_t[0], new_l[0], version, source)
         k = len(new_t) - 1
         if k:
             r.tokens.extend(new_t[1:])
@@ -50,6 +51,17 @@ class Request:
             r.versions.extend([version] * k)
             r.spans[-1].end += k
         self.flushed = len(self.toks)
+
+    def stop_reason(self, t: int, decode) -> str | None:
+        """Why the request ends after token ``t`` (already in ``toks``), or None: a stop
+        token or string, the length budget, the stop rule."""
+        if t in self.stop_ids or (self.stop_strings and self.hit_stop_string(decode)):
+            return "stop"
+        if len(self.toks) >= self.budget:
+            return "length"
+        if self.rule is not None:
+            return self.rule_hit(t)
+        return None
 
     def hit_stop_string(self, decode) -> bool:
         tail = (self.resp_prev[-self.window:] + self.toks[-self.window:])[-self.window:]
@@ -129,6 +141,15 @@ def make_request(r: Rollout, *, vocab: int, max_seq_len: int, seed: int,
                 resume=len(r.tokens) > start)
     if s.stop_rule is not None:
         _restore_rule(q, s.stop_rule, r.tokens[start:])
+    if s.draft is not None and s.draft.tokens and not q.resume and q.budget > 0:
+        d = s.draft
+        if min(d.tokens) < 0 or max(d.tokens) >= vocab:
+            bad = [t for t in d.tokens if not 0 <= t < vocab]
+            raise ValueError(f"{where}: draft token ids {bad[:5]} outside the model "
+                             f"vocabulary [0, {vocab})")
+        cut = min(len(d.tokens), q.budget)
+        q.draft = d if cut == len(d.tokens) else replace(
+            d, tokens=d.tokens[:cut], logprobs=d.logprobs[:cut])
     return q
 
 

@@ -83,10 +83,47 @@ def sample(
     *,
     any_greedy: bool = True,
     any_filter: bool = True,
+    ban: Tensor | None = None,  # [B] int64: a token to leave out of the draw; -1 = none
 ) -> tuple[Tensor, Tensor]:
     """(tokens [B] int64, behaviour log-probs [B] float32); see the module docstring for the
     distribution. ``any_greedy`` / ``any_filter`` are hints that let a batch with no greedy
-    row, or no top-k/top-p row, skip that work; passing True is always correct."""
+    row, or no top-k/top-p row, skip that work; passing True is always correct.
+
+    ``ban`` draws row ``b`` from its distribution with token ``ban[b]`` removed and
+    renormalised (the residual after a rejected draft token, `reroll.engine.speculative`);
+    the recorded log-prob stays the one under the whole distribution. A banned token whose
+    probability is already 0 changes nothing, bit for bit."""
+    scaled = scaled_logits(logits, temperature, top_k, top_p, any_greedy=any_greedy,
+                           any_filter=any_filter)
+    logp = torch.log_softmax(scaled, dim=-1)  # [B, V], the distribution sampled from
+    draw = logp
+    if ban is not None:
+        hit = torch.zeros_like(scaled, dtype=torch.bool).scatter_(
+            -1, ban.clamp(min=0).unsqueeze(-1), (ban >= 0).unsqueeze(-1))
+        draw = torch.log_softmax(scaled.masked_fill(hit, float("-inf")), dim=-1)
+    # inverse CDF in vocabulary order, so a row's token never depends on its batch-mates
+    cdf = draw.exp().cumsum(dim=-1)
+    idx = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True)  # [B, 1]
+    idx = idx.clamp_(max=logits.shape[-1] - 1)
+    if any_filter or ban is not None:  # rounding at the top of the CDF: never a removed token
+        idx = torch.where(draw.gather(-1, idx).isneginf(), draw.argmax(-1, keepdim=True), idx)
+    idx = idx.squeeze(-1)
+    if any_greedy:
+        idx = torch.where(temperature == 0, logits.argmax(dim=-1), idx)
+    return idx, logp.gather(-1, idx.unsqueeze(-1)).squeeze(-1)
+
+
+def scaled_logits(
+    logits: Tensor,  # [B, V]
+    temperature: Tensor,  # [B]
+    top_k: Tensor,  # [B]
+    top_p: Tensor,  # [B]
+    *,
+    any_greedy: bool = True,
+    any_filter: bool = True,
+) -> Tensor:
+    """[B, V] float32 ``filter(logits / temperature)`` (filtered tokens -inf): its log_softmax
+    is the distribution a row samples from (greedy rows: temperature 1, unfiltered)."""
     logits = logits.float()
     greedy = temperature == 0 if any_greedy else None
     if any_greedy:
@@ -94,17 +131,7 @@ def sample(
     scaled = logits / temperature.unsqueeze(-1)
     if any_filter:
         scaled = scaled.masked_fill(~_kept(scaled, greedy, top_k, top_p), float("-inf"))
-    logp = torch.log_softmax(scaled, dim=-1)  # [B, V], the distribution sampled from
-    # inverse CDF in vocabulary order, so a row's token never depends on its batch-mates
-    cdf = logp.exp().cumsum(dim=-1)
-    idx = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True)  # [B, 1]
-    idx = idx.clamp_(max=logits.shape[-1] - 1)
-    if any_filter:  # rounding at the very top of the CDF: never return a filtered token
-        idx = torch.where(logp.gather(-1, idx).isneginf(), logp.argmax(-1, keepdim=True), idx)
-    idx = idx.squeeze(-1)
-    if any_greedy:
-        idx = torch.where(greedy, logits.argmax(dim=-1), idx)
-    return idx, logp.gather(-1, idx.unsqueeze(-1)).squeeze(-1)
+    return scaled
 
 
 def _kept(scaled: Tensor, greedy: Tensor | None, top_k: Tensor, top_p: Tensor) -> Tensor:

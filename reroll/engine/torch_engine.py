@@ -36,6 +36,7 @@ from torch import Tensor
 from reroll.engine.kv_cache import SlotCache, decode_mask, prefill_mask
 from reroll.engine.requests import Request, make_request
 from reroll.engine.sampling import sample, seed_key, uniforms
+from reroll.engine.speculative import verify
 from reroll.rollout import Rollout
 
 
@@ -81,7 +82,8 @@ class TorchEngine:
         self.counts = dict.fromkeys(
             ["tokens_generated", "decode_steps", "decode_rows", "prefill_forwards",
              "prefill_tokens", "prefill_tokens_shared", "requests_added", "requests_finished",
-             "requests_aborted", "requests_resumed", "time_prefill_s", "time_decode_s"], 0.0)
+             "requests_aborted", "requests_resumed", "time_prefill_s", "time_decode_s",
+             "draft_tokens_proposed", "draft_tokens_accepted"], 0.0)
 
     # ---- public API (reroll.engine.base.Engine) ----------------------------------------
     def add(self, rollouts: list[Rollout],
@@ -176,7 +178,7 @@ class TorchEngine:
     # ---- scheduling -------------------------------------------------------------------
     def _admit(self) -> list[Rollout]:
         """Prefill as many waiting requests as there are free slots (packed, deduplicated)."""
-        done, chosen, uniq, lens = [], [], {}, []
+        done, chosen, uniq, lens, nd = [], [], {}, [], []
         budget = self.max_prefill_tokens
         if self.max_batch - len(self.rows) < min(self.admit_batch, len(self.waiting)):
             return done
@@ -186,18 +188,20 @@ class TorchEngine:
                 self.waiting.popleft()
                 done.append(q.finish("length", self.version, self._decode_text))
                 continue
-            key = tuple(q.rollout.tokens)
+            d = q.draft.tokens if q.draft is not None else ()
+            key = (tuple(q.rollout.tokens) + d, len(d))  # a draft is prefilled after its prompt
             if key not in uniq:
-                if lens and sum(lens) + len(key) > budget:
+                if lens and sum(lens) + len(key[0]) > budget:
                     break
                 uniq[key] = len(lens)
-                lens.append(len(key))
+                lens.append(len(key[0]))
+                nd.append(len(d))
             chosen.append((q, uniq[key]))
             self.waiting.popleft()
         if not chosen:
             return done
         t0 = time.perf_counter()
-        keys = list(uniq)
+        keys = [k for k, _ in uniq]
         starts = torch.tensor([0] + lens[:-1]).cumsum(0)  # [U] packed offset of each sequence
         ids = torch.tensor([t for k in keys for t in k], device=self.device)
         posn = torch.cat([torch.arange(n) for n in lens]).to(self.device)
@@ -209,15 +213,19 @@ class TorchEngine:
         pos = torch.arange(len(slot)) - first  # [sum n] position within the sequence
         src = torch.repeat_interleave(starts[which], n) + pos  # [sum n] packed prefill index
         self.cache.plan_prefill(slot.to(self.device), pos.to(self.device), src.to(self.device))
-        last = (starts + torch.tensor(lens) - 1).to(self.device)  # [U]
+        last = starts + torch.tensor(lens) - 1  # [U]
+        if any(nd):  # a draft of D tokens needs the D + 1 rows from its prompt's last on
+            last = torch.cat([torch.arange(e - d, e + 1) for e, d in zip(last.tolist(), nd)])
         mask = prefill_mask(lens, self.dtype, self.additive).to(self.device)
-        logits = self._forward(ids[None], posn[None], mask, last)  # [U, V]
+        logits = self._forward(ids[None], posn[None], mask, last.to(self.device))  # [R, V]
         self._place(n0, [(q, lens[u]) for q, u in chosen])
-        sl = slice(n0, n0 + k)
         self.counts["prefill_forwards"] += 1
         self.counts["prefill_tokens"] += sum(lens)
         self.counts["prefill_tokens_shared"] += sum(lens[u] for _, u in chosen) - sum(lens)
-        done += self._sample(logits[which.to(self.device)], sl)
+        if any(nd):
+            done += self._verify_drafts(logits, chosen, nd, n0)
+        else:
+            done += self._sample(logits[which.to(self.device)], slice(n0, n0 + k))
         self.counts["time_prefill_s"] += time.perf_counter() - t0
         return done
 
@@ -270,27 +278,65 @@ class TorchEngine:
                 self.counts["requests_resumed"] += 1
             self.rows.append(q)
 
-    def _sample(self, logits: Tensor, sl: slice) -> list[Rollout]:
-        """Sample for slots ``sl`` (logits [n, V]), record, retire finished slots."""
+    def _verify_drafts(self, logits: Tensor, chosen: list[tuple[Request, int]], nd: list[int],
+                       n0: int) -> list[Rollout]:
+        """Just-prefilled slots ``n0 ..`` (logits [R, V]: D + 1 rows per unique sequence
+        with a D-token draft, 1 without): keep each draft's accepted prefix (span "draft"),
+        retire requests that end inside it, then sample every other slot's next token, from
+        the residual after a rejected draft token (`reroll.engine.speculative`)."""
+        off = [0]
+        for d in nd:
+            off.append(off[-1] + d + 1)
+        pick, fin, done = {}, [], []
+        for j, (q, u) in enumerate(chosen):
+            d, ban = q.draft, -1
+            if d is not None:
+                s, r = q.rollout.sampling, q.rollout
+                n, lps = verify(logits[off[u]:off[u] + nd[u]], d.tokens, d.logprobs, d.lenience,
+                                temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                                key=q.seed, pos0=len(r.tokens))
+                self.counts["draft_tokens_proposed"] += nd[u]
+                reason = None
+                for t, lp in zip(d.tokens[:n], lps):
+                    q.toks.append(t)
+                    q.lps.append(lp)
+                    if reason := q.stop_reason(t, self._decode_text):
+                        break
+                self.counts["draft_tokens_accepted"] += len(q.toks)
+                q.flush(self.version, "draft")
+                self.pos[n0 + j] = len(r.tokens)  # the cache beyond is overwritten as it grows
+                if reason:
+                    fin.append(n0 + j)
+                    done.append(q.finish(reason, self.version, self._decode_text))
+                    continue
+                ban, n_rows = (d.tokens[n] if n < nd[u] else -1), n
+            else:
+                n_rows = nd[u]
+            pick[id(q)] = (off[u] + n_rows, ban)
+        self._compact(fin)
+        self.counts["requests_finished"] += len(done)
+        if len(self.rows) > n0:
+            at = [pick[id(q)] for q in self.rows[n0:]]
+            ban = torch.tensor([b for _, b in at], dtype=torch.long, device=self.device)
+            done += self._sample(logits[torch.tensor([i for i, _ in at], device=self.device)],
+                                 slice(n0, len(self.rows)), ban)
+        return done
+
+    def _sample(self, logits: Tensor, sl: slice, ban: Tensor | None = None) -> list[Rollout]:
+        """Sample for slots ``sl`` (logits [n, V]; ``ban`` [n], see `sample`), record,
+        retire finished slots."""
         rows = self.rows[sl]
         u = uniforms(self.seed[sl], self.pos[sl])
         tok, lp = sample(logits, self.temp[sl], self.top_k[sl], self.top_p[sl], u,
                          any_greedy=any(q.greedy for q in rows),
-                         any_filter=any(q.filtered for q in rows))
+                         any_filter=any(q.filtered for q in rows), ban=ban)
         self.next_tok[sl] = tok
         self.counts["tokens_generated"] += len(rows)
         fin, done = [], []
         for j, (q, t, p) in enumerate(zip(rows, tok.tolist(), lp.tolist(), strict=True)):
             q.toks.append(t)
             q.lps.append(p)
-            reason = None
-            if t in q.stop_ids or (q.stop_strings and q.hit_stop_string(self._decode_text)):
-                reason = "stop"
-            elif len(q.toks) >= q.budget:
-                reason = "length"
-            elif q.rule is not None:
-                reason = q.rule_hit(t)
-            if reason:
+            if reason := q.stop_reason(t, self._decode_text):
                 fin.append(sl.start + j)
                 done.append(q.finish(reason, self.version, self._decode_text))
         self._compact(fin)
