@@ -61,6 +61,8 @@ CATALOG = [
     Catalogued("lengths", "reroll.control.lengths", "LENGTHS", "control.length",
                "control.length_args"),
     Catalogued("filters", "reroll.control.filters", "FILTERS"),
+    Catalogued("drafters", "reroll.replay.drafts", "DRAFTERS", "replay.draft",
+               "replay.draft_args"),
 ]
 BY_KIND = {c.kind: c for c in CATALOG}
 BY_KEY = {c.key: c for c in CATALOG if c.key}

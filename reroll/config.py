@@ -281,6 +281,15 @@ class ReplayConfig:
     reuse_max_age: int = 0
     """Response reuse: ignore banked answers sampled more than this many versions ago
     (0: no limit)."""
+    draft: str = "none"
+    """Speculative rollouts (registry `reroll.replay.drafts.DRAFTERS`): each fresh sample
+    starts from a draft that the engine verifies under the current policy and samples on
+    from its first rejected token. spec_rl (the prompt's response from last time, SPEC-RL;
+    draft_args.lenience >= 1 keeps more of it, at a bias), das (the majority path through
+    the prompt's recent responses, exact acceptance), or none. engine.name = "torch" and
+    the single_turn workflow only."""
+    draft_args: dict[str, Any] = field(default_factory=dict)
+    """Hyperparameters of the drafter (spec_rl: lenience; das: history, min_count)."""
 
 
 @dataclass

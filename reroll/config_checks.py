@@ -148,6 +148,9 @@ def _registries(cfg: RunConfig) -> None:
     from reroll.control.wiring import check_control
 
     check_control(cfg)
+    from reroll.replay.drafts import check_drafts
+
+    check_drafts(cfg)
     if not getattr(algo.ADVANTAGES.get(a.advantage), "uses_scalar_reward", True):
         shaping = [k for k, on in (("algo.kl_in_reward", a.kl_in_reward and a.kl_coef > 0),
                                    ("algo.overlong_buffer", a.overlong_buffer > 0)) if on]

@@ -1,12 +1,14 @@
-"""The Replay stage of the rollout pipeline: rollout replay (`ReplayBuffer`) and response
-reuse (`ResponseBank`), as the pipeline calls them.
+"""The Replay stage of the rollout pipeline: rollout replay (`ReplayBuffer`), response
+reuse (`ResponseBank`) and speculative drafts (`Drafting`), as the pipeline calls them.
+
+- When a group starts or grows (`prepare`): its fresh samples get drafts.
 
 - When a group completes (`inject`), before filters and the controller see it: a group with
   no correct answer gets a banked one (AR3PO).
 - At a step boundary (`mix`), after the controller folded in the fresh groups: this step's
   batch gets up to ``replay_groups`` groups drawn from the buffer (prompts not already in
-  the batch), then the fresh groups go into the buffer and their correct answers into the
-  bank. So a step never replays its own groups, and both stores change only at step
+  the batch), then the fresh groups go into the buffer, their correct answers into the
+  bank and their responses into the drafter's store. So a step never replays its own groups, and both stores change only at step
   boundaries, in consumption order: decisions repeat exactly and resume from checkpoints.
 
 Replayed and reused samples are not "stale" for the admission rule (they were never
@@ -20,7 +22,8 @@ from typing import TYPE_CHECKING
 
 from reroll.replay.bank import IsSuccess, ResponseBank
 from reroll.replay.buffer import ReplayBuffer
-from reroll.rollout import Group
+from reroll.replay.drafts import Drafting, build_drafting
+from reroll.rollout import Group, Rollout
 
 if TYPE_CHECKING:
     from reroll.config import RunConfig
@@ -28,9 +31,16 @@ if TYPE_CHECKING:
 
 class Replay:
     def __init__(self, *, buffer: ReplayBuffer | None = None, bank: ResponseBank | None = None,
-                 replay_groups: int = 0, is_success: IsSuccess):
+                 replay_groups: int = 0, is_success: IsSuccess,
+                 drafting: Drafting | None = None):
         self.buffer, self.bank, self.replay_groups = buffer, bank, replay_groups
         self.is_success = is_success
+        self.drafting = drafting
+
+    def prepare(self, rollouts: list[Rollout]) -> None:
+        """Fresh samples get their drafts (speculative rollouts, `reroll.replay.drafts`)."""
+        if self.drafting is not None:
+            self.drafting.prepare(rollouts)
 
     def inject(self, g: Group) -> bool:
         """Response reuse for a completed group (see `ResponseBank.inject`)."""
@@ -50,11 +60,14 @@ class Replay:
             self.buffer.add(fresh, version)
         if self.bank is not None:
             self.bank.add(fresh, self.is_success)
+        if self.drafting is not None:
+            self.drafting.add(fresh)
         return out
 
     def state(self) -> dict:
         return {"buffer": self.buffer.state() if self.buffer is not None else {},
-                "bank": self.bank.state() if self.bank is not None else {}}
+                "bank": self.bank.state() if self.bank is not None else {},
+                "drafts": self.drafting.state() if self.drafting is not None else {}}
 
     def load_state(self, d: dict | None) -> None:
         if not d:
@@ -63,10 +76,13 @@ class Replay:
             self.buffer.load_state(d.get("buffer"))
         if self.bank is not None:
             self.bank.load_state(d.get("bank"))
+        if self.drafting is not None:
+            self.drafting.load_state(d.get("drafts"))
 
     def metrics(self) -> dict[str, float]:
         out = self.buffer.metrics() if self.buffer is not None else {}
         out.update(self.bank.metrics() if self.bank is not None else {})
+        out.update(self.drafting.metrics() if self.drafting is not None else {})
         return out
 
 
@@ -80,15 +96,16 @@ def fresh_groups(cfg: RunConfig) -> int:
 
 
 def build_replay(cfg: RunConfig, is_success: IsSuccess, state: dict | None) -> Replay | None:
-    """The run's Replay stage (None when neither replay nor reuse is on), restored from a
-    checkpoint's ``state["replay"]``."""
+    """The run's Replay stage (None when neither replay, reuse nor drafts are on), restored
+    from a checkpoint's ``state["replay"]``."""
     c = cfg.replay
-    if c.buffer_size <= 0 and not c.reuse:
+    if c.buffer_size <= 0 and not c.reuse and c.draft == "none":
         return None
     buf = (ReplayBuffer(c.buffer_size, max_age=c.max_age, seed=cfg.train.seed)
            if c.buffer_size > 0 else None)
     bank = ResponseBank(c.reuse_per_prompt, max_age=c.reuse_max_age) if c.reuse else None
     replayed = cfg.rollout.batch_groups - fresh_groups(cfg) if buf is not None else 0
-    out = Replay(buffer=buf, bank=bank, is_success=is_success, replay_groups=replayed)
+    out = Replay(buffer=buf, bank=bank, is_success=is_success, replay_groups=replayed,
+                 drafting=build_drafting(cfg, None))
     out.load_state((state or {}).get("replay"))
     return out

@@ -64,12 +64,19 @@ def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_com
             cfg, task.train, lambda x: None if x.failed else combine(x.scores), state,
             marker=build.answer_marker_ids(cfg, tok, task))
         r = cfg.rollout
-        start = build.group_starter(cfg, tok, control.prepare)
+        replay = build_replay(cfg, control.success, state)
+
+        def prepare(rollouts) -> None:  # per-sample decisions, then drafts
+            control.prepare(rollouts)
+            if replay is not None:
+                replay.prepare(rollouts)
+
+        start = build.group_starter(cfg, tok, prepare)
         sched = Scheduler(prompts, start, group_size=r.group_size,
                           batch_groups=fresh_groups(cfg), max_staleness=cfg.runtime.max_staleness,
                           overprovision=cfg.runtime.overprovision,
                           filters=build.build_filters(cfg, combine), controller=control,
-                          replay=build_replay(cfg, control.success, state))
+                          replay=replay)
         rerun = sched.restore(checkpoint.read_groups(ckpt), state["counters"]) if ckpt else []
         workflow = WORKFLOWS.get(r.workflow)
         shaping = build.build_shaping(cfg)
