@@ -2,8 +2,9 @@
 against one or several servers (``engine.base_url``) of the kind ``engine.server`` names
 (`reroll serve`, vLLM, SGLang: each spoken through its adapter, `reroll.engine.adapters`).
 
-Owns the HTTP client (the only module that imports httpx), the records it fills, how
-requests are sent and spread, failover, and weight pushes. Behaviour log-probs and versions
+Owns the HTTP client (the only module that imports httpx), the records it fills and how
+requests are sent, resumed and aborted; the servers' load, health and weights are its
+`reroll.engine.fleet`'s. Behaviour log-probs and versions
 are the server's (an adapter stamps tokens with the pushed version where a server reports
 none). Knows nothing of any server's routes or JSON (the adapters do), nor of groups'
 rewards, trainers or staleness.
@@ -39,27 +40,11 @@ from typing import Any
 import httpx
 
 from reroll.engine import weight_files
-from reroll.engine.adapters import SERVERS, AdapterError, Ask, Call, Piece, Reply, Weights, check
-from reroll.errors import ConfigError
+from reroll.engine.adapters import SERVERS, AdapterError, Ask, Call, Piece, Reply, check
+from reroll.engine.fleet import Fleet, Gone, Server
 from reroll.rollout import Rollout
 
 Turn = tuple[int, int]
-
-
-class _Gone(Exception):
-    """The server did not answer (or broke off): fail over."""
-
-
-@dataclass(eq=False)
-class _Server:
-    url: str
-    index: int
-    in_flight: int = 0
-    alive: bool = True
-    version: int = -1
-    retry_at: float = 0.0
-    context: int | None = None
-    model: str | None = None
 
 
 @dataclass(eq=False)
@@ -67,21 +52,12 @@ class _Job:
     rollout: Rollout
     turn: Turn | None
     future: asyncio.Future
-    server: _Server | None = None
+    server: Server | None = None
     task: asyncio.Task | None = None
     aborting: bool = False
+    sending: bool = False  # a request of it is with a server now
     attempt: int = 0
     version: int = 0
-
-
-class _ServerHttp:
-    """The `Http` an adapter pushes weights through: one server."""
-
-    def __init__(self, engine: OpenAIEngine, server: _Server):
-        self.engine, self.server = engine, server
-
-    async def send(self, call: Call) -> Reply:
-        return await self.engine._send(self.server, call)
 
 
 class OpenAIEngine:
@@ -90,19 +66,18 @@ class OpenAIEngine:
                  weights_dir: str = "", model_config: Any = None, revive_s: float = 5.0):
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
         self.adapter = SERVERS.get(server)()
-        self.servers = [_Server(u.rstrip("/"), i) for i, u in enumerate(urls)]
+        self.fleet = Fleet(urls, self.adapter, self._send, timeout_s=timeout_s,
+                           revive_s=revive_s)
+        self.servers = self.fleet.servers
         self.version, self.tok, self.timeout_s = version, tokenizer, timeout_s
         self.api_key = api_key or os.environ.get("REROLL_API_KEY", "")
-        self.weights_dir, self.model_config, self.revive_s = weights_dir, model_config, revive_s
+        self.weights_dir, self.model_config = weights_dir, model_config
         self.counts = dict.fromkeys(
             ["tokens_generated", "requests_added", "requests_finished", "requests_aborted",
-             "requests_resumed", "failovers", "server_failures", "weight_pushes",
-             "time_push_s"], 0.0)
+             "requests_resumed", "weight_pushes", "time_push_s"], 0.0)
         self._jobs: dict[str, _Job] = {}
         self._wave: list[_Job] = []
-        self._latest: Weights | None = None
-        self._loop = self._client = self._ready = self._push_lock = None
-        self._reviving = False
+        self._loop = self._client = self._ready = None
         self._busy_s, self._busy_since = 0.0, None
 
     # ---- before the run: probe, refuse, first weights -----------------------------------
@@ -115,42 +90,18 @@ class OpenAIEngine:
     async def _connect(self, weights: Any, need_updates: bool) -> None:
         self._bind()
         try:
-            for s in self.servers:
-                try:
-                    info = self.adapter.inspect(await self._send(s, self.adapter.probe()))
-                except (_Gone, AdapterError) as e:
-                    raise ConfigError(f"engine.base_url: {s.url} does not answer as a "
-                                      f"{self._kind} server: {e}") from None
-                s.model, s.context = info.get("model"), info.get("context")
-                s.model = s.model or await self._model_name(s)
-                why = info.get("updatable") or self._disk_problem()
-                if need_updates and why:
-                    raise ConfigError(
-                        f"engine.base_url: {s.url} cannot take new weights: {why}. A training "
-                        f"run pushes the trainer's weights to its engine after every step "
-                        f"(and async training samples from them), so it refuses to start.")
+            await self.fleet.check(need_updates, self._disk_problem())
             if weights is not None:
                 await self.update_weights(weights, self.version)
         finally:
             await self._client.aclose()
             self._loop = self._client = None
 
-    @property
-    def _kind(self) -> str:
-        return type(self.adapter).__name__.removesuffix("Server").lower()
-
     def _disk_problem(self) -> str | None:
         if self.adapter.takes_bytes or self.weights_dir:
             return None
-        return (f"a {self._kind} server loads new weights from disk: set engine.weights_dir "
-                f"to a directory it can read")
-
-    async def _model_name(self, s: _Server) -> str | None:
-        try:
-            reply = await self._send(s, Call("GET", "/v1/models"))
-            return reply.data["data"][0]["id"] if reply.status == 200 else None
-        except (_Gone, KeyError, IndexError, TypeError):
-            return None
+        return (f"a {self.fleet.kind} server loads new weights from disk: set "
+                f"engine.weights_dir to a directory it can read")
 
     # ---- the Engine protocol --------------------------------------------------------------
     def generate(self, rollout: Rollout, turn: Turn | None = None) -> asyncio.Future:
@@ -174,26 +125,15 @@ class OpenAIEngine:
 
     async def update_weights(self, weights: Any, version: int, interrupt: bool = True) -> None:
         self._bind()
-        async with self._push_lock:
+        async with self.fleet.lock:
             self._ready.clear()  # a request the push stops waits for the new weights
             t0 = time.perf_counter()
             try:
                 payload = await asyncio.to_thread(
                     weight_files.payload, weights, version, self.weights_dir,
                     in_place=self.adapter.in_place, model_config=self.model_config)
-                live = [s for s in self.servers if s.alive]
-                got = await asyncio.gather(*(self._push(s, payload, interrupt) for s in live),
-                                           return_exceptions=True)
-                for s, res in zip(live, got):
-                    if isinstance(res, _Gone):
-                        self._down(s, res)
-                    elif isinstance(res, BaseException):
-                        raise RuntimeError(f"{s.url} refused the weights of version "
-                                           f"{version}: {res}") from res
-                if not any(s.alive for s in live):
-                    raise RuntimeError(f"no server took the weights of version {version}: "
-                                       f"{', '.join(s.url for s in self.servers)} are down")
-                self.version, self._latest = int(version), payload
+                await self.fleet.push(payload, interrupt)
+                self.version = int(version)
                 self.counts["weight_pushes"] += 1
             finally:
                 self.counts["time_push_s"] += time.perf_counter() - t0
@@ -208,8 +148,11 @@ class OpenAIEngine:
                 self._wave.remove(j)
                 self._finish(j, "abort")
         sent = [j for j in jobs if j.task is not None and not j.future.done()]
+        for j in sent:  # between requests (waiting for weights or a server): stop it now
+            if not j.sending:
+                j.task.cancel()
         for _ in range(20):  # a request still on the wire may miss the first abort
-            by_server: dict[_Server, list[_Job]] = {}
+            by_server: dict[Server, list[_Job]] = {}
             for j in sent:
                 if not j.future.done() and j.server is not None:
                     by_server.setdefault(j.server, []).append(j)
@@ -221,7 +164,7 @@ class OpenAIEngine:
                 for c in calls:
                     try:
                         await self._send(s, c)
-                    except _Gone:
+                    except Gone:
                         pass  # the request's own stream sees the server go and keeps its prefix
             pending = [j.task for j in sent if not j.future.done() and not j.task.done()]
             if pending:
@@ -242,7 +185,8 @@ class OpenAIEngine:
         s = dict(self.counts)
         busy = self._busy_s + (time.perf_counter() - self._busy_since
                                if self._busy_since is not None else 0.0)
-        s.update(time_decode_s=busy, version=float(self.version), running=float(len(self._jobs)),
+        s.update(self.fleet.counts, time_decode_s=busy, version=float(self.version),
+                 running=float(len(self._jobs)),
                  servers_alive=float(sum(x.alive for x in self.servers)))
         return s
 
@@ -261,54 +205,42 @@ class OpenAIEngine:
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             self._loop = loop
-            self._ready, self._push_lock = asyncio.Event(), asyncio.Lock()
+            self._ready = asyncio.Event()
             self._ready.set()
+            self.fleet.bind()
             headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
             self._client = httpx.AsyncClient(
                 timeout=httpx.Timeout(self.timeout_s, connect=10.0), headers=headers,
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=1024))
         return loop
 
-    async def _send(self, s: _Server, call: Call) -> Reply:
+    async def _send(self, s: Server, call: Call) -> Reply:
         try:
             resp = await self._client.request(call.method, s.url + call.path, json=call.json,
                                               content=call.content, params=call.params,
                                               headers=call.headers or None)
         except httpx.TransportError as e:
-            raise _Gone(f"{s.url}: {type(e).__name__}: {e}") from e
+            raise Gone(f"{s.url}: {type(e).__name__}: {e}") from e
         try:
             data = resp.json()
         except ValueError:
             data = resp.text
         return Reply(resp.status_code, data)
 
-    async def _push(self, s: _Server, payload: Weights, interrupt: bool) -> None:
-        await self.adapter.push(_ServerHttp(self, s), payload, interrupt)
-        s.version = payload.version
-
     # ---- requests -------------------------------------------------------------------------
     def _flush(self) -> None:
         jobs, self._wave = [j for j in self._wave if not j.future.done()], []
         if not jobs:
             return
-        self._revive_later()
-        live = [s for s in self.servers if s.alive] or self.servers
-        load = {s: s.in_flight for s in live}
-        where: dict[str, _Server] = {}
-        for j in jobs:  # a group stays on one server: its prompt is prefilled once there
-            g = j.rollout.group_id
-            if g not in where:
-                where[g] = min(live, key=lambda s: (load[s], s.index))
-            load[where[g]] += 1
-        for s in live:
-            mine = [j for j in jobs if where[j.rollout.group_id] is s]  # submission order
+        self.fleet.revive_later()
+        for s, mine in self.fleet.assign(jobs):
             wid = uuid.uuid4().hex if self.adapter.waves and len(mine) > 1 else None
             for i, j in enumerate(mine):
                 self._enter(j, s)
                 j.task = self._loop.create_task(
                     self._run(j, (wid, len(mine), i) if wid else None))
 
-    def _enter(self, job: _Job, s: _Server) -> None:
+    def _enter(self, job: _Job, s: Server) -> None:
         job.server = s
         s.in_flight += 1
 
@@ -322,14 +254,19 @@ class OpenAIEngine:
             while True:
                 await self._ready.wait()
                 try:
+                    job.sending = True
                     finish = await self._attempt(job, wave)
-                except _Gone as e:
-                    self._down(job.server, e)
+                except Gone:
+                    job.sending = False
+                    self.fleet.down(job.server)
                     if not job.aborting:
                         wave = None
-                        await self._move(job)
+                        self._leave(job)
+                        self._enter(job, await self.fleet.elsewhere())
                         continue
                     finish = "abort"
+                finally:
+                    job.sending = False
                 if finish == "abort" and not job.aborting:  # stopped by the server (a push)
                     wave = None
                     continue
@@ -364,12 +301,12 @@ class OpenAIEngine:
             return await self._stream(job, s, call)
         reply = await self._send(s, call)
         if reply.status >= 500:
-            raise _Gone(f"{s.url}: HTTP {reply.status}: {reply.data}")
+            raise Gone(f"{s.url}: HTTP {reply.status}: {reply.data}")
         piece = self.adapter.parse(check(reply, f"{call.method} {call.path}"))
         self._apply(job, piece)
         return piece.finish or "stop"
 
-    async def _stream(self, job: _Job, s: _Server, call: Call) -> str:
+    async def _stream(self, job: _Job, s: Server, call: Call) -> str:
         finish = None
         try:
             async with self._client.stream(call.method, s.url + call.path, json=call.json,
@@ -381,7 +318,7 @@ class OpenAIEngine:
                     except ValueError:
                         data = raw
                     if resp.status_code >= 500:
-                        raise _Gone(f"{s.url}: HTTP {resp.status_code}: {data}")
+                        raise Gone(f"{s.url}: HTTP {resp.status_code}: {data}")
                     check(Reply(resp.status_code, data), f"{call.method} {call.path}")
                 async for line in resp.aiter_lines():
                     if not line.startswith("data:"):
@@ -392,13 +329,13 @@ class OpenAIEngine:
                     try:
                         piece = self.adapter.parse(json.loads(payload))
                     except AdapterError as e:  # the server's engine failed: go elsewhere
-                        raise _Gone(f"{s.url}: {e}") from e
+                        raise Gone(f"{s.url}: {e}") from e
                     self._apply(job, piece)
                     finish = piece.finish or finish
         except httpx.TransportError as e:
-            raise _Gone(f"{s.url}: {type(e).__name__}: {e}") from e
+            raise Gone(f"{s.url}: {type(e).__name__}: {e}") from e
         if finish is None:
-            raise _Gone(f"{s.url}: the response ended before the request finished")
+            raise Gone(f"{s.url}: the response ended before the request finished")
         return finish
 
     def _apply(self, job: _Job, piece: Piece) -> None:
@@ -430,51 +367,3 @@ class OpenAIEngine:
         self.counts["requests_aborted" if finish == "abort" else "requests_finished"] += 1
         if not job.future.done():
             job.future.set_result(r)
-
-    # ---- failover -------------------------------------------------------------------------
-    def _down(self, s: _Server | None, why: Exception) -> None:
-        if s is not None and s.alive:
-            s.alive, s.retry_at = False, time.monotonic() + self.revive_s
-            self.counts["server_failures"] += 1
-
-    async def _move(self, job: _Job) -> None:
-        """Resume the job on the live server with the fewest requests in flight (waiting up
-        to ``timeout_s`` for one to come back when none is up)."""
-        self._leave(job)
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            live = [s for s in self.servers if s.alive]
-            if live:
-                self._enter(job, min(live, key=lambda s: (s.in_flight, s.index)))
-                self.counts["failovers"] += 1
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"no server answers: {', '.join(s.url for s in self.servers)}")
-            await self._revive()
-            await asyncio.sleep(0.2)
-
-    def _revive_later(self) -> None:
-        due = any(not s.alive and s.retry_at <= time.monotonic() for s in self.servers)
-        if due and not self._reviving:
-            self._loop.create_task(self._revive())
-
-    async def _revive(self) -> None:
-        """Probe down servers whose retry time has come; one that answers gets the latest
-        weights before it serves again."""
-        if self._reviving:
-            return
-        self._reviving = True
-        try:
-            for s in self.servers:
-                if s.alive or s.retry_at > time.monotonic():
-                    continue
-                try:
-                    self.adapter.inspect(await self._send(s, self.adapter.probe()))
-                    async with self._push_lock:
-                        if self._latest is not None and s.version != self._latest.version:
-                            await self._push(s, self._latest, True)
-                    s.alive = True
-                except (_Gone, AdapterError):
-                    s.retry_at = time.monotonic() + self.revive_s
-        finally:
-            self._reviving = False

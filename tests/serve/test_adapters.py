@@ -143,3 +143,38 @@ def test_sglang_adapter_reads_meta_info_pushes_from_disk_and_aborts(standin, tmp
 
     q = asyncio.run(abort())
     assert 0 < q.response_len < 400 and "/abort_request" in httpx.get(s.url + "/calls").json()
+
+
+def test_a_training_run_refuses_to_start_against_a_server_it_cannot_update(standin, small_run,
+                                                                          tiny_dir, tmp_path):
+    from reroll.config import ConfigError
+    from reroll.runtime import train
+
+    s = standin("vllm", model_dir(tmp_path / "m", 1.0), "--no-dev")
+    cfg = small_run(tmp_path / "run", f"init={tiny_dir}", "engine.name=openai",
+                    f"engine.base_url={s.url}", "engine.server=vllm",
+                    f"engine.weights_dir={tmp_path / 'm'}", "runtime.max_staleness=1")
+    with pytest.raises(ConfigError, match=r"cannot take new weights.*refuses to start"):
+        train(cfg, progress=False)
+    assert httpx.get(s.url + "/calls").json() == []  # nothing was generated
+
+
+def test_reroll_serve_started_without_weight_updates_refuses_them_and_says_so(tiny):
+    from reroll.engine import TorchEngine
+    from reroll.engine.adapters import Reply
+    from reroll.engine.reroll_adapter import RerollServer
+    from reroll.serve.backend import ServeBackend
+    from reroll.serve.schemas import BadRequest
+
+    model, tok = tiny
+    b = ServeBackend(TorchEngine(model, tok, max_batch=4), tok, model_name="t", updatable=False)
+
+    async def go():
+        with pytest.raises(BadRequest, match="--no-weight-updates") as e:
+            await b.update_weights(model.state_dict(), 1, True)
+        await b.close()
+        return e.value.status
+
+    assert asyncio.run(go()) == 403
+    health = {"status": "ok", "model": "t", "version": 0, "weight_updates": False}
+    assert "--no-weight-updates" in RerollServer().inspect(Reply(200, health))["updatable"]
