@@ -39,9 +39,9 @@ from typing import Any
 
 import httpx
 
-from reroll.engine import weight_files
 from reroll.engine.adapters import SERVERS, AdapterError, Ask, Call, Piece, Reply, check
 from reroll.engine.fleet import Fleet, Gone, Server
+from reroll.engine.weight_files import payload as weights_payload
 from reroll.rollout import Rollout
 
 Turn = tuple[int, int]
@@ -130,7 +130,7 @@ class OpenAIEngine:
             t0 = time.perf_counter()
             try:
                 payload = await asyncio.to_thread(
-                    weight_files.payload, weights, version, self.weights_dir,
+                    weights_payload, weights, version, self.weights_dir,
                     in_place=self.adapter.in_place, model_config=self.model_config)
                 await self.fleet.push(payload, interrupt)
                 self.version = int(version)
