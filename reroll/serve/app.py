@@ -9,9 +9,9 @@ bytes with ``?version=N``, or JSON ``{"path", "version"}``), ``GET /health`` and
 server-sent events as tokens are sampled.
 
 Owns request handling: an optional bearer token (every route but ``/health``), body size
-limits, and errors as OpenAI error objects with a 4xx status and a reason; nothing a client
-sends can stop the server. Knows nothing of the engine's internals (`reroll.serve.backend`
-does) and formats through `reroll.serve.openai_format`.
+limits, reading weights, and errors as OpenAI error objects with a 4xx status and a reason;
+nothing a client sends can stop the server. Generation requests are turned into engine jobs
+and answered by `reroll.serve.generation`; the engine's internals are `reroll.serve.backend`'s.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import asyncio
 import hmac
 import json
 import logging
-import uuid
 from collections import Counter
 from contextlib import asynccontextmanager
 from typing import Any
@@ -28,12 +27,12 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from reroll.rollout import SamplingParams, StopRule
 from reroll.serve import openai_format as fmt
-from reroll.serve.backend import Job, ServeBackend
+from reroll.serve.backend import ServeBackend
+from reroll.serve.generation import Generation
 from reroll.serve.schemas import (
     AbortBody,
     BadRequest,
@@ -93,6 +92,7 @@ def _route(fn):
 class _Handlers:
     def __init__(self, backend: ServeBackend, max_body: int, max_weights: int):
         self.b, self.max_body, self.max_weights = backend, max_body, max_weights
+        self.gen = Generation(backend)
         self.http: Counter = Counter()
 
     # ---- bodies -----------------------------------------------------------------------------
@@ -122,143 +122,22 @@ class _Handlers:
                              f"{self.b.model_name!r}", status=404, param="model",
                              code="model_not_found")
 
-    # ---- generation -------------------------------------------------------------------------
-    def _ids(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            from reroll.build import encode_prompt
-
-            return encode_prompt(self.b.tok)(prompt)
-        return list(prompt)
-
-    def _chat_ids(self, req: ChatRequest) -> list[int]:
-        if not getattr(self.b.tok, "chat_template", None):
-            raise BadRequest("this model's tokenizer has no chat template; use /v1/completions")
-        try:
-            return list(self.b.tok.apply_chat_template(
-                [m.model_dump(exclude_none=True) for m in req.messages], tokenize=True,
-                add_generation_prompt=True, return_dict=False))
-        except Exception as e:  # the template's own errors (roles, missing fields)
-            raise BadRequest(f"the chat template cannot render these messages: {e}") from None
-
-    async def _submit(self, request: Request, req: Any, prompts: list[list[int]],
-                      max_tokens: int | None) -> list[Job]:
-        rid = req.request_id or request.headers.get("x-request-id") or uuid.uuid4().hex
-        multi = len(prompts) * req.n > 1
-        ext = req.reroll
-        if ext.wave is not None and multi:
-            raise BadRequest("reroll.wave needs one prompt and n = 1", param="reroll.wave")
-        rule = None
-        if ext.stop_rule is not None:
-            try:
-                rule = StopRule(**ext.stop_rule.model_dump())
-            except ValueError as e:
-                raise BadRequest(f"reroll.stop_rule: {e}") from None
-        stops = list(req.stop_token_ids) + ([] if req.ignore_eos else self.b.eos_ids())
-        wave = None if ext.wave is None else (ext.wave, ext.wave_size, ext.wave_index)
-        jobs: list[Job] = []
-        try:
-            for k, ids in enumerate(p for p in prompts for _ in range(req.n)):
-                n_new = self.b.context - len(ids) if max_tokens is None else max_tokens
-                sp = SamplingParams(temperature=req.temperature, top_p=req.top_p,
-                                    top_k=max(0, req.top_k), max_new_tokens=max(0, n_new),
-                                    stop_token_ids=stops, stop_strings=req.stop_strings,
-                                    seed=None if req.seed is None else req.seed + k,
-                                    stop_rule=rule)
-                jobs.append(self.b.submit(f"{rid}-{k}" if multi else rid, ids, ext.sampled,
-                                          max(0, n_new), sp, wave))
-        except BadRequest:
-            await self.b.abort([j.rid for j in jobs])
-            raise
-        return jobs
-
-    async def _generate(self, request: Request, req: Any, prompts: list[list[int]],
-                        max_tokens: int | None, chat: bool) -> Response:
-        jobs = await self._submit(request, req, prompts, max_tokens)
-        if req.stream:
-            return StreamingResponse(self._events(jobs, req, chat), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        try:
-            await asyncio.gather(*(j.done for j in jobs))
-        except (RuntimeError, ValueError) as e:
-            raise BadRequest(f"generation failed: {e}", status=503) from None
-        choices = []
-        for i, j in enumerate(jobs):
-            r = j.rollout
-            part = fmt.take(r, j.start, 0)
-            choices.append(self._choice(i, part, self._text(part.tokens), r.finish, req, chat,
-                                        first=True, resumes=r.resume_count, delta=False))
-        n_out = sum(len(c["token_ids"]) for c in choices)
-        use = fmt.usage(sum(j.start for j in jobs), n_out)
-        return JSONResponse(fmt.body(jobs[0].rid, self.b.model_name, choices, self.b.version,
-                                     chat=chat, chunk=False, usage=use))
-
-    def _text(self, ids: list[int]) -> str:
-        return self.b.tok.decode(ids, skip_special_tokens=True)
-
-    def _choice(self, i: int, part: fmt.Part, text: str, finish: str | None, req: Any,
-                chat: bool, *, first: bool, resumes: int | None, delta: bool) -> dict:
-        if chat:
-            return fmt.chat_choice(i, self.b.tok, part, text, finish, logprobs=req.logprobs,
-                                   delta=delta, first=first, resumes=resumes)
-        return fmt.completion_choice(i, self.b.tok, part, text, finish,
-                                     logprobs=req.logprobs is not None,
-                                     as_ids=req.return_tokens_as_token_ids, resumes=resumes)
-
-    async def _events(self, jobs: list[Job], req: Any, chat: bool):
-        """Server-sent events: a chunk per request whenever it has new tokens (flushed every
-        stream interval), its last chunk with the finish reason, then ``[DONE]``."""
-        sent, texts, done = [0] * len(jobs), [""] * len(jobs), [False] * len(jobs)
-        self.b.streaming(+1)
-        try:
-            while not all(done):
-                await self.b.next_tick([j.done for j, d in zip(jobs, done) if not d])
-                for i, j in enumerate(jobs):
-                    if done[i]:
-                        continue
-                    fin = j.done.done()
-                    if fin and j.done.exception() is not None:
-                        raise j.done.exception()
-                    part = fmt.take(j.rollout, j.start, sent[i])
-                    if not part.tokens and not fin:
-                        continue
-                    full = self._text(j.rollout.tokens[j.start:j.start + sent[i]
-                                                       + len(part.tokens)])
-                    delta = full[len(texts[i]):] if full.startswith(texts[i]) else full
-                    r = j.rollout
-                    choice = self._choice(i, part, delta, r.finish if fin else None, req, chat,
-                                          first=sent[i] == 0, delta=True,
-                                          resumes=r.resume_count if fin else None)
-                    sent[i] += len(part.tokens)
-                    texts[i], done[i] = full, fin
-                    yield _sse(fmt.body(j.rid, self.b.model_name, [choice], self.b.version,
-                                        chat=chat, chunk=True))
-            if (req.stream_options or {}).get("include_usage"):
-                use = fmt.usage(sum(j.start for j in jobs), sum(sent))
-                yield _sse(fmt.body(jobs[0].rid, self.b.model_name, [], self.b.version,
-                                    chat=chat, chunk=True, usage=use))
-            yield "data: [DONE]\n\n"
-        except (RuntimeError, ValueError) as e:
-            yield _sse(fmt.error_body(f"generation failed: {e}", 503))
-        finally:
-            self.b.streaming(-1)
-            left = [j.rid for j, d in zip(jobs, done) if not d and not j.done.done()]
-            if left:  # the client went away: stop sampling for it
-                asyncio.get_running_loop().create_task(self.b.abort(left))
-
     # ---- routes -----------------------------------------------------------------------------
     @_route
     async def completions(self, request: Request) -> Response:
         req = parse(CompletionRequest, await self._json(request))
         self._model(req.model)
-        prompts = [self._ids(p) for p in req.prompts()]
-        return await self._generate(request, req, prompts, req.max_tokens, chat=False)
+        prompts = [self.gen.ids(p) for p in req.prompts()]
+        rid = req.request_id or request.headers.get("x-request-id")
+        return await self.gen.respond(rid, req, prompts, req.max_tokens, chat=False)
 
     @_route
     async def chat(self, request: Request) -> Response:
         req = parse(ChatRequest, await self._json(request))
         self._model(req.model)
         limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        return await self._generate(request, req, [self._chat_ids(req)], limit, chat=True)
+        rid = req.request_id or request.headers.get("x-request-id")
+        return await self.gen.respond(rid, req, [self.gen.chat_ids(req)], limit, chat=True)
 
     @_route
     async def abort(self, request: Request) -> Response:
@@ -314,10 +193,6 @@ class _Handlers:
         if request.query_params.get("format") == "json":
             return JSONResponse({"engine": stats, "http": dict(self.http)})
         return PlainTextResponse(fmt.prometheus(stats, dict(self.http)))
-
-
-def _sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
 def _load_bytes(raw: bytes) -> dict:
