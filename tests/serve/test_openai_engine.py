@@ -161,14 +161,14 @@ def test_a_training_run_survives_a_server_killed_while_it_generates(small_run, s
     s, t2 = servers[0], servers[2]
     killed = threading.Event()
 
-    def killer():  # kill T2 the moment it has requests running
+    def killer():  # kill T2 the moment it has taken requests (mid-stream, or between steps)
         while not killed.is_set():
             try:
                 m = httpx.get(t2.url + "/metrics?format=json", timeout=5,
                               headers={"Authorization": f"Bearer {TOKEN}"}).json()
             except httpx.TransportError:
                 return
-            if m["engine"]["serve_running"] > 0:
+            if m["engine"]["serve_requests"] > 0:
                 t2.kill()
                 killed.set()
             time.sleep(0.001)
