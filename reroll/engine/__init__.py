@@ -22,7 +22,13 @@ def openai_engine(model, tokenizer, *, version: int = 0, base_url: str | list[st
                   weights_dir: str = ""):
     """OpenAI-compatible servers over HTTP (`reroll serve`, vLLM, SGLang: ``server``), one
     or several (``base_url``); ``model`` only lends its config to weights written to disk."""
-    from reroll.engine.openai import OpenAIEngine
+    try:
+        from reroll.engine.openai import OpenAIEngine
+    except ImportError as e:  # httpx comes with the serve extra
+        from reroll.errors import ConfigError
+
+        raise ConfigError(f"engine.name = \"openai\" needs the serve extra ({e}): pip install "
+                          f"-e '.[serve]'") from None
 
     return OpenAIEngine(base_url, server=server, api_key=api_key, tokenizer=tokenizer,
                         version=version, timeout_s=timeout_s, weights_dir=weights_dir,

@@ -48,7 +48,13 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     import torch
-    import uvicorn
+
+    try:
+        import uvicorn
+    except ImportError as e:  # the serve extra is not installed
+        print(f"reroll serve: error: {e}; install the serve extra: pip install -e '.[serve]'",
+              file=sys.stderr)
+        return 2
 
     from reroll import build
     from reroll.config_checks import resolve_device
