@@ -11,7 +11,8 @@ pushed by reroll change it, so a test reads which weights served each token). A 
 ``--delay-ms``, so pushes and aborts can land mid-request. ``GET /calls`` lists the routes
 called, in order; ``GET /produced`` counts the tokens sampled.
 
-Run: ``python standins.py vllm|sglang MODEL_DIR [--no-dev] [--delay-ms N]``; prints the URL.
+Run: ``python standins.py vllm|sglang MODEL_DIR [--no-dev] [--delay-ms N] [--port N]``;
+prints the URL.
 """
 
 import argparse
@@ -176,6 +177,7 @@ def main() -> None:
     ap.add_argument("model_dir")
     ap.add_argument("--no-dev", action="store_true")
     ap.add_argument("--delay-ms", type=float, default=2.0)
+    ap.add_argument("--port", type=int, default=0)
     a = ap.parse_args()
     m = FakeModel(Path(a.model_dir), a.delay_ms / 1000)
 
@@ -189,7 +191,8 @@ def main() -> None:
     app = Starlette(routes=routes + [Route("/calls", calls, methods=["GET"]),
                                      Route("/produced", produced, methods=["GET"])])
     sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", a.port))
     print(f"standin {a.kind} on http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
     uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
 

@@ -178,3 +178,36 @@ def test_reroll_serve_started_without_weight_updates_refuses_them_and_says_so(ti
     assert asyncio.run(go()) == 403
     health = {"status": "ok", "model": "t", "version": 0, "weight_updates": False}
     assert "--no-weight-updates" in RerollServer().inspect(Reply(200, health))["updatable"]
+
+
+def test_a_server_back_from_the_dead_gets_the_latest_weights_before_it_serves(standin,
+                                                                            tmp_path):
+    from reroll.engine.openai import OpenAIEngine
+
+    d = model_dir(tmp_path / "init", 1.0)
+    a, b = standin("sglang", d), standin("sglang", d)
+    eng = OpenAIEngine([a.url, b.url], server="sglang", weights_dir=str(tmp_path / "w"),
+                       revive_s=0.1)
+    eng.connect(weights(1.0), need_updates=True)
+    b.kill()
+    two = [rollout(4), rollout(4, seed=8)]
+    two[1].group_id = "h"  # two groups: one per server once both are up
+
+    async def go():
+        await eng.update_weights(weights(2.0), 1)  # B does not answer: down; A takes it
+        b2 = standin("sglang", d, "--port", b.url.rsplit(":", 1)[1])  # B, version 0 again
+        await asyncio.sleep(0.2)  # past revive_s
+        eng.fleet.revive_later()
+        while not eng.servers[1].alive:
+            await asyncio.sleep(0.01)
+        await asyncio.gather(*(eng.generate(r) for r in two))
+        await eng.close()
+        return b2
+
+    b2 = asyncio.run(go())
+    assert eng.stats()["server_failures"] == 1 and eng.servers[1].version == 1
+    # B took version 1's weights (pushed on revival) before it served anything
+    assert httpx.get(b2.url + "/calls").json() == ["/update_weights_from_disk", "/generate"]
+    for r in two:  # both served under w = 2 (version 1)
+        assert r.versions[3:] == [1] * 4 and r.logprobs[3:] == pytest.approx(expected(
+            r, {1: 2.0})[1])
