@@ -95,11 +95,13 @@ def test_async_training_through_reroll_serve_completes_within_its_staleness(
 
 
 def test_abort_keeps_the_prefix_and_generating_again_resumes_it(servers, tiny_dir, tiny):
+    from reroll.engine import Engine
     from reroll.engine.openai import OpenAIEngine
 
     r = groups(1, 1, 200)[0]
     ref = reference(tiny_dir, [r])[0]
     eng = OpenAIEngine(servers[0].url, tokenizer=tiny[1], api_key=TOKEN)
+    assert isinstance(eng, Engine)  # the protocol the workflows and the scheduler call
     eng.connect(base_weights(tiny_dir))
 
     async def go():
