@@ -346,6 +346,19 @@ class Group:
     def min_version(self) -> int:
         return min((r.min_version for r in self.rollouts), default=self.start_version)
 
+    def generated(self) -> list[Rollout]:
+        """The samples generated for this group by the run's current policy, which is what
+        statistics and reward metrics describe: its members, with a reused answer
+        (response reuse) replaced by the fresh sample it displaced (kept in its
+        ``control["reuse"]["replaced"]``), and replayed copies left out."""
+        out = []
+        for r in self.rollouts:
+            if not r.reused:
+                out.append(r)
+            elif "replaced" in r.control.get("reuse", {}):
+                out.append(Rollout.from_dict(r.control["reuse"]["replaced"]))
+        return out
+
     def to_dict(self) -> dict:
         return {
             "group_id": self.group_id,

@@ -65,9 +65,9 @@ class Controller:
     # ---- a round of a group finished ---------------------------------------------------
     def values(self, g: Group, fresh: bool = False) -> list[float] | None:
         """The members' verifier values, or None when one failed (no decision on errors);
-        ``fresh``: only samples of the current run's policy (not reused copies of older
-        ones), which is what the per-prompt statistics learn from."""
-        vals = [self.value_of(r) for r in g.rollouts if not (fresh and r.reused)]
+        ``fresh``: the samples the current policy generated (`Group.generated`: a reused
+        answer counts as the sample it displaced), which is what the statistics learn from."""
+        vals = [self.value_of(r) for r in (g.generated() if fresh else g.rollouts)]
         return None if any(v is None for v in vals) else [float(v) for v in vals]
 
     def success(self, r: Rollout) -> bool:
@@ -179,5 +179,5 @@ class Controller:
 
 
 def _fresh_tokens(g: Group) -> int:
-    """Policy tokens of the group's fresh samples (the ones the statistics count)."""
-    return sum(r.n_sampled for r in g.rollouts if not r.reused)
+    """Policy tokens of the group's generated samples (the ones the statistics count)."""
+    return sum(r.n_sampled for r in g.generated())

@@ -16,6 +16,7 @@ from reroll.control.prompts import PromptStream
 from reroll.control.selectors import SELECTORS
 from reroll.control.stats import PromptStats
 from reroll.errors import ConfigError
+from reroll.replay.stage import fresh_groups
 
 if TYPE_CHECKING:
     from reroll.config import RunConfig
@@ -39,8 +40,6 @@ def check_control(cfg: RunConfig) -> None:
         raise ConfigError(str(e)) from None
     check_duet(cfg)
     import math
-
-    from reroll.replay.stage import fresh_groups
 
     r, rt = cfg.rollout, cfg.runtime
     batch = fresh_groups(cfg) * r.group_size  # samples generated per version
@@ -67,6 +66,11 @@ def check_duet(cfg: RunConfig) -> None:
         raise ConfigError(f"control.duet_abort = true works with rollout.workflow = "
                           f"\"single_turn\" only (its positions count one response), got "
                           f"{r.workflow!r}")
+    e = cfg.engine
+    if e.name != "torch" and not (e.name == "openai" and e.server == "reroll"):
+        raise ConfigError(f"control.duet_abort = true needs an engine that applies its stop "
+                          f"rule: engine.name = \"torch\", or \"openai\" with engine.server = "
+                          f"\"reroll\"; got {e.name!r} (server {getattr(e, 'server', '')!r})")
     if c.duet_horizon >= r.max_new_tokens:
         raise ConfigError(f"control.duet_horizon ({c.duet_horizon}) must be below rollout."
                           f"max_new_tokens ({r.max_new_tokens}): no sample would reach it; "
@@ -102,7 +106,7 @@ def build_control(cfg: RunConfig, examples: list[Example], value_of: ValueOf,
     choose = None
     if cfg.control.selector != "uniform":
         ctl.selector = SELECTORS.get(cfg.control.selector)(
-            examples, cfg.train.seed, cfg.rollout.batch_groups, **cfg.control.selector_args)
+            examples, cfg.train.seed, fresh_groups(cfg), **cfg.control.selector_args)
         choose = lambda draw: ctl.selector.pick(draw, ctl.stats)  # noqa: E731
     ctl.load_state(saved.get("control"))
     prompts = PromptStream(examples, cfg.train.seed, choose=choose, **saved.get("prompts", {}))

@@ -7,7 +7,11 @@ The bank fills at step boundaries from the fresh samples a step consumed (the la
 log-probs and versions). A group with no success when it completes gets the latest banked
 answer of its prompt in place of its last member (same index and round, so sizes, the
 admission count and the group's layout do not change); the copy is marked as reused
-(`reroll.replay.buffer.replay_rollout`: ``parent_id``, spans ``replayed``). ``max_age``
+(`reroll.replay.buffer.replay_rollout`: ``parent_id``, spans ``replayed``) and keeps the
+displaced sample in ``control["reuse"]["replaced"]``, so statistics and metrics still see
+what the policy generated (`Group.generated`). A DOT penalty the answer got in its own group
+is taken off (it was relative to that group), and its sample weight is reset to 1 (a DUET
+1/q weight belonged to that group's keep draw); pruned samples are never banked. ``max_age``
 (versions, 0: none) ignores answers sampled longer ago than that.
 
 Off-policy handling (ALGORITHMS.md leaves it open; both conventions are recorded): the
@@ -39,7 +43,8 @@ class ResponseBank:
     def add(self, groups: list[Group], is_success: IsSuccess) -> None:
         """Bank the successful fresh samples of a step's consumed groups (in order)."""
         for g in groups:
-            wins = [r for r in g.rollouts if not r.reused and not r.failed and is_success(r)]
+            wins = [r for r in g.rollouts if not r.reused and not r.failed
+                    and r.loss_exclusion is None and is_success(r)]
             if wins:
                 kept = self.bank.setdefault(g.prompt_id, []) + wins
                 self.bank[g.prompt_id] = kept[-self.per_prompt:]
@@ -64,6 +69,12 @@ class ResponseBank:
         last = g.rollouts[-1]
         new = replay_rollout(src, group_id=g.group_id, index=last.index_in_group)
         new.group_round = last.group_round
+        # what belonged to the answer's original group does not carry over: DOT's penalty
+        # (relative to that group's lengths) and DUET's 1/q keep weight (that group's draw)
+        new.reward = (new.reward or 0.0) - new.shaping.pop("dot", 0.0)
+        new.shaping.pop("dot_threshold", None)
+        new.sample_weight, new.loss_exclusion = 1.0, None
+        new.control["reuse"] = {"replaced": last.to_dict(), "source_weight": src.sample_weight}
         g.rollouts[-1] = new
         self.injected += 1
         return True

@@ -9,7 +9,11 @@ reuse (`ResponseBank`) and speculative drafts (`Drafting`), as the pipeline call
   batch gets up to ``replay_groups`` groups drawn from the buffer (prompts not already in
   the batch), then the fresh groups go into the buffer, their correct answers into the
   bank and their responses into the drafter's store. So a step never replays its own groups, and both stores change only at step
-  boundaries, in consumption order: decisions repeat exactly and resume from checkpoints.
+  boundaries, in consumption order: a synchronous run's decisions repeat exactly and
+  resume bitwise from checkpoints. Asynchronously (max_staleness > 0) a group of the next
+  step may complete, or be admitted and drafted, before or after a boundary, depending
+  on how fast the engine runs against the trainer: which banked answer or draft it
+  meets is then timing-dependent, like any async run's batch composition.
 
 Replayed and reused samples are not "stale" for the admission rule (they were never
 admitted again); their off-policy weight is the objective's (DESIGN.md 5). Knows nothing of

@@ -13,10 +13,11 @@ from reroll.trainer.progress import progress_bar  # noqa: F401  (the loop import
 
 
 def accuracy(groups: Sequence[Group]) -> float:
-    """Share of fresh rollouts (not replayed or reused copies) whose first reward component
+    """Share of generated rollouts (`Group.generated`: no replayed or reused copies) whose
+    first reward component
     is 1 (the task's correctness check)."""
-    vals = [r.scores[0].value for g in groups for r in g.rollouts
-            if r.scores and r.scores[0].ok and not r.reused]
+    vals = [r.scores[0].value for g in groups for r in g.generated()
+            if r.scores and r.scores[0].ok]
     return sum(v >= 1.0 - 1e-9 for v in vals) / max(1, len(vals))
 
 
@@ -48,7 +49,7 @@ def batch_metrics(groups: Sequence[Group], before: dict, after: dict, *, wait_s:
     pipeline counters, score errors)."""
     rollouts = [r for g in groups for r in g.rollouts]
     # reward and length describe the current policy: replayed or reused copies left out
-    fresh = [r for r in rollouts if not r.reused] or rollouts
+    fresh = [r for g in groups for r in g.generated()] or rollouts
     lens = [r.n_sampled for r in fresh]  # policy tokens (environment tokens not counted)
     rewards = [r.reward for r in fresh if r.reward is not None]
     s0, s1 = before["engine"], after["engine"]
@@ -90,7 +91,7 @@ def batch_metrics(groups: Sequence[Group], before: dict, after: dict, *, wait_s:
     out.update(after.get("control", {}))
     out.update(after.get("replay", {}))
     if after.get("replay"):
-        out["replay/samples_in_batch"] = float(len(rollouts) - len(fresh))
+        out["replay/samples_in_batch"] = float(sum(r.reused for r in rollouts))
     out.update(env_metrics(rollouts))
     lags = [r.min_version for r in rollouts]
     if lags:

@@ -161,9 +161,38 @@ def test_controller_statistics_learn_only_from_fresh_samples():
     bank = ResponseBank()
     bank.add([group("p", [1, 0])], success)
     assert bank.inject(g, c.success, 1)
+    displaced = g.rollouts[2].control["reuse"]["replaced"]
     c.end_step([g])
     rec = c.stats.get("p")
-    assert (rec.successes, rec.trials) == (0, 2)  # the reused answer is not evidence
+    # the reused answer is not evidence; the wrong sample it displaced still is
+    assert (rec.successes, rec.trials) == (0, 3)
+    assert [r.sample_id for r in g.generated()][2] == displaced["sample_id"]
+
+
+def test_reused_answers_shed_what_belonged_to_their_own_group():
+    from reroll.trainer.metrics import accuracy
+
+    bank = ResponseBank()
+    src = group("p", [1, 0], version=0)
+    win = src.rollouts[0]
+    win.shaping.update({"dot": -1.0, "dot_threshold": 2.5})  # DOT in its all-correct group
+    win.reward = 0.0
+    win.sample_weight = 4.0  # DUET: kept past the horizon with q = 0.25
+    bank.add([src], lambda r: r.scores[0].value >= 1.0)
+    pruned = group("q", [1, 0])
+    pruned.rollouts[0].loss_exclusion = "duet_abort"
+    bank.add([pruned], lambda r: r.scores[0].value >= 1.0)
+    assert "q" not in bank.bank  # a pruned success is never banked
+    g = group("p", [0, 0, 0], version=1, gid="g")
+    assert bank.inject(g, lambda r: r.scores[0].value >= 1.0, 1)
+    new = g.rollouts[2]
+    assert (new.reward, new.shaping, new.sample_weight, new.loss_exclusion) == (1.0, {}, 1.0,
+                                                                                 None)
+    assert new.control["reuse"]["source_weight"] == 4.0
+    # metrics see what the policy generated: 0 of 3 here, not the reused 1
+    assert accuracy([g]) == 0.0
+    a = group("a", [1, 1, 0, 0])
+    assert accuracy([a, g]) == 2 / 7
 
 
 @pytest.mark.parametrize("buffer_size,fraction,batch,expect", [
