@@ -17,7 +17,7 @@ from reroll.report_data import Run, sample_groups
 LAG_COLOURS = ["#b7e4c7", "#ffe8a3", "#ffc58a", "#ff9a8a", "#e26d6d"]  # lag 0, 1, 2, 3, 4+
 SOURCE_STYLE = {"env": "background:#dde3ea;font-style:italic",
                 "replayed": "background:#e4d9f5;text-decoration:underline dashed",
-                "draft": "background:#d6ecf7"}
+                "draft": "background:#d6ecf7", "inherited": "background:#e8f5e0"}
 
 Decode = Callable[[list[int]], str]
 

@@ -10,7 +10,8 @@ environment tokens). ``loss_mask``, ``logprobs`` and ``versions`` have one entry
 behaviour log-prob the engine sampled it with (0.0 where not sampled); ``versions[t]`` is the
 policy version that produced it (-1 where not sampled). Draft tokens the engine verified and
 accepted (span source ``"draft"``) count as sampled: loss mask True, the log-prob and version
-of the policy that verified them.
+of the policy that verified them. A forked child's tokens taken from its parent (span source
+``"inherited"``, `reroll.engine.fork`) keep the parent's log-probs, versions and loss mask.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
 Finish = Literal["stop", "length", "abort", "pruned", "error", "running"]
-Source = Literal["prompt", "sampled", "draft", "replayed", "env"]
+Source = Literal["prompt", "sampled", "draft", "inherited", "replayed", "env"]
 FINISHED = ("stop", "length", "pruned", "error")
+POLICY_SOURCES = ("sampled", "draft", "inherited")  # tokens the policy sampled (loss mask on)
 
 
 def new_id() -> str:
@@ -222,7 +224,7 @@ class Rollout:
         """Append one token; extends the last span when source and version match."""
         t = len(self.tokens)
         self.tokens.append(token)
-        sampled = source in ("sampled", "draft")  # a verified draft token is the policy's
+        sampled = source in POLICY_SOURCES  # a verified draft token is the policy's
         self.loss_mask.append(sampled)
         self.logprobs.append(float(logprob) if sampled else 0.0)
         self.versions.append(version if sampled else -1)

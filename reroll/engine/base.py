@@ -14,6 +14,10 @@ Owns the contracts only. Two layers:
   requests for good (a pruner, an over-provisioned group no longer needed): their awaitables
   resolve with ``finish = "abort"`` and the prefix kept. ``sync()`` brings every
   in-flight record up to date for a checkpoint without interrupting anything.
+  An engine that can fork sequences also has ``fork(parent, children, at)``, one awaitable
+  per child (`EngineService` over `TorchEngine`; `reroll.engine.fork`): the children share
+  the parent's first ``at`` tokens and its cached keys/values, and sample on with their own
+  seeds. It is a capability, not part of the protocol (``hasattr(engine, "fork")``).
 - `EngineCore` is the step-wise engine an `EngineService` drives from its own thread:
   `reroll.engine.TorchEngine` in this process, or `reroll.runtime.ray.RayEnginePool` over
   engine actors. Cores are chosen by the `ENGINES` registry (``engine.name``).

@@ -35,6 +35,7 @@ class EngineService:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="reroll-engine")
         self._futures: dict[str, tuple[Rollout, asyncio.Future, Turn | None]] = {}
         self._submitted: list[str] = []
+        self._forks: list[tuple[Rollout, list[Rollout], int]] = []  # for the core's next add
         self._yield = False  # read by the worker thread: return to the event loop soon
         self._wake: asyncio.Event | None = None
         self._lock: asyncio.Lock | None = None
@@ -59,6 +60,34 @@ class EngineService:
         self._wake.set()
         return fut
 
+    def fork(self, parent: Rollout, children: list[Rollout], at: int) -> list[asyncio.Future]:
+        """Fork ``parent`` (being generated here, or finished) into ``children`` at ``at``
+        tokens (`reroll.engine.fork`); one awaitable per child, resolved when it finishes.
+        Forks submitted in one pass of the event loop reach the core after that pass's
+        ``generate`` calls, in order, so a fork may name a parent submitted just before it or
+        a child of an earlier fork."""
+        self._start()
+        if self._error is not None:
+            raise RuntimeError(f"the engine failed earlier: {self._error}") from self._error
+        if not hasattr(self.core, "fork"):
+            raise ValueError(f"{type(self.core).__name__} cannot fork sequences (the torch "
+                             "engine in this process can)")
+        if parent.sample_id not in self._futures and not parent.finished:
+            raise ValueError(f"fork of rollout {parent.sample_id}: the parent is neither being "
+                             f"generated nor finished ({parent.finish!r})")
+        futs = []
+        for c in children:
+            if c.sample_id in self._futures:
+                raise ValueError(f"rollout {c.sample_id} is already being generated")
+        for c in children:
+            fut = asyncio.get_running_loop().create_future()
+            self._futures[c.sample_id] = (c, fut, None)
+            futs.append(fut)
+        self._forks.append((parent, list(children), at))
+        self._yield = True
+        self._wake.set()
+        return futs
+
     async def update_weights(self, weights: Any, version: int, interrupt: bool = True) -> None:
         self._start()
         self._yield = True
@@ -80,10 +109,17 @@ class EngineService:
         self._yield = True
         wanted = None if sample_ids is None else set(sample_ids)
         async with self._lock:
-            aborted = self.core.abort(sample_ids)
+            ids = sample_ids
+            if ids is None and hasattr(self.core, "fork"):  # abort(None) keeps waiting forks
+                ids = list(self._futures)
+            aborted = self.core.abort(ids)
             # submitted but not yet handed to the core: nothing sampled, finish "abort"
             queued = [i for i in self._submitted if wanted is None or i in wanted]
             self._submitted = [i for i in self._submitted if i not in set(queued)]
+            for _, kids, _ in self._forks:  # forks not yet handed to the core
+                queued += [c.sample_id for c in kids if wanted is None or c.sample_id in wanted]
+            self._forks = [(p, [c for c in kids if c.sample_id not in set(queued)], at)
+                           for p, kids, at in self._forks]
         out = []
         for r in aborted:
             out.append(self._resolve(r))
@@ -153,11 +189,14 @@ class EngineService:
             self._futures.clear()
 
     def _add_submitted(self) -> None:
-        if not self._submitted:
-            return
-        ids, self._submitted = self._submitted, []
-        entries = [self._futures[i] for i in ids if i in self._futures]
-        self.core.add([e[0] for e in entries], [e[2] for e in entries])
+        if self._submitted:
+            ids, self._submitted = self._submitted, []
+            entries = [self._futures[i] for i in ids if i in self._futures]
+            self.core.add([e[0] for e in entries], [e[2] for e in entries])
+        forks, self._forks = self._forks, []
+        for parent, kids, at in forks:
+            if kids:
+                self.core.fork(parent, kids, at)
 
     def _run(self) -> list[Rollout]:
         """In the engine thread: step until something finishes or the loop wants the core."""

@@ -22,6 +22,10 @@ the old weights); abort + add (a resume) re-prefills them under the new ones.
 Seeds: a request with ``sampling.seed`` samples reproducibly whatever shares its batch (the
 random number of each token is a hash of (seed, token position)); a request without one gets a
 seed from torch's global generator when it is added.
+
+Forks (`fork`, `reroll.engine.fork`): children of a running sequence take free slots with a
+copy of its cache rows (no forward over the shared prefix) and decode from the next step on;
+children that find no free slot re-prefill the prefix instead (``fork_children_prefilled``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from collections import deque
 import torch
 from torch import Tensor
 
+from reroll.engine.fork import Fork, ForkTable, check_fork, inherit
 from reroll.engine.kv_cache import SlotCache, decode_mask, prefill_mask
 from reroll.engine.requests import Request, make_request
 from reroll.engine.sampling import sample, seed_key, uniforms
@@ -83,12 +88,14 @@ class TorchEngine:
             ["tokens_generated", "decode_steps", "decode_rows", "prefill_forwards",
              "prefill_tokens", "prefill_tokens_shared", "requests_added", "requests_finished",
              "requests_aborted", "requests_resumed", "time_prefill_s", "time_decode_s",
-             "draft_tokens_proposed", "draft_tokens_accepted"], 0.0)
+             "draft_tokens_proposed", "draft_tokens_accepted", "fork_children",
+             "fork_tokens_shared", "fork_children_prefilled"], 0.0)
+        self.forks = ForkTable()
 
     # ---- public API (reroll.engine.base.Engine) ----------------------------------------
     def add(self, rollouts: list[Rollout],
             turns: list[tuple[int, int] | None] | None = None) -> None:
-        live = {q.rollout.sample_id for q in self.rows} | {q.rollout.sample_id for q in self.waiting}
+        live = self._live()
         new = []
         for i, r in enumerate(rollouts):
             seed = r.sampling.seed if isinstance(r, Rollout) else None
@@ -108,6 +115,34 @@ class TorchEngine:
             r.timings["engine_add"] = now
             self.waiting.append(q)
         self.counts["requests_added"] += len(new)
+
+    def fork(self, parent: Rollout, children: list[Rollout], at: int) -> None:
+        """Fork ``parent`` into ``children`` (unstarted rollouts of its prompt, each sampled
+        with its own ``sampling``) at ``at`` tokens, see `reroll.engine.fork`: at once when
+        the parent runs and is that long already, else when it gets there (a waiting or
+        running parent, or a child still waiting for its own fork). A finished parent (its
+        cache is gone) gives children that re-prefill its prefix. The children finish
+        through `step` like any request."""
+        live = self._live()
+        check_fork(parent, children, at, live)
+        now = time.time()
+        for c in children:
+            c.finish, c.timings["engine_add"] = "running", now
+        self.counts["requests_added"] += len(children)
+        fk = Fork(parent.sample_id, list(children), at)
+        slot = next((i for i, q in enumerate(self.rows)
+                     if q.rollout.sample_id == parent.sample_id), None)
+        with torch.inference_mode():
+            if slot is not None and at <= self._length(self.rows[slot]):
+                self.unclaimed += self._make_children(fk, self.rows[slot].rollout, at, slot)
+            elif parent.sample_id in live:
+                self.forks.add(fk)
+            elif parent.finished:
+                self.unclaimed += self._make_children(fk, parent, min(at, len(parent.tokens) - 1),
+                                                      None)
+            else:
+                raise ValueError(f"fork of rollout {parent.sample_id}: the parent is neither "
+                                 f"in the engine nor finished ({parent.finish!r})")
 
     def pending(self) -> int:
         """Waiting + running requests, plus finished ones that `generate` collected for
@@ -144,6 +179,10 @@ class TorchEngine:
         out += [self.rows[i].finish("abort", self.version, self._decode_text) for i in rows]
         with torch.inference_mode():
             self._compact(rows)
+        if sample_ids is not None:  # children waiting for a fork (abort(None) keeps them)
+            for c in self.forks.drop(wanted):
+                c.finish = "abort"
+                out.append(c)
         self.counts["requests_aborted"] += len(out)
         return out
 
@@ -187,6 +226,7 @@ class TorchEngine:
             if q.budget <= 0:  # nothing left to sample (max_new_tokens already reached)
                 self.waiting.popleft()
                 done.append(q.finish("length", self.version, self._decode_text))
+                done += self._fire(q.rollout, len(q.rollout.tokens), None, True)
                 continue
             d = q.draft.tokens if q.draft is not None else ()
             key = (tuple(q.rollout.tokens) + d, len(d))  # a draft is prefilled after its prompt
@@ -305,9 +345,10 @@ class TorchEngine:
                 self.counts["draft_tokens_accepted"] += len(q.toks)
                 q.flush(self.version, "draft")
                 self.pos[n0 + j] = len(r.tokens)  # the cache beyond is overwritten as it grows
-                if reason:
+                if reason:  # its children re-prefill (the slot's rows are not picked below)
                     fin.append(n0 + j)
                     done.append(q.finish(reason, self.version, self._decode_text))
+                    done += self._fire(r, len(r.tokens), None, True)
                     continue
                 ban, n_rows = (d.tokens[n] if n < nd[u] else -1), n
             else:
@@ -339,6 +380,11 @@ class TorchEngine:
             if reason := q.stop_reason(t, self._decode_text):
                 fin.append(sl.start + j)
                 done.append(q.finish(reason, self.version, self._decode_text))
+        if self.forks:  # before the compaction: a finished parent's rows are still there
+            for j, q in enumerate(rows):
+                if q.rollout.sample_id in self.forks.pending:
+                    i = sl.start + j
+                    done += self._fire(q.rollout, self._length(q), i, i in fin)
         self._compact(fin)
         self.counts["requests_finished"] += len(done)
         return done
@@ -362,6 +408,60 @@ class TorchEngine:
             for h, m in zip(holes, movers, strict=True):
                 self.rows[h] = self.rows[m]
         del self.rows[n_new:]
+
+    # ---- forks --------------------------------------------------------------------------
+    def _live(self) -> set[str]:
+        live = {q.rollout.sample_id for q in self.rows} | {q.rollout.sample_id for q in self.waiting}
+        return live | self.forks.waiting_children() if self.forks else live
+
+    @staticmethod
+    def _length(q: Request) -> int:
+        """The request's sequence length, sampled tokens not yet flushed included."""
+        return len(q.rollout.tokens) + len(q.toks) - q.flushed
+
+    def _fire(self, parent: Rollout, length: int, slot: int | None,
+              finished: bool) -> list[Rollout]:
+        """Make the forks of ``parent`` that are due (its sequence is ``length`` tokens; in
+        slot ``slot``, None: no cache to share); returns the children that finished at once."""
+        done = []
+        for fk, at in self.forks.due(parent.sample_id, length, finished):
+            done += self._make_children(fk, parent, at, slot)
+        return done
+
+    def _make_children(self, fk: Fork, parent: Rollout, at: int,
+                       slot: int | None) -> list[Rollout]:
+        """Children of ``fk`` at ``at`` tokens of ``parent``: free slots get a copy of
+        ``slot``'s first ``at - 1`` cache rows and the parent's token ``at - 1`` to feed
+        next; the rest go to the front of the queue and re-prefill the prefix."""
+        if slot is not None:
+            self.rows[slot].flush(self.version)
+        at = max(at, parent.prompt_len)
+        reqs, done = [], []
+        for c in fk.children:
+            inherit(c, parent, at)
+            seed = c.sampling.seed
+            seed = int(torch.randint(0, 2**62, ())) if seed is None else int(seed)
+            q = make_request(c, vocab=self.vocab, max_seq_len=self.max_seq_len,
+                             seed=seed_key(seed))
+            q.resume = False  # its prefix is inherited, not a resume of its own
+            if q.budget > 0:
+                reqs.append(q)
+                continue
+            done.append(q.finish("length", self.version, self._decode_text))
+            done += self._fire(c, len(c.tokens), None, True)
+        k = 0 if slot is None else min(len(reqs), self.max_batch - len(self.rows))
+        if k:
+            n0 = len(self.rows)
+            self._place(n0, [(q, at - 1) for q in reqs[:k]])
+            dst = torch.arange(n0, n0 + k, device=self.device)
+            self.cache.move(dst, torch.full((k,), slot, device=self.device), at - 1)
+            self.next_tok[dst] = parent.tokens[at - 1]
+            self.counts["fork_children"] += k
+            self.counts["fork_tokens_shared"] += k * (at - 1)
+        for q in reversed(reqs[k:]):
+            self.waiting.appendleft(q)
+        self.counts["fork_children_prefilled"] += len(reqs) - k
+        return done
 
     def _decode_text(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)

@@ -35,7 +35,7 @@ def replay_rollout(r: Rollout, *, group_id: str, index: int | None = None) -> Ro
     ``replayed`` with their versions. Tokens, masks, behaviour log-probs, versions, scores
     and reward are unchanged."""
     d = Rollout.from_dict(r.to_dict())
-    spans = [replace(s, source="replayed") if s.source in ("sampled", "draft") else s
+    spans = [replace(s, source="replayed") if s.source in ("sampled", "draft", "inherited") else s
              for s in d.spans]
     return replace(d, sample_id=new_id(), group_id=group_id, parent_id=r.sample_id,
                    prefix_len=len(r.tokens), spans=spans,
