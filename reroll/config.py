@@ -100,13 +100,21 @@ class RolloutConfig:
     max_episode_tokens: int = 0
     """multi_turn: most policy-sampled tokens per episode, over all turns (environment tokens
     do not count). 0: max_turns * max_new_tokens. `max_new_tokens` limits each turn."""
+    tree_branch_at: list[int] = field(default_factory=list)
+    """tree workflow: response positions (tokens sampled, ascending) where every branch of a
+    sample tree forks into `tree_width` branches sharing the prefix (LATR-style tree
+    rollouts, ALGORITHMS.md 3.12); a group of n is n / tree_width^len(tree_branch_at) trees
+    (a remainder makes a partial tree). Leaves are trained as independent samples."""
+    tree_width: int = 2
+    """tree workflow: branches at each position of `tree_branch_at` (the branch that goes on
+    plus tree_width - 1 forks)."""
 
     @property
     def policy_token_limit(self) -> int:
         """Most policy-sampled tokens one sample may hold: the response limit of a
         single-turn sample, the episode limit of a multi-turn one (what length shaping
         measures against; environment tokens never count)."""
-        if self.workflow == "single_turn" and not self.env:
+        if self.workflow in ("single_turn", "tree") and not self.env:
             return self.max_new_tokens
         return self.max_episode_tokens or self.max_turns * self.max_new_tokens
 

@@ -151,6 +151,9 @@ def _registries(cfg: RunConfig) -> None:
     from reroll.replay.drafts import check_drafts
 
     check_drafts(cfg)
+    from reroll.workflows.tree import check_tree
+
+    check_tree(cfg)
     if not getattr(algo.ADVANTAGES.get(a.advantage), "uses_scalar_reward", True):
         shaping = [k for k, on in (("algo.kl_in_reward", a.kl_in_reward and a.kl_coef > 0),
                                    ("algo.overlong_buffer", a.overlong_buffer > 0)) if on]

@@ -46,6 +46,10 @@ class EpisodeContext:
     """Per turn (single_turn: the whole response)."""
     max_episode_tokens: int = 0
     """Policy-sampled tokens per episode over all turns (0: max_turns * max_new_tokens)."""
+    tree_branch_at: tuple[int, ...] = ()
+    """tree: response positions where each branch forks (`RolloutConfig.tree_branch_at`)."""
+    tree_width: int = 2
+    """tree: branches at each of those positions."""
     grow: Callable[[Group], int] | None = None
     """Adaptive allocation: after a round of a group is scored, adds the samples the
     allocator asks for and returns how many (0: the group is complete). None: groups keep

@@ -1,0 +1,88 @@
+"""The tree group (LATR-style tree rollouts, ALGORITHMS.md 3.12): the n samples of a prompt
+grow as trees whose branches fork at configured response positions and share the prefix
+above the fork (its cached keys/values too: `reroll.engine.fork`), so a group of n costs
+fewer generated tokens than n independent samples.
+
+Owns the shape of the trees (which member forks from which, at which position) and the
+record of it. Knows nothing of the engine's caches or of advantages: the leaves are trained
+as independent samples (LATR's choice; each keeps its inherited tokens in the loss with the
+parent's behaviour log-probs), recorded as ``control["tree"]["credit"] = "leaves"``.
+TreeRL-style segment credit (each shared token trained once, with its node's advantage)
+is not implemented.
+
+Shape: with positions ``d_1 < ... < d_m`` and width ``w``, member ``i`` of the group is leaf
+``i mod w^m`` of tree ``i // w^m``; write that leaf number in base ``w`` with ``m`` digits
+(the first for ``d_1``). A leaf whose digits are all 0 is the tree's root, sampled from the
+prompt; any other leaf forks, at response position ``d_k`` of its deepest non-zero digit
+``k``, from the leaf with that digit set to 0. For ``w = 2``, ``d = (2, 4)``: leaf 1 forks
+from 0 at 4, leaf 2 from 0 at 2, leaf 3 from 2 at 4.
+"""
+
+from __future__ import annotations
+
+from reroll.errors import ConfigError
+from reroll.rollout import Group, Rollout
+from reroll.workflows.base import WORKFLOWS, EpisodeContext, in_rounds
+
+
+def tree_parent(i: int, branch_at: tuple[int, ...], width: int) -> tuple[int, int] | None:
+    """(parent member, response position of the fork) of member ``i``; None for a root."""
+    m = len(branch_at)
+    size = width ** m
+    leaf, base = i % size, i - i % size
+    digits = [(leaf // width ** (m - 1 - k)) % width for k in range(m)]  # [m], d_1 first
+    deepest = max((k for k in range(m) if digits[k]), default=None)
+    if deepest is None:
+        return None
+    parent = leaf - digits[deepest] * width ** (m - 1 - deepest)
+    return base + parent, branch_at[deepest]
+
+
+@WORKFLOWS.register("tree")
+async def tree(ctx: EpisodeContext, group: Group) -> None:
+    """Generate every unfinished member: a root from its prompt, any other member as a fork
+    of its parent (a member already forked, restored from a checkpoint, resumes from its
+    own record); score each as it finishes; in rounds when the allocator grows groups (a
+    later round forks from finished parents: those children re-prefill the prefix)."""
+    at, width = tuple(ctx.tree_branch_at), ctx.tree_width
+
+    async def one(r: Rollout) -> None:
+        if not r.finished:
+            spec = tree_parent(r.index_in_group, at, width)
+            if spec is None or r.parent_id is not None:
+                await ctx.engine.generate(r)
+            else:
+                parent = group.rollouts[spec[0]]
+                (fut,) = ctx.engine.fork(parent, [r], r.prompt_len + spec[1])
+                await fut
+            spec = tree_parent(r.index_in_group, at, width)
+            r.control["tree"] = {"parent": None if spec is None else spec[0],
+                                 "credit": "leaves", "shared": r.prefix_len}
+        if r.reward is None and not r.failed:
+            await ctx.score(r, group.example)
+
+    await in_rounds(ctx, group, one)
+
+
+def check_tree(cfg) -> None:
+    """The tree workflow's keys: positions ascending inside the response, width >= 2, and
+    the engine that forks sequences (the torch engine in this process)."""
+    r = cfg.rollout
+    if r.workflow != "tree":
+        if r.tree_branch_at:
+            raise ConfigError(f"rollout.tree_branch_at is used by rollout.workflow = \"tree\" "
+                              f"only (it is {r.workflow!r})")
+        return
+    pts = list(r.tree_branch_at)
+    if not pts or any(not isinstance(p, int) for p in pts):
+        raise ConfigError(f"rollout.tree_branch_at: the tree workflow needs a list of "
+                          f"response positions (ints), got {pts!r}")
+    if pts != sorted(set(pts)) or pts[0] < 0 or pts[-1] >= r.max_new_tokens:
+        raise ConfigError(f"rollout.tree_branch_at must be strictly ascending in [0, "
+                          f"rollout.max_new_tokens = {r.max_new_tokens}), got {pts}")
+    if r.tree_width < 2:
+        raise ConfigError(f"rollout.tree_width must be >= 2, got {r.tree_width}")
+    if cfg.engine.name != "torch" or cfg.runtime.kind != "local":
+        raise ConfigError(f"rollout.workflow = \"tree\" needs the engine that forks sequences: "
+                          f"engine.name = \"torch\" and runtime.kind = \"local\" (got "
+                          f"{cfg.engine.name!r}, {cfg.runtime.kind!r})")
