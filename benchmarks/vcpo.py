@@ -8,7 +8,7 @@ differ:
 
 - ``ppo``: plain decoupled PPO (the defaults). It logs the sequence ESS too, through
   ``algo.ess_lr`` with ``ess_base_ratio = 1e-9``: min(1, rho / 1e-9) = 1, so its factor is
-  exactly 1 and its updates are the plain ones (tested bitwise in tests/trainer/test_vcpo.py).
+  exactly 1 and its updates are the plain ones (tested bitwise in tests/trainer/test_vcpo_trainer.py).
 - ``ess_lr``: + VCPO's ESS-scaled learning rate (sqrt rule, base ratio 1).
 - ``vcpo``: + the off-policy optimal baseline too (``algo.advantage = "opob"``, per group,
   / group std), so the surrogate, aggregation and correction stay ``ppo``'s.
