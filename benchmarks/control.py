@@ -97,12 +97,16 @@ NOT_BUILT = {"pruner": "not built yet: reroll.control has no pruning stage; not 
 
 
 # ---- runs -------------------------------------------------------------------------------
-def sh(cmd: list[str], log: Path) -> None:
+def sh(cmd: list[str], log: Path) -> float:
+    """Run ``cmd`` from the repository root with its output in ``log``; seconds it took (a
+    failure stops the benchmark with the log's tail). Shared by the other benchmarks."""
+    t0 = time.perf_counter()
     with open(log, "w") as f:
         p = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
     if p.returncode != 0:
         tail = log.read_text()[-3000:]
         raise SystemExit(f"command failed ({p.returncode}): {' '.join(cmd)}\n{tail}")
+    return time.perf_counter() - t0
 
 
 def warm_start(out: Path, extra: list[str], fmt: str = "") -> Path:

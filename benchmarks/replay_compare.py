@@ -44,26 +44,18 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from control import sh  # noqa: E402  (one runner for every benchmark)
+
 CONFIG = "configs/arithmetic.toml"
 REROLL = [str(Path(sys.executable).parent / "reroll")]
 REPLAY = [sys.executable, "-m", "reroll.replay.command"]
 PRESET_ARGS = {"dr_grpo": ["algo.aggregation_args.divisor=6.0"]}  # = rollout.max_new_tokens
 NOT_REPLAYED = ("time", "throughput/", "pipeline/", "engine/", "score_errors/")
-
-
-def sh(cmd: list[str], log: Path) -> float:
-    t0 = time.perf_counter()
-    with open(log, "w") as f:
-        p = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
-    if p.returncode != 0:
-        raise SystemExit(f"command failed ({p.returncode}): {' '.join(cmd)}\n"
-                         f"{log.read_text()[-3000:]}")
-    return time.perf_counter() - t0
 
 
 def rows(run: Path) -> list[dict]:

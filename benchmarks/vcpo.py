@@ -41,6 +41,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from control import sh  # noqa: E402  (one runner for every benchmark)
+
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = "configs/arithmetic.toml"
 REROLL = str(Path(sys.executable).parent / "reroll")
@@ -51,16 +54,6 @@ METHODS: dict[str, list[str]] = {
     "vcpo": ["algo.ess_lr=true", "algo.advantage=opob"],
 }
 COLLAPSE_WINDOW = 25
-
-
-def sh(cmd: list[str], log: Path) -> float:
-    t0 = time.perf_counter()
-    with open(log, "w") as f:
-        p = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
-    if p.returncode != 0:
-        raise SystemExit(f"command failed ({p.returncode}): {' '.join(cmd)}\n"
-                         f"{log.read_text()[-3000:]}")
-    return time.perf_counter() - t0
 
 
 def read_rows(run: Path) -> list[dict]:
