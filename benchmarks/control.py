@@ -360,7 +360,13 @@ def mix_table(summary: dict) -> str:
 STYLE = {"fixed": ("black", "-", 2.5)}
 
 
-def plot(summary: dict, x: str, target: float, path: Path, xlabel: str) -> None:
+TITLE = "reroll Control stage vs fixed-n GRPO (same SFT start, same samples per step)"
+
+
+def plot(summary: dict, x: str, target: float, path: Path, xlabel: str, *,
+         title: str = TITLE, labels: dict[str, str] | None = None) -> None:
+    """Seed-mean smoothed accuracy per method against ``x`` (tokens or train_s), +-1 sd
+    band; ``labels`` renames methods in the legend (benchmarks/replay.py uses it too)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -375,12 +381,13 @@ def plot(summary: dict, x: str, target: float, path: Path, xlabel: str) -> None:
         color, ls, lw = STYLE.get(name, (colors[i % 10], "--" if any(
             k in name for k in ("dots", "vade", "select")) and "+" not in name else
             (":" if "+" in name else "-"), 1.4))
-        ax.plot(xs, ys, color=color, ls=ls, lw=lw, label=f"{name} ({m['seeds']} seeds)")
+        label = (labels or {}).get(name, name)
+        ax.plot(xs, ys, color=color, ls=ls, lw=lw, label=f"{label} ({m['seeds']} seeds)")
         ax.fill_between(xs, ys - sd, ys + sd, color=color, alpha=0.08)
     ax.axhline(target, color="gray", lw=0.8, ls="-.", label=f"target {target:.3f}")
     ax.set_xlabel(xlabel)
     ax.set_ylabel("held-out greedy accuracy (arith_mixed, 300 prompts; smoothed, seed mean)")
-    ax.set_title("reroll Control stage vs fixed-n GRPO (same SFT start, same samples per step)")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, ncol=2, loc="lower right")
     path.parent.mkdir(parents=True, exist_ok=True)

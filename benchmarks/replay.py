@@ -75,36 +75,6 @@ def replay_diag(run: Path) -> dict:
             "buffer_groups": last.get("replay/buffer_groups", 0.0)}
 
 
-def plot(summary: dict, x: str, target: float, path: Path, xlabel: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    for (name, m), color in zip(summary.items(), ("black", "tab:blue", "tab:orange",
-                                                  "tab:green")):
-        mc = m["mean_curve"]
-        xs = np.array(mc[x]) / (1e3 if x == "tokens" else 1.0)
-        ys, sd = np.array(mc["acc"]), np.array(mc["sd"])
-        label = "fresh only (GRPO)" if name == "fixed" else name
-        ax.plot(xs, ys, color=color, lw=2.2 if name == "fixed" else 1.5,
-                label=f"{label} ({m['seeds']} seeds)")
-        ax.fill_between(xs, ys - sd, ys + sd, color=color, alpha=0.1)
-    ax.axhline(target, color="gray", lw=0.8, ls="-.", label=f"target {target:.3f}")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("held-out greedy accuracy (arith_mixed, 300 prompts; smoothed, seed mean)")
-    ax.set_title("reroll Replay stage vs fresh-only GRPO (same SFT start, 128 trained samples"
-                 " a step)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=None)
@@ -164,9 +134,11 @@ def main() -> None:
           f"{c.ratio(cands[best]['ratio_tokens_mean_curve'])})")
     if not args.quick:
         plots = Path(args.plots)
-        plot(summary, "tokens", target, plots / "replay_tokens.png",
-             "freshly generated response tokens (thousands)")
-        plot(summary, "train_s", target, plots / "replay_time.png", "training seconds")
+        how = {"title": "reroll Replay stage vs fresh-only GRPO (same SFT start, 128 trained "
+                        "samples a step)", "labels": {"fixed": "fresh only (GRPO)"}}
+        c.plot(summary, "tokens", target, plots / "replay_tokens.png",
+               "freshly generated response tokens (thousands)", **how)
+        c.plot(summary, "train_s", target, plots / "replay_time.png", "training seconds", **how)
         (out / "replay_results.json").write_text(json.dumps(
             {"target": target, "summary": {k: {kk: vv for kk, vv in v.items()
                                                if kk != "mean_curve"}
