@@ -23,9 +23,11 @@ Seeds: a request with ``sampling.seed`` samples reproducibly whatever shares its
 random number of each token is a hash of (seed, token position)); a request without one gets a
 seed from torch's global generator when it is added.
 
-Forks (`fork`, `reroll.engine.fork`): children of a running sequence take free slots with a
-copy of its cache rows (no forward over the shared prefix) and decode from the next step on;
-children that find no free slot re-prefill the prefix instead (``fork_children_prefilled``).
+Forks (`fork`, in `reroll.engine.engine_forks`): children of a running sequence take free
+slots with a copy of its cache rows (no forward over the shared prefix) and decode from the
+next step on; children that find no free slot re-prefill the prefix instead
+(``fork_children_prefilled``). Drafts (`reroll.engine.engine_drafts`): a request's draft is
+prefilled after its prompt and verified in the same forward.
 """
 
 from __future__ import annotations
@@ -37,15 +39,16 @@ from collections import deque
 import torch
 from torch import Tensor
 
-from reroll.engine.fork import Fork, ForkTable, check_fork, inherit
+from reroll.engine.engine_drafts import Drafting
+from reroll.engine.engine_forks import Forking
+from reroll.engine.fork import ForkTable
 from reroll.engine.kv_cache import SlotCache, decode_mask, prefill_mask
 from reroll.engine.requests import Request, make_request
 from reroll.engine.sampling import sample, seed_key, uniforms
-from reroll.engine.speculative import verify
 from reroll.rollout import Rollout
 
 
-class TorchEngine:
+class TorchEngine(Forking, Drafting):
     def __init__(self, model, tokenizer, *, max_batch: int = 64, max_seq_len: int | None = None,
                  version: int = 0, max_prefill_tokens: int = 1024,
                  admit_batch: int | None = None):
@@ -115,34 +118,6 @@ class TorchEngine:
             r.timings["engine_add"] = now
             self.waiting.append(q)
         self.counts["requests_added"] += len(new)
-
-    def fork(self, parent: Rollout, children: list[Rollout], at: int) -> None:
-        """Fork ``parent`` into ``children`` (unstarted rollouts of its prompt, each sampled
-        with its own ``sampling``) at ``at`` tokens, see `reroll.engine.fork`: at once when
-        the parent runs and is that long already, else when it gets there (a waiting or
-        running parent, or a child still waiting for its own fork). A finished parent (its
-        cache is gone) gives children that re-prefill its prefix. The children finish
-        through `step` like any request."""
-        live = self._live()
-        check_fork(parent, children, at, live)
-        now = time.time()
-        for c in children:
-            c.finish, c.timings["engine_add"] = "running", now
-        self.counts["requests_added"] += len(children)
-        fk = Fork(parent.sample_id, list(children), at)
-        slot = next((i for i, q in enumerate(self.rows)
-                     if q.rollout.sample_id == parent.sample_id), None)
-        with torch.inference_mode():
-            if slot is not None and at <= self._length(self.rows[slot]):
-                self.unclaimed += self._make_children(fk, self.rows[slot].rollout, at, slot)
-            elif parent.sample_id in live:
-                self.forks.add(fk)
-            elif parent.finished:
-                self.unclaimed += self._make_children(fk, parent, min(at, len(parent.tokens) - 1),
-                                                      None)
-            else:
-                raise ValueError(f"fork of rollout {parent.sample_id}: the parent is neither "
-                                 f"in the engine nor finished ({parent.finish!r})")
 
     def pending(self) -> int:
         """Waiting + running requests, plus finished ones that `generate` collected for
@@ -318,51 +293,6 @@ class TorchEngine:
                 self.counts["requests_resumed"] += 1
             self.rows.append(q)
 
-    def _verify_drafts(self, logits: Tensor, chosen: list[tuple[Request, int]], nd: list[int],
-                       n0: int) -> list[Rollout]:
-        """Just-prefilled slots ``n0 ..`` (logits [R, V]: D + 1 rows per unique sequence
-        with a D-token draft, 1 without): keep each draft's accepted prefix (span "draft"),
-        retire requests that end inside it, then sample every other slot's next token, from
-        the residual after a rejected draft token (`reroll.engine.speculative`)."""
-        off = [0]
-        for d in nd:
-            off.append(off[-1] + d + 1)
-        pick, fin, done = {}, [], []
-        for j, (q, u) in enumerate(chosen):
-            d, ban = q.draft, -1
-            if d is not None:
-                s, r = q.rollout.sampling, q.rollout
-                n, lps = verify(logits[off[u]:off[u] + nd[u]], d.tokens, d.logprobs, d.lenience,
-                                temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                                key=q.seed, pos0=len(r.tokens))
-                self.counts["draft_tokens_proposed"] += nd[u]
-                reason = None
-                for t, lp in zip(d.tokens[:n], lps):
-                    q.toks.append(t)
-                    q.lps.append(lp)
-                    if reason := q.stop_reason(t, self._decode_text):
-                        break
-                self.counts["draft_tokens_accepted"] += len(q.toks)
-                q.flush(self.version, "draft")
-                self.pos[n0 + j] = len(r.tokens)  # the cache beyond is overwritten as it grows
-                if reason:  # its children re-prefill (the slot's rows are not picked below)
-                    fin.append(n0 + j)
-                    done.append(q.finish(reason, self.version, self._decode_text))
-                    done += self._fire(r, len(r.tokens), None, True)
-                    continue
-                ban, n_rows = (d.tokens[n] if n < nd[u] else -1), n
-            else:
-                n_rows = nd[u]
-            pick[id(q)] = (off[u] + n_rows, ban)
-        self._compact(fin)
-        self.counts["requests_finished"] += len(done)
-        if len(self.rows) > n0:
-            at = [pick[id(q)] for q in self.rows[n0:]]
-            ban = torch.tensor([b for _, b in at], dtype=torch.long, device=self.device)
-            done += self._sample(logits[torch.tensor([i for i, _ in at], device=self.device)],
-                                 slice(n0, len(self.rows)), ban)
-        return done
-
     def _sample(self, logits: Tensor, sl: slice, ban: Tensor | None = None) -> list[Rollout]:
         """Sample for slots ``sl`` (logits [n, V]; ``ban`` [n], see `sample`), record,
         retire finished slots."""
@@ -418,50 +348,6 @@ class TorchEngine:
     def _length(q: Request) -> int:
         """The request's sequence length, sampled tokens not yet flushed included."""
         return len(q.rollout.tokens) + len(q.toks) - q.flushed
-
-    def _fire(self, parent: Rollout, length: int, slot: int | None,
-              finished: bool) -> list[Rollout]:
-        """Make the forks of ``parent`` that are due (its sequence is ``length`` tokens; in
-        slot ``slot``, None: no cache to share); returns the children that finished at once."""
-        done = []
-        for fk, at in self.forks.due(parent.sample_id, length, finished):
-            done += self._make_children(fk, parent, at, slot)
-        return done
-
-    def _make_children(self, fk: Fork, parent: Rollout, at: int,
-                       slot: int | None) -> list[Rollout]:
-        """Children of ``fk`` at ``at`` tokens of ``parent``: free slots get a copy of
-        ``slot``'s first ``at - 1`` cache rows and the parent's token ``at - 1`` to feed
-        next; the rest go to the front of the queue and re-prefill the prefix."""
-        if slot is not None:
-            self.rows[slot].flush(self.version)
-        at = max(at, parent.prompt_len)
-        reqs, done = [], []
-        for c in fk.children:
-            inherit(c, parent, at)
-            seed = c.sampling.seed
-            seed = int(torch.randint(0, 2**62, ())) if seed is None else int(seed)
-            q = make_request(c, vocab=self.vocab, max_seq_len=self.max_seq_len,
-                             seed=seed_key(seed))
-            q.resume = False  # its prefix is inherited, not a resume of its own
-            if q.budget > 0:
-                reqs.append(q)
-                continue
-            done.append(q.finish("length", self.version, self._decode_text))
-            done += self._fire(c, len(c.tokens), None, True)
-        k = 0 if slot is None else min(len(reqs), self.max_batch - len(self.rows))
-        if k:
-            n0 = len(self.rows)
-            self._place(n0, [(q, at - 1) for q in reqs[:k]])
-            dst = torch.arange(n0, n0 + k, device=self.device)
-            self.cache.move(dst, torch.full((k,), slot, device=self.device), at - 1)
-            self.next_tok[dst] = parent.tokens[at - 1]
-            self.counts["fork_children"] += k
-            self.counts["fork_tokens_shared"] += k * (at - 1)
-        for q in reversed(reqs[k:]):
-            self.waiting.appendleft(q)
-        self.counts["fork_children_prefilled"] += len(reqs) - k
-        return done
 
     def _decode_text(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)
