@@ -136,8 +136,9 @@ class EngineConfig:
     vllm (vLLM's OpenAI server, dev mode, --logprobs-mode processed_logprobs), sglang
     (SGLang's native API)."""
     api_key: str = ""
-    """Bearer token for the servers; empty: $REROLL_API_KEY. The run's config.toml records
-    this value, so prefer the environment variable."""
+    """Bearer token for the servers; empty: $REROLL_API_KEY. Never written to the run's
+    config.toml (recorded empty there: a run started again from that file reads the
+    environment variable)."""
     timeout_s: float = 600.0
     """Longest wait for one response, and for a server to come back when all are down."""
     weights_dir: str = ""

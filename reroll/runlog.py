@@ -20,6 +20,7 @@ import json
 import os
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,15 @@ def config_diff(old: dict, new: dict) -> list[str]:
     return diff
 
 
+def without_secrets(cfg: RunConfig) -> RunConfig:
+    """``cfg`` as a run directory records it: ``engine.api_key`` left empty (read from
+    $REROLL_API_KEY when the recorded config is run again), so a bearer token never lands on
+    disk beside checkpoints and reports."""
+    if not cfg.engine.api_key:
+        return cfg
+    return replace(cfg, engine=replace(cfg.engine, api_key=""))
+
+
 class RunDir:
     def __init__(self, cfg: RunConfig, resume: bool = False, kind: str = "train"):
         self.path = Path(cfg.out_dir)
@@ -89,7 +99,7 @@ class RunDir:
     def commit(self) -> None:
         """The run has started: from now on the directory holds it (config.toml)."""
         tmp = self.path / "config.toml.tmp"
-        tmp.write_text(dump_toml(self.cfg))
+        tmp.write_text(dump_toml(without_secrets(self.cfg)))
         tmp.replace(self.path / "config.toml")
 
     def truncate(self, step: int) -> None:

@@ -16,3 +16,21 @@ def test_a_resume_accepts_moved_servers_and_refuses_a_changed_algorithm():
     new["engine"]["name"] = "torch"
     assert config_diff(old, new) == ["algo.advantage: 'grpo' -> 'rloo'",
                                      "engine.name: 'openai' -> 'torch'"]
+
+
+def test_the_run_directory_never_records_the_api_key(tmp_path):
+    from reroll.config import RunConfig, read_toml
+    from reroll.runlog import RunDir
+
+    cfg = RunConfig()
+    cfg.out_dir = str(tmp_path / "run")
+    cfg.engine.api_key = "secret-token-123"
+    run = RunDir(cfg)
+    run.commit()
+    text = (tmp_path / "run" / "config.toml").read_text()
+    assert "secret-token-123" not in text
+    assert read_toml(tmp_path / "run" / "config.toml")["engine"]["api_key"] == ""
+    assert cfg.engine.api_key == "secret-token-123"  # the running config keeps it
+    run.close()
+    cfg.engine.api_key = "another-token"  # a resume with the key again is accepted
+    RunDir(cfg, resume=True).close()
