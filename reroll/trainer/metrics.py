@@ -39,6 +39,13 @@ def env_metrics(rollouts: Sequence, prefix: str = "env/") -> dict[str, float]:
     return out
 
 
+ENGINE_COUNTERS = ("failovers", "server_failures", "servers_alive", "weight_pushes",
+                   "requests_resumed", "draft_tokens_proposed", "draft_tokens_accepted",
+                   "fork_children", "fork_tokens_shared")
+"""Engine counters logged as ``engine/<name>`` (cumulative) where the engine keeps them:
+failover and server health of `OpenAIEngine`, resumes, drafts and forks of either."""
+
+
 def _engine_s(s: dict) -> float:
     return s.get("time_prefill_s", 0.0) + s.get("time_decode_s", 0.0)
 
@@ -88,6 +95,7 @@ def batch_metrics(groups: Sequence[Group], before: dict, after: dict, *, wait_s:
     out["control/rounds_mean"] = statistics.fmean(
         1 + max(r.group_round for r in g.rollouts) for g in groups)
     out["pipeline/tokens_generated"] = float(s1.get("tokens_generated", 0))  # cumulative
+    out.update({f"engine/{k}": float(s1[k]) for k in ENGINE_COUNTERS if k in s1})
     out.update(after.get("control", {}))
     out.update(after.get("replay", {}))
     if after.get("replay"):

@@ -133,6 +133,12 @@ def test_groups_of_different_sizes_collate_log_and_checkpoint_as_they_are(tiny, 
     assert m["reward/mean"] == pytest.approx(4 / 7) and m["reward/accuracy"] == pytest.approx(4 / 7)
     assert m["length/mean"] == pytest.approx(15 / 7) and m["length/max"] == 3
     assert m["throughput/trajectories_per_s"] == 7
+    assert not any(k.startswith("engine/fail") for k in m)  # counters the engine lacks
+    fleet = {**empty, "engine": {"failovers": 8.0, "server_failures": 1.0, "servers_alive": 1.0,
+                                 "tokens_generated": 5.0}}
+    m = batch_metrics(groups, empty, fleet, wait_s=0.0, train_s=0.0, step_s=1.0)
+    assert (m["engine/failovers"], m["engine/server_failures"], m["engine/servers_alive"]) == \
+        (8.0, 1.0, 1.0)
 
     t = Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=1e-3, tokenizer=tok)
     partial = groups_of([[1.0], [0.0, 1.0, 1.0]])
