@@ -122,15 +122,20 @@ def _interleave(by_level: dict[str, list[Example]]) -> list[Example]:
 
 @TASKS.register("arith_mixed", ranges={"easy": "[0, inf)", "medium": "[0, inf)",
                                        "hard": "[0, inf)", "n_train": "[1, inf)",
-                                       "n_test": "[0, inf)"})
+                                       "n_test": "[0, inf)", "train_subset": "[0, inf)"})
 def arith_mixed(seed: int, *, easy: float = 1.0, medium: float = 1.0, hard: float = 1.0,
-                n_train: int = 4500, n_test: int = 300, marker: str = "") -> Task:
+                n_train: int = 4500, n_test: int = 300, marker: str = "",
+                train_subset: int = 0) -> Task:
     """Seeded arithmetic at three levels mixed by the relative weights ``easy``, ``medium``
     and ``hard`` (a zero weight leaves the level out). Each split is apportioned among the
     levels; a level with fewer problems than its train and test shares together has its
     train share capped (with a warning; the defaults fit: 1,500 + 100 of easy's 1,900), and
     a test share at or above the level's whole space is a TaskError naming the level.
-    ``marker``: the answer marker of worked demonstrations (see the module docstring)."""
+    ``marker``: the answer marker of worked demonstrations (see the module docstring).
+    ``train_subset`` > 0 keeps only that many train prompts (apportioned among the levels as
+    the splits are, each level's first ones) after the split, so the test split and the
+    problems drawn do not change: a small prompt set that training revisits every few
+    steps (multi-epoch RL), held out against the same test as the full task."""
     weights = {"easy": easy, "medium": medium, "hard": hard}
     for name, w in weights.items():
         require(w >= 0, "arith_mixed", f"{name} (a level weight) must be >= 0, got {w}")
@@ -138,9 +143,12 @@ def arith_mixed(seed: int, *, easy: float = 1.0, medium: float = 1.0, hard: floa
             f"at least one of easy, medium, hard (level weights) must be > 0, got {weights}")
     require(n_train >= 1, "arith_mixed", f"n_train must be >= 1, got {n_train}")
     require(n_test >= 0, "arith_mixed", f"n_test must be >= 0, got {n_test}")
+    require(0 <= train_subset <= n_train, "arith_mixed",
+            f"train_subset must be in [0, n_train = {n_train}], got {train_subset}")
     require(not set(marker) & set("0123456789+-") and marker.strip() == marker,
             "arith_mixed", f"marker must hold no digit, sign or outer space, got {marker!r}")
     n_tr, n_te = apportion(n_train, weights), apportion(n_test, weights)
+    keep = apportion(train_subset, weights) if train_subset else n_tr
     train: list[Example] = []
     test: dict[str, list[Example]] = {}
     for name, level in LEVELS.items():
@@ -161,7 +169,7 @@ def arith_mixed(seed: int, *, easy: float = 1.0, medium: float = 1.0, hard: floa
         picks = _distinct_indices(rng, size, k)
         indices = picks if pool is None else [pool[i] for i in picks]
         examples = [mixed_example(level.expression(i), name, marker) for i in indices]
-        train += examples[: n_tr[name]]
+        train += examples[: min(n_tr[name], keep[name])]
         test[name] = examples[n_tr[name]:]
     random.Random(f"{seed}:train").shuffle(train)
     return Task(name="arith_mixed", train=train, test=_interleave(test),

@@ -158,3 +158,23 @@ def test_registry_checks_keyword_hyperparameters():
         TASKS.check_kwargs("arith_mixed", {"medum": 1.0})
     with pytest.raises(RegistryError, match="hard"):
         TASKS.check_kwargs("arith_mixed", {"hard": -1.0})
+
+
+
+def test_train_subset_keeps_the_test_split_and_each_levels_first_prompts():
+    import random
+
+    from reroll.tasks.mixed import _distinct_indices, space_size
+
+    full, sub = build(0), build(0, train_subset=30)
+    assert [e.prompt for e in sub.test] == [e.prompt for e in full.test]  # same held-out set
+    assert levels(sub.train) == {"easy": 10, "medium": 10, "hard": 10}  # apportioned
+    for name, lv in LEVELS.items():  # each level's first 10 draws (its draw order, recomputed)
+        pool = level_pool(lv)
+        size = space_size(lv.digits, lv.ops, lv.operands) if pool is None else len(pool)
+        picks = _distinct_indices(random.Random(f"0:{name}"), size, 1600)[:10]
+        first = {mixed_example(lv.expression(i if pool is None else pool[i]), name, "").prompt
+                 for i in picks}
+        assert {e.prompt for e in sub.train if e.fields["difficulty"] == name} == first
+    with pytest.raises(TaskError, match="train_subset"):
+        build(0, n_train=10, n_test=2, train_subset=11)
