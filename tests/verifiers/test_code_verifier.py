@@ -11,8 +11,8 @@ IO_TESTS = [{"input": "2 3\n", "output": "5\n"}, {"input": "10 -4\n", "output": 
             {"input": "0 0\n", "output": "0\n"}, {"input": "7 8\n", "output": "15\n"}]
 
 
-def judge(completion: str, tests):
-    v = VERIFIERS.get("code")(**ARGS)
+def judge(completion: str, tests, **limits):
+    v = VERIFIERS.get("code")(**{**ARGS, **limits})
     return v(Rollout("p", "g", [0], 0, completion=completion),
              Example("c1", "add two ints", "", fields={"tests": tests}))
 
@@ -42,7 +42,9 @@ def test_crashing_program_scores_zero_with_the_error():
 
 
 def test_hostile_program_is_a_low_score_not_an_error():
-    s = judge(fenced("while True:\n    pass"), IO_TESTS[:1])
+    # wall clock well above the CPU limit: on a loaded box a busy loop gets its 1 s of CPU
+    # late, and the wall-clock limit must not be what stops it here
+    s = judge(fenced("while True:\n    pass"), IO_TESTS[:1], wall_s=15.0)
     assert s.ok and s.value == 0.0 and "CPU time limit" in s.info["tests"][0]["reason"]
 
 
