@@ -41,21 +41,25 @@ def tree_record(g: Group) -> dict | None:
     return {"credit": kinds.pop(), "scale": bool(recs[0].get("scale", True))}
 
 
-def segment_rows(g: Group, scale: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(advantages [n, L-1], trained [n, L-1]) of a segment-credit group, aligned as a batch
-    is (column t predicts token t + 1), L its longest member."""
+def segment_rows(g: Group, rewards: list[float], scale: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(advantages [n, L-1], trained [n, L-1]) of a segment-credit group with its members'
+    ``rewards``, aligned as a batch is (column t predicts token t + 1), L its longest
+    member."""
     rs = g.rollouts
     tree = [r.control["tree"] for r in rs]
     adv, own = tree_token_advantages([t["parent"] for t in tree], [t["shared"] for t in tree],
-                                     [len(r.tokens) for r in rs], [r.reward for r in rs],
+                                     [len(r.tokens) for r in rs], rewards,
                                      rs[0].prompt_len, scale)  # [n, L], [n, L]
     return adv[:, 1:], own[:, 1:]
 
 
-def token_advantages(groups: Sequence[Group], adv: torch.Tensor, mask: torch.Tensor
+def token_advantages(groups: Sequence[Group], rewards: torch.Tensor, adv: torch.Tensor,
+                     mask: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
-    """(advantages [N, T], mask [N, T], per-sample advantages [N], metrics) from the
-    estimator's advantages ``adv`` [N] and the loss mask ``mask`` [N, T] of the batch of
+    """(advantages [N, T], mask [N, T], per-sample advantages [N], metrics) from the rewards
+    the estimator saw ``rewards`` [N] (the records' rewards, less a KL penalty when it is in
+    the reward), its advantages ``adv`` [N] and the loss mask ``mask`` [N, T] of the batch of
     ``groups`` (rows in group order, as `reroll.trainer.step.flatten` lays them out)."""
     adv_tok = adv.to(mask.device)[:, None].expand_as(mask).contiguous()  # [N, T]
     held = trained = 0.0
@@ -68,7 +72,7 @@ def token_advantages(groups: Sequence[Group], adv: torch.Tensor, mask: torch.Ten
             if not seg:  # copies only when a row changes: other batches are left as they were
                 adv_tok, mask, adv = adv_tok.clone(), mask.clone(), adv.clone()
                 seg = True
-            a, own = segment_rows(g, rec["scale"])  # [n, l], [n, l]
+            a, own = segment_rows(g, rewards[row:row + n].tolist(), rec["scale"])  # [n, l]
             width = a.shape[1]
             keep = mask[row:row + n, :width] * own.to(mask.device, mask.dtype)  # [n, l]
             mask[row:row + n] = 0.0

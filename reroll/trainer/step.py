@@ -178,7 +178,8 @@ class Trainer:
         batch.mask = batch.mask * include.float().to(self.device)[:, None]
         # the scalar broadcast over each sample's tokens; tree groups with segment credit get
         # their own per-token advantages and train each shared token once (`credit`)
-        adv_tok, batch.mask, adv, tree_m = credit.token_advantages(groups, adv, batch.mask)
+        adv_tok, batch.mask, adv, tree_m = credit.token_advantages(groups, rewards, adv,
+                                                                   batch.mask)
         # several optimiser steps per update: a non-finite loss in a later mini-batch must not
         # leave the earlier ones applied (the version would not say so), so keep a copy
         saved = self._snapshot() if self.minibatches > 1 else None

@@ -35,7 +35,8 @@ def test_the_per_token_path_is_bitwise_the_scalar_broadcast(surrogate, aggregati
     mask = torch.ones(3, 5)
     old = scalar[:, None].expand_as(mask).contiguous()  # what the step did before
     groups = [plain_group(2, "a"), plain_group(1, "b")]  # no tree: nothing to change
-    new, new_mask, new_scalar, metrics = credit.token_advantages(groups, scalar, mask)
+    new, new_mask, new_scalar, metrics = credit.token_advantages(groups, torch.ones(3), scalar,
+                                                                 mask)
     assert torch.equal(new, old) and new_mask is mask and new_scalar is scalar and not metrics
     l_old, g_old = loss_and_grad(obj, old)
     l_new, g_new = loss_and_grad(obj, new)
@@ -92,7 +93,8 @@ def test_a_segment_tree_groups_rows_train_each_token_once_next_to_untouched_rows
     rollouts = [r for g in groups for r in g.rollouts]
     batch = collate(rollouts, pad_id=0)  # L = 9: [10, 8], column c predicts token c + 1
     scalar = torch.arange(10, dtype=torch.float32)  # the estimator's, replaced in the tree
-    adv, mask, per_sample, m = credit.token_advantages(groups, scalar, batch.mask)
+    rewards = torch.tensor([r.reward for r in rollouts])  # [10]
+    adv, mask, per_sample, m = credit.token_advantages(groups, rewards, scalar, batch.mask)
     # the tree's rows: the hand-computed token advantages and trained positions, shifted
     assert torch.allclose(adv[:8], torch.tensor([row[1:] for row in UNSCALED]), atol=1e-7)
     assert mask[:8].tolist() == [[float(x) for x in row[1:]] for row in TRAINED]
@@ -113,7 +115,7 @@ def test_a_leaf_credit_tree_group_is_the_scalar_broadcast_with_every_held_token_
     g = tree_group("leaves")
     batch = collate(g.rollouts, pad_id=0)
     scalar = torch.linspace(-1, 1, 8)
-    adv, mask, per_sample, m = credit.token_advantages([g], scalar, batch.mask)
+    adv, mask, per_sample, m = credit.token_advantages([g], torch.ones(8), scalar, batch.mask)
     assert torch.equal(adv, scalar[:, None].expand_as(batch.mask).contiguous())
     assert mask is batch.mask and per_sample is scalar
     assert m == {"tree/tokens_held": 48.0, "tree/tokens_trained": 48.0, "tree/trained_share": 1.0}
@@ -123,5 +125,17 @@ def test_a_group_whose_members_disagree_on_the_credit_is_refused():
     g = tree_group()
     g.rollouts[3].control["tree"]["credit"] = "leaves"
     with pytest.raises(ValueError, match="group t: its members record different tree credits"):
-        credit.token_advantages([g], torch.zeros(8), collate(g.rollouts, 0).mask)
+        credit.token_advantages([g], torch.zeros(8), torch.zeros(8),
+                                collate(g.rollouts, 0).mask)
 
+
+
+def test_segment_credit_uses_the_rewards_the_estimator_saw():
+    # a KL penalty in the reward reaches the step as rewards less the penalty, not in the
+    # records: the tree's advantages follow the rewards given (linear in them: twice the
+    # rewards, twice every advantage)
+    g = tree_group()
+    batch = collate(g.rollouts, pad_id=0)
+    twice = 2 * torch.tensor(REWARDS)
+    adv, _, _, _ = credit.token_advantages([g], twice, torch.zeros(8), batch.mask)
+    assert torch.allclose(adv, 2 * torch.tensor([row[1:] for row in UNSCALED]), atol=1e-7)

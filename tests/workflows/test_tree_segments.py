@@ -63,7 +63,9 @@ def test_later_round_children_re_prefill_and_keep_the_tree_shape(tiny):
         if spec is not None:
             assert r.tokens[:shared] == rs[spec[0]].tokens[:shared]
     batch_mask = torch.tensor([r.loss_mask[1:] for r in rs], dtype=torch.float32)
-    adv, mask, _, m = credit.token_advantages([g], torch.zeros(4), batch_mask)
+    rewards = torch.tensor([r.reward for r in rs])
+    assert rewards.tolist() == [1.0, 0.0, 1.0, 0.0]
+    adv, mask, _, m = credit.token_advantages([g], rewards, torch.zeros(4), batch_mask)
     # rewards 1, 0, 1, 0: V(root) = V{0,1} = V{2,3} = 0.5, so the two shared tokens of each
     # tree get 0 and every leaf's own 3 tokens (R - .5) * 2 = +-1; members 1 and 3 train
     # their 3 sampled tokens only (columns P+1.. predict tokens P+2..)
@@ -113,7 +115,7 @@ def test_leaf_credit_trains_bitwise_as_the_scalar_broadcast(small_run, tmp_path,
     now = tmp_path / "now"
     train(small_run(now, *TREE, "train.steps=2", "ckpt_every=2"), progress=False)
 
-    def broadcast(groups, adv, mask):  # the step's advantages before per-token credit
+    def broadcast(groups, rewards, adv, mask):  # the step's advantages before per-token credit
         return adv.to(mask.device)[:, None].expand_as(mask).contiguous(), mask, adv, {}
 
     monkeypatch.setattr(credit, "token_advantages", broadcast)
