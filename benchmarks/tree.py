@@ -10,12 +10,18 @@ Methods change only ``[rollout]``:
 - ``tree8_w2``: 8 leaves as 4 trees of 2, forking after the first response token;
 - ``tree8_w4``: 8 leaves as 2 trees of 4, forking after the first response token;
 - ``indep6``: 6 independent samples, about the generated tokens of ``tree8_w4``
-  (equal-token baseline).
+  (equal-token baseline);
+- ``tree8_w2_seg``, ``tree8_w4_seg``: the two trees with TreeRL segment credit
+  (``rollout.tree_credit = "segments"``, 1/sqrt(leaves) scale): each token trained once, in
+  the member that sampled it, with its node's advantage.
 
 Generated tokens are ``pipeline/tokens_generated`` (what the engine sampled; inherited
-tokens are not sampled again). Runs go one after another through ``reroll train``.
+tokens are not sampled again); trained tokens are ``train/tokens`` (tokens in the loss:
+leaf credit trains inherited tokens once per leaf, segment credit once). Runs go one after
+another through ``reroll train``.
 
     .venv/bin/python benchmarks/tree.py [--steps 200] [--seeds 0 1] [--init runs/bench_replay/sft]
+        [--methods indep8 tree8_w4 ...]
 """
 
 from __future__ import annotations
@@ -38,6 +44,10 @@ METHODS: dict[str, list[str]] = {
     "tree8_w2": ["rollout.workflow=tree", "rollout.tree_branch_at=[1]", "rollout.tree_width=2"],
     "tree8_w4": ["rollout.workflow=tree", "rollout.tree_branch_at=[1]", "rollout.tree_width=4"],
     "indep6": ["rollout.group_size=6"],
+    "tree8_w2_seg": ["rollout.workflow=tree", "rollout.tree_branch_at=[1]", "rollout.tree_width=2",
+                     "rollout.tree_credit=segments"],
+    "tree8_w4_seg": ["rollout.workflow=tree", "rollout.tree_branch_at=[1]", "rollout.tree_width=4",
+                     "rollout.tree_credit=segments"],
 }
 
 
@@ -65,19 +75,21 @@ def run_one(out: Path, name: str, seed: int, init: str, steps: int) -> dict:
     ev = {k: v for k, v in json.loads(got.read_text()).items() if k.startswith("eval/")}
     return {"method": name, "seed": seed, "wall_s": wall,
             "tokens_per_step": last["pipeline/tokens_generated"] / steps,
+            "trained_per_step": statistics.mean(r["train/tokens"] for r in rows
+                                                if "train/tokens" in r),
             "reward_mean": statistics.mean(r["reward/mean"] for r in rows if "reward/mean" in r),
             **ev}
 
 
 def summarise(results: list[dict]) -> str:
-    keys = ["tokens_per_step", "reward_mean", "eval/greedy_accuracy", "eval/pass@1_sampled",
+    keys = ["tokens_per_step", "trained_per_step", "reward_mean", "eval/greedy_accuracy", "eval/pass@1_sampled",
             "eval/pass@8"]
     lines = ["| method | " + " | ".join(keys) + " | wall s |", "|---" * (len(keys) + 2) + "|"]
     for name in METHODS:
         rs = [r for r in results if r["method"] == name]
         if not rs:
             continue
-        cells = [", ".join(f"{r.get(k, float('nan')):.3f}" if k != "tokens_per_step"
+        cells = [", ".join(f"{r.get(k, float('nan')):.3f}" if not k.endswith("_per_step")
                            else f"{r[k]:.0f}" for r in rs) for k in keys]
         wall = statistics.mean(r["wall_s"] for r in rs)
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {wall:.0f} |")
@@ -91,11 +103,12 @@ def main() -> None:
     ap.add_argument("--out", default="runs/bench_tree")
     ap.add_argument("--init", default="runs/bench_replay/sft",
                     help="an SFT checkpoint of the main job (reroll sft configs/arithmetic.toml)")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     a = ap.parse_args()
     out = ROOT / a.out
     results = []
     for seed in a.seeds:
-        for name in METHODS:
+        for name in a.methods:
             results.append(run_one(out, name, seed, a.init, a.steps))
             r = results[-1]
             print(f"{name} seed {seed}: {r['tokens_per_step']:.0f} tokens/step, greedy "

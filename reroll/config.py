@@ -104,10 +104,27 @@ class RolloutConfig:
     """tree workflow: response positions (tokens sampled, ascending) where every branch of a
     sample tree forks into `tree_width` branches sharing the prefix (LATR-style tree
     rollouts, ALGORITHMS.md 3.12); a group of n is n / tree_width^len(tree_branch_at) trees
-    (a remainder makes a partial tree). Leaves are trained as independent samples."""
+    (a remainder makes a partial tree). How the trees are trained: `tree_credit`."""
     tree_width: int = 2
     """tree workflow: branches at each position of `tree_branch_at` (the branch that goes on
     plus tree_width - 1 forks)."""
+    tree_credit: str = "leaves"
+    """tree workflow: how a tree group is trained. "leaves" (LATR): every leaf is an
+    independent sample with the configured estimator's advantage, its inherited prefix
+    tokens in the loss once per leaf that holds them. "segments" (TreeRL, ALGORITHMS.md
+    3.15): each token is trained once, in the member that sampled it, with its node's
+    advantage (V(s) - V(root)) + (V(s) - V(parent)), V = mean reward of the leaves below a
+    node, V(root) = the group mean (`reroll.algo.tree_credit`). That formula replaces
+    algo.advantage for tree groups (which is why it must stay at its default, and
+    algo.advantage_args do not apply); a surrogate that trains one advantage per sequence
+    (gspo; gspo_token is fine) and replay.reuse (a banked answer is not part of the tree)
+    are refused. Sequence-level corrections then weigh each member's sampled tokens.
+    Recorded per sample as control["tree"]["credit"]; derived from the record when the
+    step trains, so resumes and `reroll replay` give the same advantages."""
+    tree_credit_scale: bool = True
+    """tree_credit = "segments": divide a node's advantage by sqrt(leaves below it), TreeRL's
+    reweighting, so that a prefix shared by many leaves does not dominate the update; false:
+    the plain global + local advantage. Recorded as control["tree"]["scale"]."""
 
     @property
     def policy_token_limit(self) -> int:

@@ -5,6 +5,10 @@ Owns the ``SURROGATES`` registry. Every entry has the signature
     fn(logprobs [B, T], prox_logprobs [B, T], advantages [B, T], mask [B, T], *, hyperparams)
         -> (per_token_loss [B, T], metrics: dict[str, Tensor])
 
+The trait ``sequence_advantage=True`` marks a surrogate that trains one advantage per
+sequence (the mean of A over its tokens: gspo), so per-token credit (a tree's segments,
+`reroll.algo.tree_credit`) would be averaged away.
+
 The loss is per token and zero off the mask; reducing it to a scalar is the job of
 ``aggregation.py``, and the behaviour correction pi_prox / mu is the job of
 ``corrections.py``. Metrics are 0-d tensors, token-weighted means over the mask. Must not
@@ -99,7 +103,8 @@ def _seq_advantage(adv: Tensor, fm: Tensor) -> Tensor:
     return (adv * fm).sum(-1, keepdim=True) / fm.sum(-1, keepdim=True).clamp(min=1.0)
 
 
-@SURROGATES.register("gspo", ranges={"clip_low": "[0, 1)", "clip_high": "[0, inf)"})
+@SURROGATES.register("gspo", ranges={"clip_low": "[0, 1)", "clip_high": "[0, inf)"},
+                      sequence_advantage=True)
 def gspo(logprobs: Tensor, prox_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
          clip_low: float = 3e-4, clip_high: float = 4e-4) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO: one length-normalised ratio per sequence, s_i = exp(mean_t log r_t).

@@ -4,6 +4,7 @@ Owns the optimiser and the order of operations of an update: rewards -> advantag
 function of the groups, never stored) -> collate -> proximal log-probs with the weights at the
 start of the update (a forward pass of their own only with several mini-batches or a KL
 penalty in the reward; with one mini-batch they are the loss forward's, detached) ->
+per-token advantages (`reroll.trainer.credit`: the scalar broadcast, or a tree's segments) ->
 mini-batches of micro-batches -> clip -> AdamW (VCPO: at an lr scaled by the mini-batch's
 ESS; its OPOB estimator first gets per-sample gradient norms). The math is the
 `Objective` from `reroll.algo`; this file only looks it up and feeds it. Knows nothing of
@@ -25,7 +26,7 @@ import torch
 
 from reroll.algo import LossInputs
 from reroll.rollout import Group, Rollout
-from reroll.trainer import checkpoint, vcpo
+from reroll.trainer import checkpoint, credit, vcpo
 from reroll.trainer.batch import Batch, collate, micro_slices, token_logprobs_and_entropy
 from reroll.trainer.precision import autocast
 
@@ -175,7 +176,10 @@ class Trainer:
         adv, include = self.objective.advantages(rewards, comps, gidx,
                                                  batch.mask.sum(-1).cpu(), **extra)  # [N], [N]
         batch.mask = batch.mask * include.float().to(self.device)[:, None]
-        adv_tok = adv.to(self.device)[:, None].expand_as(batch.mask).contiguous()  # [N, T]
+        # the scalar broadcast over each sample's tokens; tree groups with segment credit get
+        # their own per-token advantages and train each shared token once (`credit`)
+        adv_tok, batch.mask, adv, tree_m = credit.token_advantages(groups, rewards, adv,
+                                                                   batch.mask)
         # several optimiser steps per update: a non-finite loss in a later mini-batch must not
         # leave the earlier ones applied (the version would not say so), so keep a copy
         saved = self._snapshot() if self.minibatches > 1 else None
@@ -194,6 +198,7 @@ class Trainer:
         metrics["adv/mean"] = float(adv.mean())
         metrics["adv/abs_mean"] = float(adv.abs().mean())
         metrics["train/tokens"] = batch.n_tokens
+        metrics.update(tree_m)
         ent_sum, ent_tokens = metrics.pop("_entropy_sum"), metrics.pop("_entropy_tokens")
         metrics["train/entropy"] = ent_sum / max(ent_tokens, 1.0)
         return metrics

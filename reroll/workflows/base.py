@@ -50,6 +50,10 @@ class EpisodeContext:
     """tree: response positions where each branch forks (`RolloutConfig.tree_branch_at`)."""
     tree_width: int = 2
     """tree: branches at each of those positions."""
+    tree_credit: str = "leaves"
+    """tree: how the groups are trained, recorded on each member (`RolloutConfig.tree_credit`)."""
+    tree_credit_scale: bool = True
+    """tree, segment credit: the 1 / sqrt(leaves) factor (`RolloutConfig.tree_credit_scale`)."""
     grow: Callable[[Group], int] | None = None
     """Adaptive allocation: after a round of a group is scored, adds the samples the
     allocator asks for and returns how many (0: the group is complete). None: groups keep

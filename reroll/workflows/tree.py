@@ -4,11 +4,15 @@ above the fork (its cached keys/values too: `reroll.engine.fork`), so a group of
 fewer generated tokens than n independent samples.
 
 Owns the shape of the trees (which member forks from which, at which position) and the
-record of it. Knows nothing of the engine's caches or of advantages: the leaves are trained
-as independent samples (LATR's choice; each keeps its inherited tokens in the loss with the
-parent's behaviour log-probs), recorded as ``control["tree"]["credit"] = "leaves"``.
-TreeRL-style segment credit (each shared token trained once, with its node's advantage)
-is not implemented.
+record of it: every member gets ``control["tree"] = {"parent": member or None, "credit":
+rollout.tree_credit, "shared": tokens inherited}`` (plus ``"scale"`` with segment credit).
+Knows nothing of the engine's caches or of advantages. How a group is trained is the
+record's ``credit``: ``"leaves"`` (LATR's choice) trains the leaves as independent samples,
+each keeping its inherited tokens in the loss with the parent's behaviour log-probs;
+``"segments"`` (TreeRL, ALGORITHMS.md 3.15) trains each token once, in the member that
+sampled it, with its node's advantage (`reroll.algo.tree_credit` says what the nodes are,
+including members that stopped before a fork position; `reroll.trainer.credit` reads the
+records when the step trains).
 
 Shape: with positions ``d_1 < ... < d_m`` and width ``w``, member ``i`` of the group is leaf
 ``i mod w^m`` of tree ``i // w^m``; write that leaf number in base ``w`` with ``m`` digits
@@ -57,22 +61,32 @@ async def tree(ctx: EpisodeContext, group: Group) -> None:
                 await fut
             spec = tree_parent(r.index_in_group, at, width)
             r.control["tree"] = {"parent": None if spec is None else spec[0],
-                                 "credit": "leaves", "shared": r.prefix_len}
+                                 "credit": ctx.tree_credit, "shared": r.prefix_len}
+            if ctx.tree_credit == "segments":
+                r.control["tree"]["scale"] = ctx.tree_credit_scale
         if r.reward is None and not r.failed:
             await ctx.score(r, group.example)
 
     await in_rounds(ctx, group, one)
 
 
+CREDITS = ("leaves", "segments")
+
+
 def check_tree(cfg) -> None:
-    """The tree workflow's keys: positions ascending inside the response, width >= 2, and
-    the engine that forks sequences (the torch engine in this process)."""
+    """The tree workflow's keys: positions ascending inside the response, width >= 2, the
+    engine that forks sequences (the torch engine in this process), and a credit that the
+    rest of the config can train (`check_credit`)."""
     r = cfg.rollout
     if r.workflow != "tree":
-        if r.tree_branch_at:
-            raise ConfigError(f"rollout.tree_branch_at is used by rollout.workflow = \"tree\" "
-                              f"only (it is {r.workflow!r})")
+        used = [k for k, on in (("rollout.tree_branch_at", r.tree_branch_at),
+                                ("rollout.tree_credit", r.tree_credit != "leaves"),
+                                ("rollout.tree_credit_scale", not r.tree_credit_scale)) if on]
+        if used:
+            raise ConfigError(f"{used[0]} is used by rollout.workflow = \"tree\" only (it is "
+                              f"{r.workflow!r})")
         return
+    check_credit(cfg)
     pts = list(r.tree_branch_at)
     if not pts or any(not isinstance(p, int) for p in pts):
         raise ConfigError(f"rollout.tree_branch_at: the tree workflow needs a list of "
@@ -86,3 +100,34 @@ def check_tree(cfg) -> None:
         raise ConfigError(f"rollout.workflow = \"tree\" needs the engine that forks sequences: "
                           f"engine.name = \"torch\" and runtime.kind = \"local\" (got "
                           f"{cfg.engine.name!r}, {cfg.runtime.kind!r})")
+
+
+def check_credit(cfg) -> None:
+    """``rollout.tree_credit``: a known one; with "segments", what its formula replaces or
+    cannot go with is refused, naming the keys."""
+    from reroll.algo import SURROGATES
+
+    r, a = cfg.rollout, cfg.algo
+    if r.tree_credit not in CREDITS:
+        raise ConfigError(f"rollout.tree_credit must be one of {', '.join(CREDITS)}, got "
+                          f"{r.tree_credit!r}")
+    if r.tree_credit != "segments":
+        if not r.tree_credit_scale:
+            raise ConfigError("rollout.tree_credit_scale is used by rollout.tree_credit = "
+                              "\"segments\" only (it is \"leaves\")")
+        return
+    default = type(a)().advantage  # the [algo] table's default
+    if a.advantage != default:
+        raise ConfigError(f"rollout.tree_credit = \"segments\" gives tree groups TreeRL's "
+                          f"segment advantages in place of algo.advantage, so algo.advantage "
+                          f"= {a.advantage!r} would not be used; leave it at {default!r} or "
+                          f"use rollout.tree_credit = \"leaves\"")
+    if SURROGATES.trait(a.surrogate, "sequence_advantage", False):
+        raise ConfigError(f"algo.surrogate = {a.surrogate!r} trains one advantage per "
+                          f"sequence, which would average away rollout.tree_credit = "
+                          f"\"segments\"'s per-token credit; use gspo_token (GSPO's sequence "
+                          f"ratio with per-token advantages), ppo_clip or reinforce")
+    if cfg.replay.reuse:
+        raise ConfigError("replay.reuse puts a banked answer in place of a group member, "
+                          "which is not part of the group's trees, so rollout.tree_credit = "
+                          "\"segments\" cannot credit it; turn one of them off")

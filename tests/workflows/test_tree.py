@@ -1,15 +1,10 @@
 """The tree workflow (rollout.workflow = "tree"): the shape of the trees, a group whose members
 share prefixes through engine forks, the config checks, and a tiny training run."""
 
-import asyncio
-
 import pytest
+from tree_helpers import run_tree_group
 
-from reroll import build
 from reroll.config import ConfigError, load_config
-from reroll.engine import EngineService, TorchEngine
-from reroll.rollout import Example, SamplingParams, new_group
-from reroll.workflows import WORKFLOWS, EpisodeContext
 from reroll.workflows.tree import tree_parent
 
 
@@ -41,23 +36,8 @@ class Constant:
 
 
 def test_a_tree_group_shares_prefixes_through_forks(tiny):
-    model, tok = tiny
-
-    async def main():
-        core = TorchEngine(model, tok, max_batch=16)
-        engine = EngineService(core)
-        ctx = EpisodeContext(engine=engine, scorer=Constant(), decode=build.decoder(tok),
-                             encode_observation=build.encode_observation(tok),
-                             max_new_tokens=6, tree_branch_at=(1, 3), tree_width=2)
-        sp = SamplingParams(max_new_tokens=6)  # no stop token: every member is 6 long
-        g = new_group(Example("p0", "3+4=", "7"), 8, build.encode_prompt(tok)("3+4="), sp, 0)
-        for r in g.rollouts:
-            r.sampling.seed = 10 + r.index_in_group
-        await WORKFLOWS.get("tree")(ctx, g)
-        await engine.close()
-        return g, core.stats()
-
-    g, s = asyncio.run(main())
+    # no stop token: every member is 6 long
+    g, s = run_tree_group(*tiny, Constant(), 8, 6, tree_branch_at=(1, 3), tree_width=2)
     P, rs = g.rollouts[0].prompt_len, g.rollouts
     assert all(r.finished and r.reward == 1.0 and r.response_len == 6 for r in rs)
     for i, r in enumerate(rs):
