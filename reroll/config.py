@@ -89,8 +89,9 @@ class RolloutConfig:
     """Top-k filter (0 disables)."""
     workflow: str = "single_turn"
     """Rollout workflow (registry `reroll.workflows.WORKFLOWS`): single_turn (n samples of a
-    prompt, scored by the verifiers) or multi_turn (policy turns interleaved with an
-    environment's observations)."""
+    prompt, scored by the verifiers), multi_turn (policy turns interleaved with an
+    environment's observations) or tree (the n samples grow as trees forking inside the
+    engine and sharing their prefixes: `tree_branch_at`, `tree_width`, `tree_credit`)."""
     env: str = ""
     """Environment of the multi_turn workflow (registry `reroll.envs.ENVIRONMENTS`)."""
     env_args: dict[str, Any] = field(default_factory=dict)
