@@ -347,7 +347,9 @@ def episode_context(cfg: RunConfig, tok, engine, scorer, shaping=None):
                           encode_observation=encode_observation(tok, cfg.task.chat),
                           shape_reward=shaping, make_env=make_env, max_turns=r.max_turns,
                           max_new_tokens=r.max_new_tokens, max_episode_tokens=r.max_episode_tokens,
-                          tree_branch_at=tuple(r.tree_branch_at), tree_width=r.tree_width)
+                          tree_branch_at=tuple(r.tree_branch_at), tree_width=r.tree_width,
+                          tree_branch=r.tree_branch, tree_tau_abs=r.tree_tau_abs,
+                          tree_tau_rel=r.tree_tau_rel)
 
 
 def demo_turns(cfg: RunConfig):

@@ -39,6 +39,18 @@ def env_metrics(rollouts: Sequence, prefix: str = "env/") -> dict[str, float]:
     return out
 
 
+def tree_metrics(rollouts: Sequence) -> dict[str, float]:
+    """LATR trees (``rollout.tree_branch = "entropy"``, ``control["tree"]["role"]``): the
+    share of members the branching rule spawned, and of spares sampled independently
+    because the rule did not fire often enough to use them."""
+    roles = [r.control["tree"]["role"] for r in rollouts
+             if r.control.get("tree", {}).get("mode") == "entropy"]
+    if not roles:
+        return {}
+    return {"tree/branched_share": roles.count("branch") / len(roles),
+            "tree/spares_independent_share": roles.count("spare") / len(roles)}
+
+
 def _engine_s(s: dict) -> float:
     return s.get("time_prefill_s", 0.0) + s.get("time_decode_s", 0.0)
 
@@ -93,6 +105,7 @@ def batch_metrics(groups: Sequence[Group], before: dict, after: dict, *, wait_s:
     if after.get("replay"):
         out["replay/samples_in_batch"] = float(sum(r.reused for r in rollouts))
     out.update(env_metrics(rollouts))
+    out.update(tree_metrics(rollouts))
     lags = [r.min_version for r in rollouts]
     if lags:
         out["staleness/oldest_version_in_batch"] = float(min(lags))

@@ -1,15 +1,10 @@
 """The tree workflow (rollout.workflow = "tree"): the shape of the trees, a group whose members
 share prefixes through engine forks, the config checks, and a tiny training run."""
 
-import asyncio
-
 import pytest
+from tree_helpers import run_tree, tree_group
 
-from reroll import build
 from reroll.config import ConfigError, load_config
-from reroll.engine import EngineService, TorchEngine
-from reroll.rollout import Example, SamplingParams, new_group
-from reroll.workflows import WORKFLOWS, EpisodeContext
 from reroll.workflows.tree import tree_parent
 
 
@@ -23,41 +18,10 @@ def test_tree_shape_by_hand():
     assert [tree_parent(i, (3,), 4) for i in range(5)] == [None, (0, 3), (0, 3), (0, 3), None]
 
 
-class Constant:
-    """A scorer that gives every sample reward 1."""
-
-    def combine(self, scores):
-        return 1.0
-
-    def submit(self, rollout, example):
-        raise AssertionError("inline scorer")
-
-    inline = True
-
-    def score(self, rollout, example):
-        from reroll.rollout import Score
-
-        return [Score("one", 1.0)]
-
-
 def test_a_tree_group_shares_prefixes_through_forks(tiny):
     model, tok = tiny
-
-    async def main():
-        core = TorchEngine(model, tok, max_batch=16)
-        engine = EngineService(core)
-        ctx = EpisodeContext(engine=engine, scorer=Constant(), decode=build.decoder(tok),
-                             encode_observation=build.encode_observation(tok),
-                             max_new_tokens=6, tree_branch_at=(1, 3), tree_width=2)
-        sp = SamplingParams(max_new_tokens=6)  # no stop token: every member is 6 long
-        g = new_group(Example("p0", "3+4=", "7"), 8, build.encode_prompt(tok)("3+4="), sp, 0)
-        for r in g.rollouts:
-            r.sampling.seed = 10 + r.index_in_group
-        await WORKFLOWS.get("tree")(ctx, g)
-        await engine.close()
-        return g, core.stats()
-
-    g, s = asyncio.run(main())
+    g = tree_group(tok, 8)
+    s = run_tree(model, tok, g, tree_branch_at=(1, 3), tree_width=2)
     P, rs = g.rollouts[0].prompt_len, g.rollouts
     assert all(r.finished and r.reward == 1.0 and r.response_len == 6 for r in rs)
     for i, r in enumerate(rs):
