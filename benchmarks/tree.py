@@ -10,12 +10,18 @@ Methods change only ``[rollout]``:
 - ``tree8_w2``: 8 leaves as 4 trees of 2, forking after the first response token;
 - ``tree8_w4``: 8 leaves as 2 trees of 4, forking after the first response token;
 - ``indep6``: 6 independent samples, about the generated tokens of ``tree8_w4``
-  (equal-token baseline).
+  (equal-token baseline);
+- ``latr8_w2``, ``latr8_w4``: ``rollout.tree_branch = "entropy"`` (LATR's rule at its
+  defaults, tau_abs 0.15, tau_rel 0.25): 4 trees of 2 / 2 trees of 4 members, each a root
+  and spares that branch off wherever a member's two most likely tokens are close; spares
+  the rule did not use are sampled independently (``branched`` is the share of members the
+  rule spawned, ``tree/branched_share`` averaged over steps).
 
 Generated tokens are ``pipeline/tokens_generated`` (what the engine sampled; inherited
 tokens are not sampled again). Runs go one after another through ``reroll train``.
 
     .venv/bin/python benchmarks/tree.py [--steps 200] [--seeds 0 1] [--init runs/bench_replay/sft]
+        [--methods indep8 latr8_w4 ...]
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ METHODS: dict[str, list[str]] = {
     "tree8_w2": ["rollout.workflow=tree", "rollout.tree_branch_at=[1]", "rollout.tree_width=2"],
     "tree8_w4": ["rollout.workflow=tree", "rollout.tree_branch_at=[1]", "rollout.tree_width=4"],
     "indep6": ["rollout.group_size=6"],
+    "latr8_w2": ["rollout.workflow=tree", "rollout.tree_branch=entropy", "rollout.tree_width=2"],
+    "latr8_w4": ["rollout.workflow=tree", "rollout.tree_branch=entropy", "rollout.tree_width=4"],
 }
 
 
@@ -66,12 +74,13 @@ def run_one(out: Path, name: str, seed: int, init: str, steps: int) -> dict:
     return {"method": name, "seed": seed, "wall_s": wall,
             "tokens_per_step": last["pipeline/tokens_generated"] / steps,
             "reward_mean": statistics.mean(r["reward/mean"] for r in rows if "reward/mean" in r),
+            "branched": statistics.mean(r.get("tree/branched_share", 0.0) for r in rows),
             **ev}
 
 
 def summarise(results: list[dict]) -> str:
-    keys = ["tokens_per_step", "reward_mean", "eval/greedy_accuracy", "eval/pass@1_sampled",
-            "eval/pass@8"]
+    keys = ["tokens_per_step", "branched", "reward_mean", "eval/greedy_accuracy",
+            "eval/pass@1_sampled", "eval/pass@8"]
     lines = ["| method | " + " | ".join(keys) + " | wall s |", "|---" * (len(keys) + 2) + "|"]
     for name in METHODS:
         rs = [r for r in results if r["method"] == name]
@@ -88,6 +97,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     ap.add_argument("--out", default="runs/bench_tree")
     ap.add_argument("--init", default="runs/bench_replay/sft",
                     help="an SFT checkpoint of the main job (reroll sft configs/arithmetic.toml)")
@@ -95,7 +105,7 @@ def main() -> None:
     out = ROOT / a.out
     results = []
     for seed in a.seeds:
-        for name in METHODS:
+        for name in a.methods:
             results.append(run_one(out, name, seed, a.init, a.steps))
             r = results[-1]
             print(f"{name} seed {seed}: {r['tokens_per_step']:.0f} tokens/step, greedy "
