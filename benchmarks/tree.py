@@ -14,6 +14,11 @@ Methods change only ``[rollout]``:
 - ``tree8_w2_seg``, ``tree8_w4_seg``: the two trees with TreeRL segment credit
   (``rollout.tree_credit = "segments"``, 1/sqrt(leaves) scale): each token trained once, in
   the member that sampled it, with its node's advantage.
+- ``latr8_w2``, ``latr8_w4``: ``rollout.tree_branch = "entropy"`` (LATR's rule at its
+  defaults, tau_abs 0.15, tau_rel 0.25): 4 trees of 2 / 2 trees of 4 members, each a root
+  and spares that branch off wherever a member's two most likely tokens are close; spares
+  the rule did not use are sampled independently (``branched`` is the share of members the
+  rule spawned, ``tree/branched_share`` averaged over steps).
 
 Generated tokens are ``pipeline/tokens_generated`` (what the engine sampled; inherited
 tokens are not sampled again); trained tokens are ``train/tokens`` (tokens in the loss:
@@ -48,6 +53,8 @@ METHODS: dict[str, list[str]] = {
                      "rollout.tree_credit=segments"],
     "tree8_w4_seg": ["rollout.workflow=tree", "rollout.tree_branch_at=[1]", "rollout.tree_width=4",
                      "rollout.tree_credit=segments"],
+    "latr8_w2": ["rollout.workflow=tree", "rollout.tree_branch=entropy", "rollout.tree_width=2"],
+    "latr8_w4": ["rollout.workflow=tree", "rollout.tree_branch=entropy", "rollout.tree_width=4"],
 }
 
 
@@ -78,12 +85,13 @@ def run_one(out: Path, name: str, seed: int, init: str, steps: int) -> dict:
             "trained_per_step": statistics.mean(r["train/tokens"] for r in rows
                                                 if "train/tokens" in r),
             "reward_mean": statistics.mean(r["reward/mean"] for r in rows if "reward/mean" in r),
+            "branched": statistics.mean(r.get("tree/branched_share", 0.0) for r in rows),
             **ev}
 
 
 def summarise(results: list[dict]) -> str:
-    keys = ["tokens_per_step", "trained_per_step", "reward_mean", "eval/greedy_accuracy", "eval/pass@1_sampled",
-            "eval/pass@8"]
+    keys = ["tokens_per_step", "trained_per_step", "branched", "reward_mean",
+            "eval/greedy_accuracy", "eval/pass@1_sampled", "eval/pass@8"]
     lines = ["| method | " + " | ".join(keys) + " | wall s |", "|---" * (len(keys) + 2) + "|"]
     for name in METHODS:
         rs = [r for r in results if r["method"] == name]
@@ -100,6 +108,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     ap.add_argument("--out", default="runs/bench_tree")
     ap.add_argument("--init", default="runs/bench_replay/sft",
                     help="an SFT checkpoint of the main job (reroll sft configs/arithmetic.toml)")

@@ -348,7 +348,9 @@ def episode_context(cfg: RunConfig, tok, engine, scorer, shaping=None):
                           shape_reward=shaping, make_env=make_env, max_turns=r.max_turns,
                           max_new_tokens=r.max_new_tokens, max_episode_tokens=r.max_episode_tokens,
                           tree_branch_at=tuple(r.tree_branch_at), tree_width=r.tree_width,
-                          tree_credit=r.tree_credit, tree_credit_scale=r.tree_credit_scale)
+                          tree_credit=r.tree_credit, tree_credit_scale=r.tree_credit_scale,
+                          tree_branch=r.tree_branch, tree_tau_abs=r.tree_tau_abs,
+                          tree_tau_rel=r.tree_tau_rel)
 
 
 def demo_turns(cfg: RunConfig):

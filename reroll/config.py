@@ -108,7 +108,8 @@ class RolloutConfig:
     (a remainder makes a partial tree). How the trees are trained: `tree_credit`."""
     tree_width: int = 2
     """tree workflow: branches at each position of `tree_branch_at` (the branch that goes on
-    plus tree_width - 1 forks)."""
+    plus tree_width - 1 forks); with tree_branch = "entropy", members per tree (a root and
+    tree_width - 1 spares)."""
     tree_credit: str = "leaves"
     """tree workflow: how a tree group is trained. "leaves" (LATR): every leaf is an
     independent sample with the configured estimator's advantage, its inherited prefix
@@ -126,6 +127,21 @@ class RolloutConfig:
     """tree_credit = "segments": divide a node's advantage by sqrt(leaves below it), TreeRL's
     reweighting, so that a prefix shared by many leaves does not dominate the update; false:
     the plain global + local advantage. Recorded as control["tree"]["scale"]."""
+    tree_branch: str = "positions"
+    """tree workflow: where branches fork. "positions": at `tree_branch_at`. "entropy"
+    (LATR's rule, ALGORITHMS.md 3.12): a group of n is ceil(n / tree_width) trees, each a
+    root sampled from the prompt and tree_width - 1 spare members; wherever a member's two
+    most likely tokens have p_j > tree_tau_abs and p_top - p_j < tree_tau_rel, the tree's
+    next spare branches off there with the token the member did not sample (span "forced":
+    chosen, not sampled, yet trained like a sampled token); spares left unused are sampled
+    independently. Cheaper than n samples only where the rule fires; the share of members
+    it spawned is logged as tree/branched_share."""
+    tree_tau_abs: float = 0.15
+    """tree_branch = "entropy": branch only where the alternative token has at least this
+    probability (LATR's tau_abs). Lower branches more often."""
+    tree_tau_rel: float = 0.25
+    """tree_branch = "entropy": branch only where the alternative token's probability is
+    within this of the top token's (LATR's tau_rel). Higher branches more often."""
 
     @property
     def policy_token_limit(self) -> int:

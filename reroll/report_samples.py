@@ -1,7 +1,7 @@
 """The sample-rollouts table of the run report: recorded rollouts with their scores, each
 response drawn span by span, coloured by how many policy versions its tokens lag the
 trained policy (version of the step's update minus the span's version), environment
-observations and replayed tokens marked by source, turns numbered.
+observations, replayed and forced (branch) tokens marked by source, turns numbered.
 
 Decoding a span's tokens needs the run's tokenizer (``decode``); without one the recorded
 completion text is shown whole, coloured by its oldest version. Plain HTML; no plotting.
@@ -17,7 +17,8 @@ from reroll.report_data import Run, sample_groups
 LAG_COLOURS = ["#b7e4c7", "#ffe8a3", "#ffc58a", "#ff9a8a", "#e26d6d"]  # lag 0, 1, 2, 3, 4+
 SOURCE_STYLE = {"env": "background:#dde3ea;font-style:italic",
                 "replayed": "background:#e4d9f5;text-decoration:underline dashed",
-                "draft": "background:#d6ecf7", "inherited": "background:#e8f5e0"}
+                "draft": "background:#d6ecf7", "inherited": "background:#e8f5e0",
+                "forced": "background:#fde2c8;font-weight:bold"}
 
 Decode = Callable[[list[int]], str]
 
@@ -80,7 +81,8 @@ def legend() -> str:
     items = [f'<span class="tok" style="background:{c}">lag {i}{"+" if i == len(LAG_COLOURS) - 1 else ""}'
              f"{' (on-policy)' if i == 0 else ''}</span>" for i, c in enumerate(LAG_COLOURS)]
     items += [f'<span class="tok" style="{SOURCE_STYLE[k]}">{name}</span>'
-              for k, name in (("env", "environment"), ("replayed", "replayed"))]
+              for k, name in (("env", "environment"), ("replayed", "replayed"),
+                              ("forced", "forced (a branch token chosen, not sampled)"))]
     return ('<p class="legend">Response tokens by policy lag (versions behind the policy '
             'being trained at that step; hover for version and turn): ' + "".join(items) + "</p>")
 

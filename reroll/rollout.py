@@ -12,6 +12,10 @@ policy version that produced it (-1 where not sampled). Draft tokens the engine 
 accepted (span source ``"draft"``) count as sampled: loss mask True, the log-prob and version
 of the policy that verified them. A forked child's tokens taken from its parent (span source
 ``"inherited"``, `reroll.engine.fork`) keep the parent's log-probs, versions and loss mask.
+A token the engine chose instead of sampling (span source ``"forced"``: the alternative token
+a `BranchRule` child starts with, `reroll.engine.branch`) counts as the policy's too (loss
+mask True, its log-prob under the distribution it was chosen from, the version), but was not
+drawn from that distribution: the span says so.
 """
 
 from __future__ import annotations
@@ -22,9 +26,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
 Finish = Literal["stop", "length", "abort", "pruned", "error", "running"]
-Source = Literal["prompt", "sampled", "draft", "inherited", "replayed", "env"]
+Source = Literal["prompt", "sampled", "draft", "inherited", "forced", "replayed", "env"]
 FINISHED = ("stop", "length", "pruned", "error")
-POLICY_SOURCES = ("sampled", "draft", "inherited")  # tokens the policy sampled (loss mask on)
+POLICY_SOURCES = ("sampled", "draft", "inherited", "forced")  # the policy's tokens (loss mask on)
 
 
 def new_id() -> str:
@@ -80,6 +84,29 @@ class StopRule:
 
 
 @dataclass(frozen=True)
+class BranchRule:
+    """LATR's branching rule (ALGORITHMS.md 3.12, m = 2), decided by a workflow and applied
+    by the engine as it samples (`reroll.engine.branch`): at every token a request carrying
+    it samples, with ``p_top >= p_j`` the two most likely tokens of the distribution sampled
+    from (after temperature, top-k, top-p), a child branches off when ``p_j > tau_abs`` and
+    ``p_top - p_j < tau_rel``. The child inherits the tokens before that position and takes
+    the candidate the request did not sample (``top`` when it sampled ``j``, else ``j``) as a
+    ``"forced"`` token, then samples on with its own seed; the request goes on with its own.
+
+    Children are spare members handed to the engine with the tree's root (`TorchEngine.branch`)
+    and consumed in order; a request with no spares left (or none, or a greedy one) never
+    branches."""
+
+    tau_abs: float = 0.15
+    tau_rel: float = 0.25
+
+    def __post_init__(self) -> None:
+        if not (0.0 <= self.tau_abs < 1.0 and 0.0 < self.tau_rel <= 1.0):
+            raise ValueError(f"BranchRule needs 0 <= tau_abs < 1 and 0 < tau_rel <= 1, got "
+                             f"tau_abs={self.tau_abs}, tau_rel={self.tau_rel}")
+
+
+@dataclass(frozen=True)
 class Draft:
     """Tokens proposed for the start of a response (an earlier epoch's response: SPEC-RL,
     ALGORITHMS.md 3.2; a suffix match over recent rollouts: DAS), which the engine verifies
@@ -126,6 +153,7 @@ class SamplingParams:
     seed: int | None = None
     stop_rule: StopRule | None = None
     draft: Draft | None = None  # verified before sampling when a call starts a response
+    branch_rule: BranchRule | None = None  # LATR branching, for members of an engine tree
 
     @property
     def greedy(self) -> bool:
@@ -291,6 +319,8 @@ class Rollout:
             sampling["stop_rule"] = StopRule(**sampling["stop_rule"])
         if sampling.get("draft") is not None:
             sampling["draft"] = Draft(**sampling["draft"])
+        if sampling.get("branch_rule") is not None:
+            sampling["branch_rule"] = BranchRule(**sampling["branch_rule"])
         d["sampling"] = SamplingParams(**sampling)
         d["scores"] = [Score(**s) for s in d.get("scores", [])]
         d["spans"] = [Span(**s) for s in d.get("spans", [])]

@@ -17,7 +17,10 @@ Owns the contracts only. Two layers:
   An engine that can fork sequences also has ``fork(parent, children, at)``, one awaitable
   per child (`EngineService` over `TorchEngine`; `reroll.engine.fork`): the children share
   the parent's first ``at`` tokens and its cached keys/values, and sample on with their own
-  seeds. It is a capability, not part of the protocol (``hasattr(engine, "fork")``).
+  seeds. It is a capability, not part of the protocol (``hasattr(engine, "fork")``); so is
+  ``branch(root, spares)`` (LATR trees, `reroll.engine.branch`): one awaitable per member;
+  where the root's ``sampling.branch_rule`` fires, the next spare branches off with the
+  alternative token, and spares the tree did not use are generated independently.
 - `EngineCore` is the step-wise engine an `EngineService` drives from its own thread:
   `reroll.engine.TorchEngine` in this process, or `reroll.runtime.ray.RayEnginePool` over
   engine actors. Cores are chosen by the `ENGINES` registry (``engine.name``).

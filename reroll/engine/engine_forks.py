@@ -14,7 +14,7 @@ import time
 import torch
 
 from reroll.engine.fork import Fork, check_fork, inherit
-from reroll.engine.requests import make_request
+from reroll.engine.requests import Request, make_request
 from reroll.engine.sampling import seed_key
 from reroll.rollout import Rollout
 
@@ -70,26 +70,37 @@ class Forking:
         reqs, done = [], []
         for c in fk.children:
             inherit(c, parent, at)
-            seed = c.sampling.seed
-            seed = int(torch.randint(0, 2**62, ())) if seed is None else int(seed)
-            q = make_request(c, vocab=self.vocab, max_seq_len=self.max_seq_len,
-                             seed=seed_key(seed))
-            q.resume = False  # its prefix is inherited, not a resume of its own
+            q = self._child_request(c)
             if q.budget > 0:
                 reqs.append(q)
                 continue
             done.append(q.finish("length", self.version, self._decode_text))
             done += self._fire(c, len(c.tokens), None, True)
+        k = self._seat(reqs, slot, at - 1, parent.tokens[at - 1])
+        self.counts["fork_children"] += k
+        self.counts["fork_tokens_shared"] += k * (at - 1)
+        self.counts["fork_children_prefilled"] += len(reqs) - k
+        return done
+
+    def _child_request(self, c: Rollout) -> Request:
+        """The request of a child whose record holds its inherited prefix (not a resume)."""
+        seed = c.sampling.seed
+        seed = int(torch.randint(0, 2**62, ())) if seed is None else int(seed)
+        q = make_request(c, vocab=self.vocab, max_seq_len=self.max_seq_len, seed=seed_key(seed))
+        q.resume = False  # its prefix is inherited, not a resume of its own
+        return q
+
+    def _seat(self, reqs: list[Request], slot: int | None, cached: int, feed: int) -> int:
+        """Free slots take ``reqs`` with a copy of ``slot``'s first ``cached`` cache rows and
+        ``feed`` as the token to decode next; the rest (all when ``slot`` is None) go to the
+        front of the queue and re-prefill their prefix. Returns how many took a slot."""
         k = 0 if slot is None else min(len(reqs), self.max_batch - len(self.rows))
         if k:
             n0 = len(self.rows)
-            self._place(n0, [(q, at - 1) for q in reqs[:k]])
+            self._place(n0, [(q, cached) for q in reqs[:k]])
             dst = torch.arange(n0, n0 + k, device=self.device)
-            self.cache.move(dst, torch.full((k,), slot, device=self.device), at - 1)
-            self.next_tok[dst] = parent.tokens[at - 1]
-            self.counts["fork_children"] += k
-            self.counts["fork_tokens_shared"] += k * (at - 1)
+            self.cache.move(dst, torch.full((k,), slot, device=self.device), cached)
+            self.next_tok[dst] = feed
         for q in reversed(reqs[k:]):
             self.waiting.appendleft(q)
-        self.counts["fork_children_prefilled"] += len(reqs) - k
-        return done
+        return k

@@ -93,9 +93,11 @@ class ForkTable:
             gone |= {c.sample_id for c in new}
 
 
-def check_fork(parent: Rollout, children: list[Rollout], at: int, live: set[str]) -> None:
-    """A fork's arguments, before anything changes; errors name the parent and the child."""
-    where = f"fork of rollout {parent.sample_id} (prompt {parent.prompt_id})"
+def check_fork(parent: Rollout, children: list[Rollout], at: int, live: set[str],
+               what: str = "fork") -> None:
+    """A fork's (or a ``what``'s) arguments, before anything changes; errors name the parent
+    and the child."""
+    where = f"{what} of rollout {parent.sample_id} (prompt {parent.prompt_id})"
     if not parent.prompt_len <= at:
         raise ValueError(f"{where}: at={at} is inside the prompt ({parent.prompt_len} tokens)")
     prompt = parent.tokens[:parent.prompt_len]

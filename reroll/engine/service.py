@@ -36,6 +36,7 @@ class EngineService:
         self._futures: dict[str, tuple[Rollout, asyncio.Future, Turn | None]] = {}
         self._submitted: list[str] = []
         self._forks: list[tuple[Rollout, list[Rollout], int]] = []  # for the core's next add
+        self._branches: list[tuple[Rollout, list[Rollout]]] = []  # likewise, trees to plant
         self._yield = False  # read by the worker thread: return to the event loop soon
         self._wake: asyncio.Event | None = None
         self._lock: asyncio.Lock | None = None
@@ -66,27 +67,48 @@ class EngineService:
         Forks submitted in one pass of the event loop reach the core after that pass's
         ``generate`` calls, in order, so a fork may name a parent submitted just before it or
         a child of an earlier fork."""
-        self._start()
-        if self._error is not None:
-            raise RuntimeError(f"the engine failed earlier: {self._error}") from self._error
-        if not hasattr(self.core, "fork"):
-            raise ValueError(f"{type(self.core).__name__} cannot fork sequences (the torch "
-                             "engine in this process can)")
+        self._check_can("fork", "fork sequences")
         if parent.sample_id not in self._futures and not parent.finished:
             raise ValueError(f"fork of rollout {parent.sample_id}: the parent is neither being "
                              f"generated nor finished ({parent.finish!r})")
-        futs = []
-        for c in children:
-            if c.sample_id in self._futures:
-                raise ValueError(f"rollout {c.sample_id} is already being generated")
-        for c in children:
-            fut = asyncio.get_running_loop().create_future()
-            self._futures[c.sample_id] = (c, fut, None)
-            futs.append(fut)
+        futs = self._register(children)
         self._forks.append((parent, list(children), at))
         self._yield = True
         self._wake.set()
         return futs
+
+    def branch(self, root: Rollout, spares: list[Rollout]) -> list[asyncio.Future]:
+        """Generate ``root`` (with its ``sampling.branch_rule``) as a tree whose children
+        take ``spares`` in order (`TorchEngine.branch`, `reroll.engine.branch`); one
+        awaitable per member, the root's first, each resolved when that member finishes: as
+        a child, or as an independent request when the tree had no use for it. Handed to
+        the core after the pass's ``generate`` calls and forks."""
+        self._check_can("branch", "branch sequences")
+        futs = self._register([root, *spares])
+        self._branches.append((root, list(spares)))
+        self._yield = True
+        self._wake.set()
+        return futs
+
+    def _register(self, rollouts: list[Rollout]) -> list[asyncio.Future]:
+        """One future per rollout (none of them already being generated here)."""
+        for r in rollouts:
+            if r.sample_id in self._futures:
+                raise ValueError(f"rollout {r.sample_id} is already being generated")
+        futs = []
+        for r in rollouts:
+            fut = asyncio.get_running_loop().create_future()
+            self._futures[r.sample_id] = (r, fut, None)
+            futs.append(fut)
+        return futs
+
+    def _check_can(self, method: str, what: str) -> None:
+        self._start()
+        if self._error is not None:
+            raise RuntimeError(f"the engine failed earlier: {self._error}") from self._error
+        if not hasattr(self.core, method):
+            raise ValueError(f"{type(self.core).__name__} cannot {what} (the torch engine in "
+                             "this process can)")
 
     async def update_weights(self, weights: Any, version: int, interrupt: bool = True) -> None:
         self._start()
@@ -120,6 +142,7 @@ class EngineService:
                 queued += [c.sample_id for c in kids if wanted is None or c.sample_id in wanted]
             self._forks = [(p, [c for c in kids if c.sample_id not in set(queued)], at)
                            for p, kids, at in self._forks]
+            queued += self._drop_branches(wanted)
         out = []
         for r in aborted:
             out.append(self._resolve(r))
@@ -129,6 +152,21 @@ class EngineService:
                 r.finish = "abort"
                 out.append(self._resolve(r))
         return out
+
+    def _drop_branches(self, wanted: set[str] | None) -> list[str]:
+        """Trees not yet handed to the core lose the named members (returned); the spares
+        of a named root are generated as independent requests instead."""
+        named, keep = [], []
+        for root, spares in self._branches:
+            hit = [r.sample_id for r in (root, *spares) if wanted is None or r.sample_id in wanted]
+            named += hit
+            rest = [c for c in spares if c.sample_id not in hit]
+            if root.sample_id in hit:
+                self._submitted += [c.sample_id for c in rest]
+            else:
+                keep.append((root, rest))
+        self._branches = keep
+        return named
 
     def _resolve(self, r: Rollout) -> Rollout:
         orig, fut, _ = self._futures.pop(r.sample_id)
@@ -197,6 +235,9 @@ class EngineService:
         for parent, kids, at in forks:
             if kids:
                 self.core.fork(parent, kids, at)
+        branches, self._branches = self._branches, []
+        for root, spares in branches:
+            self.core.branch(root, spares)
 
     def _run(self) -> list[Rollout]:
         """In the engine thread: step until something finishes or the loop wants the core."""

@@ -26,8 +26,11 @@ seed from torch's global generator when it is added.
 Forks (`fork`, in `reroll.engine.engine_forks`): children of a running sequence take free
 slots with a copy of its cache rows (no forward over the shared prefix) and decode from the
 next step on; children that find no free slot re-prefill the prefix instead
-(``fork_children_prefilled``). Drafts (`reroll.engine.engine_drafts`): a request's draft is
-prefilled after its prompt and verified in the same forward.
+(``fork_children_prefilled``). Branches (`branch`, in `reroll.engine.engine_branches`): a
+request carrying a `BranchRule` spawns, where the rule fires, a child that takes the next spare
+of its tree, a copy of its cache rows and the alternative token. Drafts
+(`reroll.engine.engine_drafts`): a request's draft is prefilled after its prompt and verified
+in the same forward.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from collections import deque
 import torch
 from torch import Tensor
 
+from reroll.engine.branch import TreeTable
+from reroll.engine.engine_branches import Branching
 from reroll.engine.engine_drafts import Drafting
 from reroll.engine.engine_forks import Forking
 from reroll.engine.fork import ForkTable
@@ -48,7 +53,7 @@ from reroll.engine.sampling import sample, seed_key, uniforms
 from reroll.rollout import Rollout
 
 
-class TorchEngine(Forking, Drafting):
+class TorchEngine(Forking, Branching, Drafting):
     def __init__(self, model, tokenizer, *, max_batch: int = 64, max_seq_len: int | None = None,
                  version: int = 0, max_prefill_tokens: int = 1024,
                  admit_batch: int | None = None):
@@ -92,8 +97,10 @@ class TorchEngine(Forking, Drafting):
              "prefill_tokens", "prefill_tokens_shared", "requests_added", "requests_finished",
              "requests_aborted", "requests_resumed", "time_prefill_s", "time_decode_s",
              "draft_tokens_proposed", "draft_tokens_accepted", "fork_children",
-             "fork_tokens_shared", "fork_children_prefilled"], 0.0)
+             "fork_tokens_shared", "fork_children_prefilled", "branch_children",
+             "branch_children_prefilled", "branch_spares_independent"], 0.0)
         self.forks = ForkTable()
+        self.trees = TreeTable()
 
     # ---- public API (reroll.engine.base.Engine) ----------------------------------------
     def add(self, rollouts: list[Rollout],
@@ -130,6 +137,8 @@ class TorchEngine(Forking, Drafting):
             done += self._admit()
             if self.rows:
                 done += self._decode()
+        if self.trees:
+            self._settle_trees(done)
         return done
 
     def generate(self, rollouts: list[Rollout]) -> list[Rollout]:
@@ -158,6 +167,8 @@ class TorchEngine(Forking, Drafting):
             for c in self.forks.drop(wanted):
                 c.finish = "abort"
                 out.append(c)
+            if self.trees:  # spares named, or left over by members stopped for good
+                out += self._abort_trees(wanted)
         self.counts["requests_aborted"] += len(out)
         return out
 
@@ -315,6 +326,8 @@ class TorchEngine(Forking, Drafting):
                 if q.rollout.sample_id in self.forks.pending:
                     i = sl.start + j
                     done += self._fire(q.rollout, self._length(q), i, i in fin)
+        if self.trees:  # likewise: children copy the rows of a parent that just finished
+            done += self._branch(logits, sl, tok, ban)
         self._compact(fin)
         self.counts["requests_finished"] += len(done)
         return done
@@ -342,7 +355,8 @@ class TorchEngine(Forking, Drafting):
     # ---- forks --------------------------------------------------------------------------
     def _live(self) -> set[str]:
         live = {q.rollout.sample_id for q in self.rows} | {q.rollout.sample_id for q in self.waiting}
-        return live | self.forks.waiting_children() if self.forks else live
+        live = live | self.forks.waiting_children() if self.forks else live
+        return live | self.trees.held() if self.trees else live
 
     @staticmethod
     def _length(q: Request) -> int:

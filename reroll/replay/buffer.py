@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
-from reroll.rollout import Group, Rollout, new_id
+from reroll.rollout import POLICY_SOURCES, Group, Rollout, new_id
 
 
 def informative(g: Group) -> bool:
@@ -35,8 +35,7 @@ def replay_rollout(r: Rollout, *, group_id: str, index: int | None = None) -> Ro
     ``replayed`` with their versions. Tokens, masks, behaviour log-probs, versions, scores
     and reward are unchanged."""
     d = Rollout.from_dict(r.to_dict())
-    spans = [replace(s, source="replayed") if s.source in ("sampled", "draft", "inherited") else s
-             for s in d.spans]
+    spans = [replace(s, source="replayed") if s.source in POLICY_SOURCES else s for s in d.spans]
     return replace(d, sample_id=new_id(), group_id=group_id, parent_id=r.sample_id,
                    prefix_len=len(r.tokens), spans=spans,
                    index_in_group=r.index_in_group if index is None else index)

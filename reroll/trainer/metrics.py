@@ -39,11 +39,24 @@ def env_metrics(rollouts: Sequence, prefix: str = "env/") -> dict[str, float]:
     return out
 
 
+def tree_metrics(rollouts: Sequence) -> dict[str, float]:
+    """LATR trees (``rollout.tree_branch = "entropy"``, ``control["tree"]["role"]``): the
+    share of members the branching rule spawned, and of spares sampled independently
+    because the rule did not fire often enough to use them."""
+    roles = [r.control["tree"]["role"] for r in rollouts
+             if r.control.get("tree", {}).get("mode") == "entropy"]
+    if not roles:
+        return {}
+    return {"tree/branched_share": roles.count("branch") / len(roles),
+            "tree/spares_independent_share": roles.count("spare") / len(roles)}
+
+
 ENGINE_COUNTERS = ("failovers", "server_failures", "servers_alive", "weight_pushes",
                    "requests_resumed", "draft_tokens_proposed", "draft_tokens_accepted",
-                   "fork_children", "fork_tokens_shared")
+                   "fork_children", "fork_tokens_shared", "branch_children",
+                   "branch_spares_independent")
 """Engine counters logged as ``engine/<name>`` (cumulative) where the engine keeps them:
-failover and server health of `OpenAIEngine`, resumes, drafts and forks of either."""
+failover and server health of `OpenAIEngine`, resumes, drafts, forks and LATR branches."""
 
 
 def _engine_s(s: dict) -> float:
@@ -101,6 +114,7 @@ def batch_metrics(groups: Sequence[Group], before: dict, after: dict, *, wait_s:
     if after.get("replay"):
         out["replay/samples_in_batch"] = float(sum(r.reused for r in rollouts))
     out.update(env_metrics(rollouts))
+    out.update(tree_metrics(rollouts))
     lags = [r.min_version for r in rollouts]
     if lags:
         out["staleness/oldest_version_in_batch"] = float(min(lags))

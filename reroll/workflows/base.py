@@ -49,11 +49,18 @@ class EpisodeContext:
     tree_branch_at: tuple[int, ...] = ()
     """tree: response positions where each branch forks (`RolloutConfig.tree_branch_at`)."""
     tree_width: int = 2
-    """tree: branches at each of those positions."""
+    """tree: branches at each of those positions ("entropy": members per tree)."""
     tree_credit: str = "leaves"
     """tree: how the groups are trained, recorded on each member (`RolloutConfig.tree_credit`)."""
     tree_credit_scale: bool = True
     """tree, segment credit: the 1 / sqrt(leaves) factor (`RolloutConfig.tree_credit_scale`)."""
+    tree_branch: str = "positions"
+    """tree: "positions" (forks at `tree_branch_at`) or "entropy" (LATR's branching rule,
+    `reroll.workflows.tree_entropy`)."""
+    tree_tau_abs: float = 0.15
+    """tree, "entropy": the alternative token's least probability (`BranchRule.tau_abs`)."""
+    tree_tau_rel: float = 0.25
+    """tree, "entropy": the largest gap to the top token (`BranchRule.tau_rel`)."""
     grow: Callable[[Group], int] | None = None
     """Adaptive allocation: after a round of a group is scored, adds the samples the
     allocator asks for and returns how many (0: the group is complete). None: groups keep

@@ -19,7 +19,9 @@ Shape: with positions ``d_1 < ... < d_m`` and width ``w``, member ``i`` of the g
 (the first for ``d_1``). A leaf whose digits are all 0 is the tree's root, sampled from the
 prompt; any other leaf forks, at response position ``d_k`` of its deepest non-zero digit
 ``k``, from the leaf with that digit set to 0. For ``w = 2``, ``d = (2, 4)``: leaf 1 forks
-from 0 at 4, leaf 2 from 0 at 2, leaf 3 from 2 at 4.
+from 0 at 4, leaf 2 from 0 at 2, leaf 3 from 2 at 4. That is ``rollout.tree_branch =
+"positions"``; ``"entropy"`` (LATR's rule: branch where two tokens are both likely) is
+`reroll.workflows.tree_entropy`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 from reroll.errors import ConfigError
 from reroll.rollout import Group, Rollout
 from reroll.workflows.base import WORKFLOWS, EpisodeContext, in_rounds
+from reroll.workflows.tree_entropy import entropy_trees
 
 
 def tree_parent(i: int, branch_at: tuple[int, ...], width: int) -> tuple[int, int] | None:
@@ -47,7 +50,10 @@ async def tree(ctx: EpisodeContext, group: Group) -> None:
     """Generate every unfinished member: a root from its prompt, any other member as a fork
     of its parent (a member already forked, restored from a checkpoint, resumes from its
     own record); score each as it finishes; in rounds when the allocator grows groups (a
-    later round forks from finished parents: those children re-prefill the prefix)."""
+    later round forks from finished parents: those children re-prefill the prefix).
+    ``tree_branch = "entropy"``: `entropy_trees`."""
+    if ctx.tree_branch == "entropy":
+        return await entropy_trees(ctx, group)
     at, width = tuple(ctx.tree_branch_at), ctx.tree_width
 
     async def one(r: Rollout) -> None:
@@ -74,19 +80,45 @@ CREDITS = ("leaves", "segments")
 
 
 def check_tree(cfg) -> None:
-    """The tree workflow's keys: positions ascending inside the response, width >= 2, the
-    engine that forks sequences (the torch engine in this process), and a credit that the
+    """The tree workflow's keys: the branching mode; positions ascending inside the response
+    ("positions"), or no positions and the rule's thresholds left to "entropy"; width >= 2;
+    the engine that forks sequences (the torch engine in this process); and a credit that the
     rest of the config can train (`check_credit`)."""
     r = cfg.rollout
+    entropy_keys = [k for k, v, d in (("tree_tau_abs", r.tree_tau_abs, 0.15),
+                                       ("tree_tau_rel", r.tree_tau_rel, 0.25)) if v != d]
     if r.workflow != "tree":
-        used = [k for k, on in (("rollout.tree_branch_at", r.tree_branch_at),
-                                ("rollout.tree_credit", r.tree_credit != "leaves"),
-                                ("rollout.tree_credit_scale", not r.tree_credit_scale)) if on]
+        used = [k for k, on in (("tree_branch_at", r.tree_branch_at),
+                                ("tree_branch", r.tree_branch != "positions"),
+                                ("tree_credit", r.tree_credit != "leaves"),
+                                ("tree_credit_scale", not r.tree_credit_scale),
+                                *((k, True) for k in entropy_keys)) if on]
         if used:
-            raise ConfigError(f"{used[0]} is used by rollout.workflow = \"tree\" only (it is "
-                              f"{r.workflow!r})")
+            raise ConfigError(f"rollout.{used[0]} is used by rollout.workflow = \"tree\" only "
+                              f"(it is {r.workflow!r})")
         return
     check_credit(cfg)
+    if r.tree_branch not in ("positions", "entropy"):
+        raise ConfigError(f"rollout.tree_branch must be \"positions\" or \"entropy\", got "
+                          f"{r.tree_branch!r}")
+    if r.tree_branch == "entropy":
+        if r.tree_branch_at:
+            raise ConfigError("rollout.tree_branch_at is used by rollout.tree_branch = "
+                              "\"positions\" only (\"entropy\" branches where its rule fires)")
+    else:
+        if entropy_keys:
+            raise ConfigError(f"rollout.{entropy_keys[0]} is used by rollout.tree_branch = "
+                              f"\"entropy\" only (it is \"positions\")")
+        _check_positions(r)
+    if r.tree_width < 2:
+        raise ConfigError(f"rollout.tree_width must be >= 2, got {r.tree_width}")
+    if cfg.engine.name != "torch" or cfg.runtime.kind != "local":
+        raise ConfigError(f"rollout.workflow = \"tree\" needs the engine that forks sequences: "
+                          f"engine.name = \"torch\" and runtime.kind = \"local\" (got "
+                          f"{cfg.engine.name!r}, {cfg.runtime.kind!r})")
+
+
+def _check_positions(r) -> None:
     pts = list(r.tree_branch_at)
     if not pts or any(not isinstance(p, int) for p in pts):
         raise ConfigError(f"rollout.tree_branch_at: the tree workflow needs a list of "
@@ -94,12 +126,6 @@ def check_tree(cfg) -> None:
     if pts != sorted(set(pts)) or pts[0] < 0 or pts[-1] >= r.max_new_tokens:
         raise ConfigError(f"rollout.tree_branch_at must be strictly ascending in [0, "
                           f"rollout.max_new_tokens = {r.max_new_tokens}), got {pts}")
-    if r.tree_width < 2:
-        raise ConfigError(f"rollout.tree_width must be >= 2, got {r.tree_width}")
-    if cfg.engine.name != "torch" or cfg.runtime.kind != "local":
-        raise ConfigError(f"rollout.workflow = \"tree\" needs the engine that forks sequences: "
-                          f"engine.name = \"torch\" and runtime.kind = \"local\" (got "
-                          f"{cfg.engine.name!r}, {cfg.runtime.kind!r})")
 
 
 def check_credit(cfg) -> None:

@@ -2,7 +2,7 @@
 share prefixes through engine forks, the config checks, and a tiny training run."""
 
 import pytest
-from tree_helpers import run_tree_group
+from tree_helpers import run_tree, tree_group
 
 from reroll.config import ConfigError, load_config
 from reroll.workflows.tree import tree_parent
@@ -18,26 +18,10 @@ def test_tree_shape_by_hand():
     assert [tree_parent(i, (3,), 4) for i in range(5)] == [None, (0, 3), (0, 3), (0, 3), None]
 
 
-class Constant:
-    """A scorer that gives every sample reward 1."""
-
-    def combine(self, scores):
-        return 1.0
-
-    def submit(self, rollout, example):
-        raise AssertionError("inline scorer")
-
-    inline = True
-
-    def score(self, rollout, example):
-        from reroll.rollout import Score
-
-        return [Score("one", 1.0)]
-
-
 def test_a_tree_group_shares_prefixes_through_forks(tiny):
-    # no stop token: every member is 6 long
-    g, s = run_tree_group(*tiny, Constant(), 8, 6, tree_branch_at=(1, 3), tree_width=2)
+    model, tok = tiny
+    g = tree_group(tok, 8)
+    s = run_tree(model, tok, g, tree_branch_at=(1, 3), tree_width=2)
     P, rs = g.rollouts[0].prompt_len, g.rollouts
     assert all(r.finished and r.reward == 1.0 and r.response_len == 6 for r in rs)
     for i, r in enumerate(rs):

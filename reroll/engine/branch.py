@@ -1,0 +1,109 @@
+"""Branching at high-probability alternatives (LATR, ALGORITHMS.md 3.12): the rule's decision
+and the bookkeeping of the trees it grows.
+
+Owns the decision of `reroll.rollout.BranchRule` as a pure tensor function (`branch_tokens`)
+and the table of live trees with their spare members (`TreeTable`). Knows nothing of caches,
+slots or the model: `reroll.engine.engine_branches` (a mixin of `TorchEngine`) calls the
+rule at every sampled token of a request that carries one, and turns a decision into a child
+with a copy of the parent's cache rows.
+
+A tree is a root request handed to the engine with a list of spare members (unstarted
+rollouts of the root's prompt). When the rule fires at position ``t`` of any member of the
+tree, the next spare becomes a child: it inherits the member's first ``t`` tokens (spans
+``inherited``, `reroll.engine.fork.inherit`), takes the alternative token as its token ``t``
+(span ``forced``, with its log-prob under the distribution the member sampled from) and
+samples on from its own seed; it is a member of the tree too. When no member of a tree is in
+the engine any more, its unused spares are sampled as independent requests.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from reroll.rollout import Rollout
+
+
+def branch_tokens(
+    logp: Tensor,  # [B, V] log-probs of the distribution each row sampled from
+    sampled: Tensor,  # [B] int64: the token each row sampled
+    tau_abs: Tensor,  # [B] float
+    tau_rel: Tensor,  # [B] float
+) -> Tensor:
+    """[B] int64: the token a child takes at this position, -1 where the rule does not fire.
+
+    With ``top`` and ``j`` the two most likely tokens (``p_top >= p_j``; equal probabilities
+    in the order `torch.topk` gives), the rule fires when ``p_j > tau_abs`` and ``p_top - p_j
+    < tau_rel``; the child takes ``top`` when the row sampled ``j``, else ``j`` (also when
+    the row sampled neither)."""
+    p, idx = logp.exp().topk(2, dim=-1)  # [B, 2] each, most likely first
+    fire = (p[:, 1] > tau_abs) & (p[:, 0] - p[:, 1] < tau_rel)
+    other = torch.where(sampled == idx[:, 1], idx[:, 0], idx[:, 1])
+    return torch.where(fire, other, torch.full_like(other, -1))
+
+
+@dataclass
+class _Tree:
+    spares: deque[Rollout]  # not yet spawned, in the order children take them
+    live: set[str] = field(default_factory=set)  # members in the engine (or interrupted)
+
+
+class TreeTable:
+    """The live trees, by member sample id. A member stays live until it finishes or is
+    aborted for good (an interrupt for new weights keeps it: it comes back as a resume and
+    goes on branching from the same spares)."""
+
+    def __init__(self) -> None:
+        self.tree_of: dict[str, _Tree] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.tree_of)
+
+    def plant(self, root: Rollout, spares: list[Rollout]) -> None:
+        """A tree of ``root`` whose children take ``spares`` in order."""
+        self.tree_of[root.sample_id] = _Tree(deque(spares), {root.sample_id})
+
+    def can_spawn(self, member_id: str) -> bool:
+        t = self.tree_of.get(member_id)
+        return t is not None and bool(t.spares)
+
+    def spawn(self, member_id: str) -> Rollout | None:
+        """The next spare of ``member_id``'s tree, now a live member; None when none is left."""
+        t = self.tree_of.get(member_id)
+        if t is None or not t.spares:
+            return None
+        child = t.spares.popleft()
+        t.live.add(child.sample_id)
+        self.tree_of[child.sample_id] = t
+        return child
+
+    def held(self) -> set[str]:
+        """Sample ids of the spares not yet spawned."""
+        trees = {id(t): t for t in self.tree_of.values()}.values()
+        return {c.sample_id for t in trees for c in t.spares}
+
+    def end(self, sample_ids) -> list[Rollout]:
+        """Members that finished or stopped for good (other ids are ignored); returns the
+        spares of the trees left with no live member, to sample independently."""
+        out: list[Rollout] = []
+        for i in sample_ids:
+            t = self.tree_of.pop(i, None)
+            if t is None:
+                continue
+            t.live.discard(i)
+            if not t.live:
+                out += t.spares
+                t.spares.clear()
+        return out
+
+    def drop(self, sample_ids: set[str]) -> tuple[list[Rollout], list[Rollout]]:
+        """Stop the named members and spares for good: (the named spares, removed; the
+        spares of trees left with no live member, to sample independently)."""
+        named: list[Rollout] = []
+        for t in {id(t): t for t in self.tree_of.values()}.values():
+            named += [c for c in t.spares if c.sample_id in sample_ids]
+            t.spares = deque(c for c in t.spares if c.sample_id not in sample_ids)
+        return named, self.end([i for i in sample_ids if i in self.tree_of])

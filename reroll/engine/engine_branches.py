@@ -1,0 +1,108 @@
+"""TorchEngine's branching (LATR trees, `reroll.engine.branch`): a request carrying a
+`BranchRule` spawns a child at every token where the rule fires, while its tree has spares.
+
+Owns the engine side of `reroll.engine.branch` (which decides and keeps the trees): `branch`
+(a root with its spares), turning a decision into a child (its record: the parent's prefix,
+then the alternative token as a ``"forced"`` span; its slot: a copy of the parent's cache
+rows, or the re-prefill fallback of `reroll.engine.engine_forks` when no slot is free), and
+the spares of finished trees, which are sampled as independent requests. A mixin of
+`reroll.engine.torch_engine.TorchEngine`; uses its slots, cache, queue and counters.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import Tensor
+
+from reroll.engine.branch import branch_tokens
+from reroll.engine.fork import check_fork, inherit
+from reroll.engine.requests import Request
+from reroll.engine.sampling import scaled_logits
+from reroll.rollout import Rollout
+
+
+class Branching:
+    """`branch` and the rule's hooks in sampling, retiring and aborting, for `TorchEngine`."""
+
+    def branch(self, root: Rollout, spares: list[Rollout]) -> None:
+        """Generate ``root`` (its ``sampling.branch_rule`` says where it branches) as the
+        root of a tree whose children take ``spares`` (unstarted rollouts of its prompt) in
+        order; children carry their own ``sampling`` (seed, and a rule to branch further).
+        Every member finishes through `step` like any request; the spares no child took are
+        added as independent requests once no member of the tree is left in the engine
+        (``branch_spares_independent``). A greedy root never branches."""
+        if root.sampling.branch_rule is None:
+            raise ValueError(f"branch of rollout {root.sample_id}: it has no "
+                             f"sampling.branch_rule")
+        check_fork(root, spares, root.prompt_len, self._live(), what="branch")
+        self.add([root])
+        if spares:
+            self.trees.plant(root, list(spares))
+
+    def _branch(self, logits: Tensor, sl: slice, tok: Tensor,
+                ban: Tensor | None) -> list[Rollout]:
+        """The children of slots ``sl`` (logits [n, V], just sampled ``tok`` [n]) whose rule
+        fires at this token, spawned in slot order while their trees have spares; returns
+        those that finished at once (their forced token ends them)."""
+        rows = self.rows[sl]
+        banned = ban.tolist() if ban is not None else [-1] * len(rows)
+        pick = [j for j, q in enumerate(rows)
+                if not q.greedy and q.rollout.sampling.branch_rule is not None
+                and banned[j] < 0 and self.trees.can_spawn(q.rollout.sample_id)]
+        if not pick:
+            return []
+        at = torch.tensor(pick, device=self.device)
+        slots = at + sl.start
+        logp = torch.log_softmax(scaled_logits(
+            logits[at], self.temp[slots], self.top_k[slots], self.top_p[slots],
+            any_greedy=False, any_filter=any(rows[j].filtered for j in pick)), dim=-1)  # [k, V]
+        rules = [rows[j].rollout.sampling.branch_rule for j in pick]
+        taus = torch.tensor([[r.tau_abs, r.tau_rel] for r in rules], device=self.device)
+        forced = branch_tokens(logp, tok[at], taus[:, 0], taus[:, 1]).tolist()
+        done = []
+        for k, (j, f) in enumerate(zip(pick, forced, strict=True)):
+            child = self.trees.spawn(rows[j].rollout.sample_id) if f >= 0 else None
+            if child is not None:  # None: an earlier row took the tree's last spare
+                done += self._spawn(rows[j], sl.start + j, child, f, float(logp[k, f]))
+        return done
+
+    def _spawn(self, q: Request, slot: int, child: Rollout, token: int,
+               logprob: float) -> list[Rollout]:
+        """``child`` branches off ``q`` (in ``slot``) at the token just sampled: the parent's
+        tokens before it, then ``token`` (span ``"forced"``, ``logprob``). Returns it when
+        that token already ends it."""
+        q.flush(self.version)
+        t = len(q.rollout.tokens) - 1  # the position just sampled
+        inherit(child, q.rollout, t)
+        c = self._child_request(child)
+        c.toks.append(token)
+        c.lps.append(logprob)
+        reason = c.stop_reason(token, self._decode_text)
+        c.flush(self.version, "forced")
+        child.timings["engine_add"] = time.time()
+        self.counts["requests_added"] += 1
+        self.counts["branch_children"] += 1
+        if reason:
+            return [c.finish(reason, self.version, self._decode_text)]
+        if not self._seat([c], slot, t, token):
+            self.counts["branch_children_prefilled"] += 1
+        return []
+
+    def _settle_trees(self, done: list[Rollout]) -> None:
+        """Finished members leave their trees; a tree's unused spares become requests."""
+        self._add_spares(self.trees.end(r.sample_id for r in done))
+
+    def _abort_trees(self, wanted: set[str]) -> list[Rollout]:
+        """Named members and spares stop for good; returns the named spares (aborted)."""
+        named, free = self.trees.drop(wanted)
+        for c in named:
+            c.finish = "abort"
+        self._add_spares(free)
+        return named
+
+    def _add_spares(self, spares: list[Rollout]) -> None:
+        if spares:
+            self.counts["branch_spares_independent"] += len(spares)
+            self.add(spares)
