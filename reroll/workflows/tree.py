@@ -57,7 +57,8 @@ async def tree(ctx: EpisodeContext, group: Group) -> None:
     at, width = tuple(ctx.tree_branch_at), ctx.tree_width
 
     async def one(r: Rollout) -> None:
-        if not r.finished:
+        ran = not r.finished
+        if ran:
             spec = tree_parent(r.index_in_group, at, width)
             if spec is None or r.parent_id is not None:
                 await ctx.engine.generate(r)
@@ -65,6 +66,8 @@ async def tree(ctx: EpisodeContext, group: Group) -> None:
                 parent = group.rollouts[spec[0]]
                 (fut,) = ctx.engine.fork(parent, [r], r.prompt_len + spec[1])
                 await fut
+        if ran or "tree" not in r.control:  # a member that finished just before a
+            # checkpoint's snapshot was restored finished but unrecorded: derive its record
             spec = tree_parent(r.index_in_group, at, width)
             r.control["tree"] = {"parent": None if spec is None else spec[0],
                                  "credit": ctx.tree_credit, "shared": r.prefix_len}

@@ -62,6 +62,8 @@ async def entropy_trees(ctx: EpisodeContext, group: Group) -> None:
     async def done(r: Rollout, fut) -> None:
         if fut is not None:
             await fut
+        if fut is not None or "tree" not in r.control:  # a member that finished just before a
+            # checkpoint's snapshot was restored finished but unrecorded: its record is derived
             r.control["tree"] = tree_record(r, w, {m.sample_id: m.index_in_group
                                                    for m in group.rollouts},
                                             ctx.tree_credit, ctx.tree_credit_scale)

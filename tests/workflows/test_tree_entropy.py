@@ -262,3 +262,25 @@ def test_segment_credit_trains_the_branching_rules_trees_once_per_token(small_ru
     rows = read_metrics(tmp_path)
     assert sum(m["tree/tokens_trained"] for m in rows) == own
     assert all(m["train/tokens"] == m["tree/tokens_trained"] for m in rows)
+
+
+@pytest.mark.parametrize("mode", ["entropy", "positions"])
+def test_members_restored_finished_but_unrecorded_get_their_tree_record(tiny, mode):
+    """A checkpoint's snapshot can land after the engine finished a member and before its
+    workflow wrote ``control["tree"]`` (the engine's lock is released before the futures
+    resolve): the restored group's finished members are recorded on resume, exactly as the
+    uninterrupted run recorded them, so segment credit sees the same trees."""
+    _, tok = tiny
+    kw = ({"tree_branch": "entropy", "tree_width": 2, **ALWAYS} if mode == "entropy" else
+          {"tree_branch_at": (1, 3), "tree_width": 2})
+    whole = tree_group(tok, n=4)
+    run_tree(*tiny, whole, tree_credit="segments", **kw)
+    restored = type(whole).from_dict(whole.to_dict())
+    for r in restored.rollouts:  # finished, unscored, unrecorded
+        r.control.pop("tree")
+        r.reward, r.scores = None, []
+    s = run_tree(*tiny, restored, tree_credit="segments", **kw)
+    assert s["tokens_generated"] == 0  # nothing generated again
+    assert [r.control["tree"] for r in restored.rollouts] == \
+        [r.control["tree"] for r in whole.rollouts]
+    assert all(r.reward == 1.0 for r in restored.rollouts)
