@@ -108,6 +108,17 @@ def check_tree(cfg) -> None:
         if r.tree_branch_at:
             raise ConfigError("rollout.tree_branch_at is used by rollout.tree_branch = "
                               "\"positions\" only (\"entropy\" branches where its rule fires)")
+        never = [why for why, on in (
+            (f"rollout.tree_tau_abs = {r.tree_tau_abs} (the second most likely token never "
+             f"has p >= 0.5)", r.tree_tau_abs >= 0.5),
+            ("rollout.top_k = 1 (the second candidate is filtered out)", r.top_k == 1),
+            ("rollout.temperature = 0 (greedy requests never branch)", r.temperature == 0))
+            if on]
+        if never:
+            raise ConfigError(f"rollout.tree_branch = \"entropy\": the branching rule can never "
+                              f"fire with {never[0]}, so every spare would wait for its tree and "
+                              f"then run alone; use rollout.workflow = \"single_turn\" or "
+                              f"change the key")
     else:
         if entropy_keys:
             raise ConfigError(f"rollout.{entropy_keys[0]} is used by rollout.tree_branch = "
@@ -151,6 +162,17 @@ def check_credit(cfg) -> None:
                           f"segment advantages in place of algo.advantage, so algo.advantage "
                           f"= {a.advantage!r} would not be used; leave it at {default!r} or "
                           f"use rollout.tree_credit = \"leaves\"")
+    if a.advantage_args:
+        raise ConfigError(f"rollout.tree_credit = \"segments\" gives tree groups TreeRL's "
+                          f"segment advantages, so algo.advantage_args = {a.advantage_args!r} "
+                          f"would not be used (a preset such as dr_grpo sets them); drop them "
+                          f"or use rollout.tree_credit = \"leaves\"")
+    if a.aggregation == "seq_mean_token_mean":
+        raise ConfigError("algo.aggregation = \"seq_mean_token_mean\" averages each member "
+                          "over the tokens it trains, so under rollout.tree_credit = "
+                          "\"segments\" a branch that owns one token gives it a whole "
+                          "sequence's weight; use token_mean, seq_mean_token_sum or "
+                          "seq_mean_token_sum_norm (every token weighed alike)")
     if SURROGATES.trait(a.surrogate, "sequence_advantage", False):
         raise ConfigError(f"algo.surrogate = {a.surrogate!r} trains one advantage per "
                           f"sequence, which would average away rollout.tree_credit = "

@@ -30,7 +30,9 @@ def test_the_credit_keys_and_what_segments_refuse():
            ([*TREE, "rollout.tree_credit_scale=false"], "tree_credit_scale is used by rollout"),
            ([*SEGMENTS, "algo.advantage=rloo"], "in place of algo.advantage"),
            ([*SEGMENTS, "algo.surrogate=gspo"], "algo.surrogate = 'gspo' trains one advantage"),
-           ([*SEGMENTS, "replay.reuse=true"], "replay.reuse puts a banked answer")]
+           ([*SEGMENTS, "replay.reuse=true"], "replay.reuse puts a banked answer"),
+           ([*SEGMENTS, "preset=dr_grpo"], "advantage_args = .*norm_by_std"),
+           ([*SEGMENTS, "algo.aggregation=seq_mean_token_mean"], "one token gives it a whole")]
     for overrides, message in bad:
         with pytest.raises(ConfigError, match=message):
             load_config(None, overrides)
