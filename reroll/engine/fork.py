@@ -121,7 +121,10 @@ def inherit(child: Rollout, parent: Rollout, at: int) -> None:
         lo, hi = max(s.start, p), min(s.end, at)
         if lo >= hi:
             continue
-        src = "inherited" if s.source in ("sampled", "draft", "inherited") else s.source
+        # every policy token the parent holds is the child's inherited prefix, its forced
+        # branch tokens too (a forced span names the member whose own token it is)
+        src = ("inherited" if s.source in ("sampled", "draft", "inherited", "forced")
+               else s.source)
         last = child.spans[-1] if child.spans else None
         if last is not None and last.end == lo and last.source == src and last.version == s.version:
             last.end = hi

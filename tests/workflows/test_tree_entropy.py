@@ -65,8 +65,11 @@ def test_a_rule_that_always_fires_spends_every_spare_in_slot_order(tiny):
         assert r.parent_id == parent.sample_id and r.tokens[:t] == parent.tokens[:t]
         assert r.tokens[t] != parent.tokens[t] and r.control["tree"]["shared"] == t
         assert _source_at(r, t) == "forced" and r.response_len == 6
-    # member 3 inherits member 1's forced token and adds its own next to it: one span of two
-    assert g.rollouts[3].spans[1] == Span(P, P + 2, "forced", 0)
+    # member 3 inherits member 1's forced token (inherited there) and adds its own next to it
+    assert g.rollouts[3].spans[1:3] == [Span(P, P + 1, "inherited", 0),
+                                        Span(P + 1, P + 2, "forced", 0)]
+    assert all(sum(s.end - s.start for s in r.spans if s.source == "forced") ==
+               (r.control["tree"]["role"] == "branch") for r in g.rollouts)  # one own each
     # sampled tokens per tree: 6 (root) + 5 + 4 + 4 (the children's forced tokens are
     # chosen, not sampled) = 19, instead of 4 x 6 = 24
     assert s["tokens_generated"] == 2 * 19 and s["branch_children"] == 6
