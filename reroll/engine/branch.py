@@ -49,6 +49,7 @@ def branch_tokens(
 class _Tree:
     spares: deque[Rollout]  # not yet spawned, in the order children take them
     live: set[str] = field(default_factory=set)  # members in the engine (or interrupted)
+    rank: dict[str, int] = field(default_factory=dict)  # member -> 0 (root), 1, 2, ... by spawn
 
 
 class TreeTable:
@@ -64,7 +65,15 @@ class TreeTable:
 
     def plant(self, root: Rollout, spares: list[Rollout]) -> None:
         """A tree of ``root`` whose children take ``spares`` in order."""
-        self.tree_of[root.sample_id] = _Tree(deque(spares), {root.sample_id})
+        self.tree_of[root.sample_id] = _Tree(deque(spares), {root.sample_id},
+                                             {root.sample_id: 0})
+
+    def rank(self, member_id: str) -> int:
+        """The member's place in its tree (root 0, then children in the order they were
+        spawned): the order in which rows that fire in one step take the tree's spares, so
+        a tree's shape does not depend on the slots its members happen to occupy."""
+        t = self.tree_of.get(member_id)
+        return -1 if t is None else t.rank.get(member_id, -1)
 
     def can_spawn(self, member_id: str) -> bool:
         t = self.tree_of.get(member_id)
@@ -77,6 +86,7 @@ class TreeTable:
             return None
         child = t.spares.popleft()
         t.live.add(child.sample_id)
+        t.rank[child.sample_id] = len(t.rank)
         self.tree_of[child.sample_id] = t
         return child
 

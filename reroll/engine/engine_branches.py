@@ -44,7 +44,8 @@ class Branching:
     def _branch(self, logits: Tensor, sl: slice, tok: Tensor,
                 ban: Tensor | None) -> list[Rollout]:
         """The children of slots ``sl`` (logits [n, V], just sampled ``tok`` [n]) whose rule
-        fires at this token, spawned in slot order while their trees have spares; returns
+        fires at this token, spawned in the order of their members' ranks in their trees
+        (`TreeTable.rank`) while the trees have spares; returns
         those that finished at once (their forced token ends them)."""
         rows = self.rows[sl]
         banned = ban.tolist() if ban is not None else [-1] * len(rows)
@@ -62,7 +63,12 @@ class Branching:
         taus = torch.tensor([[r.tau_abs, r.tau_rel] for r in rules], device=self.device)
         forced = branch_tokens(logp, tok[at], taus[:, 0], taus[:, 1]).tolist()
         done = []
-        for k, (j, f) in enumerate(zip(pick, forced, strict=True)):
+        # rows that fire together take their trees' spares by rank in the tree, not by slot:
+        # slots move as unrelated requests finish, a tree's shape must not
+        order = sorted(range(len(pick)),
+                       key=lambda k: self.trees.rank(rows[pick[k]].rollout.sample_id))
+        for k in order:
+            j, f = pick[k], forced[k]
             child = self.trees.spawn(rows[j].rollout.sample_id) if f >= 0 else None
             if child is not None:  # None: an earlier row took the tree's last spare
                 done += self._spawn(rows[j], sl.start + j, child, f, float(logp[k, f]))

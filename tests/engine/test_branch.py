@@ -203,3 +203,30 @@ def test_a_branched_record_round_trips_through_json_and_the_store(lm):
     ((step, back),) = list(from_table(to_table(7, [g])))
     assert step == 7 and back.to_dict() == g.to_dict()
     assert back.rollouts[2].sampling.branch_rule == RULE
+
+
+def test_a_trees_shape_does_not_depend_on_the_requests_beside_it(lm):
+    """Rows of one tree that fire in the same step take its spares by their rank in the tree
+    (root first, then by spawn), not by slot: unrelated requests that finish and move the
+    tree's rows between slots leave its shape and tokens as they are alone."""
+    model, tok = lm
+
+    def tree(others_lens):
+        eng = TorchEngine(model, tok, max_batch=16)
+        if others_lens:
+            eng.add([make(tok, "7+8=", gid=f"o{i}", max_new_tokens=n, seed=50 + i)
+                     for i, n in enumerate(others_lens)])
+            eng.step()  # the others take the first slots
+        root = make(tok, PROMPT, max_new_tokens=12, seed=5, branch_rule=RULE)
+        spares = [make(tok, PROMPT, max_new_tokens=12, seed=100 + i, branch_rule=RULE)
+                  for i in range(5)]
+        eng.branch(root, spares)
+        _run(eng)
+        ids = {r.sample_id: k for k, r in enumerate([root, *spares])}
+        return ([(ids.get(c.parent_id), c.prefix_len) for c in spares],
+                [c.tokens for c in [root, *spares]])
+
+    alone = tree([])
+    assert sum(p is not None for p, _ in alone[0]) >= 3  # several members fired
+    for lens in ([2], [1, 1], [3, 1, 2], [2, 4, 1, 3]):
+        assert tree(lens) == alone, lens
