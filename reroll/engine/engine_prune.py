@@ -100,48 +100,51 @@ class Pruning:
     # ---- the checkpoint ------------------------------------------------------------------
     def _gated_sample(self, logits: Tensor, hidden: Tensor, start: int) -> list[Rollout]:
         """`_sample` for the rows from ``start`` (logits [n, V], hidden [n, H]) with the
-        checkpoint first: predictions for gated rows, decisions of complete groups, the
-        pruned rows retired; then members that ended early settle."""
+        checkpoint first: predictions for the gated rows at their checkpoint, decisions of
+        complete groups, the pruned rows retired; then members that ended early settle
+        (predicted on this step's hidden state). The head runs on those rows only."""
         rows = self.rows[start:]
-        gated = [j for j, q in enumerate(rows) if self._gated(q)]
+        arrived: list[tuple[int, int]] = []  # (row, position) of members at the checkpoint
         cut: set[int] = set()
-        stash: dict[str, tuple[float, int]] = {}  # rows short of the checkpoint, if they end
-        if gated:
-            k = torch.tensor([self._resp_len(rows[j]) for j in gated])
-            p = self.head.predict(hidden[gated], k.to(self.device)).tolist()
-            for j, pj, kj in zip(gated, p, k.tolist()):
-                q = rows[j]
-                rec = q.rollout.control.get("arrol", {})
-                if rec.get("decision") == "pruned":  # decided while it was away
-                    cut.add(j)
-                    continue
-                gate = self._gate_of(q.rollout)
-                if kj >= q.rollout.sampling.prune.at or "p" in rec:
-                    gate.arrive(q.rollout, pj, kj, self.version)
-                else:
-                    stash[q.rollout.sample_id] = (pj, kj)
+        for j, q in enumerate(rows):
+            rec = q.rollout.control.get("arrol", {})
+            if q.rollout.sampling.prune is None or rec.get("decision") not in (None, "pruned"):
+                continue
+            if rec.get("decision") == "pruned":  # decided while it was away
+                cut.add(j)
+            elif (k := self._resp_len(q)) >= q.rollout.sampling.prune.at or "p" in rec:
+                arrived.append((j, k))
+        for (j, k), p in zip(arrived, self._predict(hidden, arrived)):
+            self._gate_of(rows[j].rollout).arrive(rows[j].rollout, p, k, self.version)
+        if arrived:
             cut |= self._decide_ready(rows)
+        row_of = {q.rollout.sample_id: j for j, q in enumerate(rows)}
         done = self._retire([start + j for j in sorted(cut)])
         if cut:
-            keep = {id(q): j for j, q in enumerate(rows)}
-            logits = logits[torch.tensor([keep[id(q)] for q in self.rows[start:]],
+            logits = logits[torch.tensor([row_of[q.rollout.sample_id]
+                                          for q in self.rows[start:]],
                                          device=logits.device, dtype=torch.long)]
         fin = self._sample(logits, slice(start, len(self.rows)))
         early = [r for r in fin if r.sampling.prune is not None
                  and "decision" not in r.control.get("arrol", {})]
+        fresh = [(row_of[r.sample_id], r.response_len - 1) for r in early
+                 if "p" not in r.control.get("arrol", {})]
+        preds = dict(zip([j for j, _ in fresh], self._predict(hidden, fresh)))
         for r in early:  # ended before the group was decided: a survivor
-            rec = r.control.get("arrol", {})
-            p, k = (rec["p"], rec["at"]) if "p" in rec else stash[r.sample_id]
+            rec, j = r.control.get("arrol", {}), row_of[r.sample_id]
+            p, k = (rec["p"], rec["at"]) if "p" in rec else (preds[j], r.response_len - 1)
             self._gate_of(r).arrive(r, p, k, self.version, finished=True)
         if early:
-            late = self._decide_ready(self.rows)
-            fin += self._retire(sorted(late))
+            fin += self._retire(sorted(self._decide_ready(self.rows)))
         return done + fin
 
-    def _gated(self, q: Request) -> bool:
-        r = q.rollout
-        return r.sampling.prune is not None and r.control.get("arrol", {}).get(
-            "decision") in (None, "pruned")
+    def _predict(self, hidden: Tensor, at: list[tuple[int, int]]) -> list[float]:
+        """The head's p for rows ``j`` at positions ``k`` (``at`` = [(j, k)])."""
+        if not at:
+            return []
+        j = torch.tensor([x for x, _ in at], device=hidden.device)
+        k = torch.tensor([x for _, x in at], device=self.device)
+        return self.head.predict(hidden[j], k).tolist()
 
     def _gate_of(self, r: Rollout) -> GroupGate:
         gate = self.gates.get(r.group_id)
