@@ -220,7 +220,8 @@ class Rollout:
     control: dict[str, Any] = field(default_factory=dict)
     """What control rules decided about this sample, for the record (e.g. DUET's
     ``{"duet": {"marker_at": 3, "horizon": 8, "keep": False, "weight": 1.0, "end":
-    "marker_stop"}}``)."""
+    "marker_stop"}}``; ARRoL's ``{"arrol": {"p": 0.83, "at": 2, "version": 5, "mode":
+    "head", "decision": "kept", "correct": True}}``)."""
     timings: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -6,13 +6,21 @@ Owns the math and the per-group decision; the engine (`reroll.engine.engine_prun
 feeds it hidden states and retires the rows it names, the trainer
 (`reroll.trainer.arrol`) feeds it the finished samples of each step.
 
-**The quality head** (`QualityHead`): ``p = sigmoid(f([h; k / at]))`` with ``h`` the
-policy's final hidden state (the input of its output embedding) after the prompt and the
-first ``k`` response tokens, and ``f`` a linear map (zero-initialised: p = 1/2 everywhere
-until it learns) or, with ``hidden > 0``, a one-hidden-layer tanh MLP (seeded init). A
-sample is predicted at ``k = min(at, L - 1)`` for a response of ``L`` tokens: at the
-checkpoint ``at`` when it got there, else at the last position the engine computed (its
-final token is sampled, never fed). `head_step` is one optimiser step of the mean binary
+**The quality head** (`QualityHead`): ``p = sigmoid(f([h / |h|; k / at; mean lp; min lp]))``
+with ``h`` the policy's final hidden state (the input of its output embedding) after the
+prompt and the first ``k`` response tokens (scaled to unit length, so that one Adam step
+moves the logit by about ``lr`` times a few units whatever the model's width), ``lp`` the behaviour log-probs of those ``k`` tokens
+(`prefix_confidence`: the policy's confidence in its own prefix, as recorded, so engine and
+trainer see the same numbers; left out with ``confidence = False``), and ``f`` a linear map
+(zero-initialised: p = 1/2 everywhere until it learns) or, with ``hidden > 0``, a
+one-hidden-layer tanh MLP (seeded init). The hidden state alone tells a prompt's members
+apart poorly on short answers: on arith_mixed at k = 2 a head on it ranked a group's
+members against their outcomes (within-group AUC 0.33 / 0.35 / 0.49 on easy / medium /
+hard prompts, trained on the survivors its own cuts chose), while with the two log-prob
+features a head fitted on the same samples reached 0.96 / 0.85 / 0.65
+(benchmarks/README.md, ARRoL). A sample is predicted at ``k = min(at, L - 1)`` for a
+response of ``L`` tokens: at the checkpoint ``at`` when it got there, else at the last
+position the engine computed (its final token is sampled, never fed). `head_step` is one optimiser step of the mean binary
 cross-entropy ``-[y log p + (1 - y) log(1 - p)]`` with ``y`` = "the finished sample was a
 success" (its verifier value >= ``control.success_at``); the features are detached from the
 policy (a no-grad pass), so the head never moves the policy.
@@ -52,7 +60,7 @@ the event loop.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -155,46 +163,58 @@ class GroupGate:
 
 
 # ---- the head ------------------------------------------------------------------------------
+def prefix_confidence(logprobs: Sequence[float]) -> tuple[float, float]:
+    """(mean, min) of a prefix's behaviour log-probs; (0, 0) for an empty prefix."""
+    return (sum(logprobs) / len(logprobs), min(logprobs)) if logprobs else (0.0, 0.0)
+
+
 class QualityHead(nn.Module):
     """Success logit of a partial rollout from the policy's final hidden state ``h`` [N, H]
-    and its position ``k`` [N] (fraction ``k / at`` as one more feature)."""
+    (scaled to unit length), its position ``k`` [N] (fraction ``k / at`` as a feature) and,
+    with ``confidence``, its prefix's log-prob mean and min ``lp`` [N, 2]
+    (`prefix_confidence`)."""
 
-    def __init__(self, width: int, at: int, hidden: int = 0, seed: int = 0):
+    def __init__(self, width: int, at: int, hidden: int = 0, seed: int = 0,
+                 confidence: bool = True):
         super().__init__()
-        self.at = int(at)
+        self.at, self.confidence = int(at), bool(confidence)
+        n_in = width + 1 + 2 * self.confidence
         g = torch.Generator().manual_seed(seed)
         if hidden > 0:
-            first, last = nn.Linear(width + 1, hidden), nn.Linear(hidden, 1)
+            first, last = nn.Linear(n_in, hidden), nn.Linear(hidden, 1)
             with torch.no_grad():
-                first.weight.copy_(torch.randn(first.weight.shape, generator=g)
-                                   / (width + 1) ** 0.5)
+                first.weight.copy_(torch.randn(first.weight.shape, generator=g) / n_in ** 0.5)
                 first.bias.zero_()
                 last.weight.zero_()
                 last.bias.zero_()
             self.net = nn.Sequential(first, nn.Tanh(), last)
         else:
-            self.net = nn.Linear(width + 1, 1)
+            self.net = nn.Linear(n_in, 1)
             nn.init.zeros_(self.net.weight)
             nn.init.zeros_(self.net.bias)
 
-    def forward(self, h: Tensor, k: Tensor) -> Tensor:
-        """logits [N] from h [N, H] (any float dtype) and positions k [N]."""
-        frac = k.to(torch.float32)[:, None] / self.at  # [N, 1]
-        return self.net(torch.cat([h.float(), frac], dim=-1)).squeeze(-1)
+    def forward(self, h: Tensor, k: Tensor, lp: Tensor) -> Tensor:
+        """logits [N] from h [N, H] (any float dtype), positions k [N], lp [N, 2]."""
+        h = h.float()
+        h = h / h.norm(dim=-1, keepdim=True).clamp_min(1e-6)  # [N, H], unit length
+        parts = [h, k.to(torch.float32)[:, None] / self.at]  # [N, H], [N, 1]
+        if self.confidence:
+            parts.append(lp.to(torch.float32))  # [N, 2]
+        return self.net(torch.cat(parts, dim=-1)).squeeze(-1)
 
-    def predict(self, h: Tensor, k: Tensor) -> Tensor:
+    def predict(self, h: Tensor, k: Tensor, lp: Tensor) -> Tensor:
         """p [N] in (0, 1), no gradient."""
         with torch.no_grad():
-            return torch.sigmoid(self(h, k))
+            return torch.sigmoid(self(h, k, lp))
 
 
 def head_step(head: QualityHead, opt: torch.optim.Optimizer, h: Tensor, k: Tensor,
-              y: Tensor) -> dict[str, float]:
-    """One step of mean BCE on (h [N, H], k [N], y [N] in {0, 1}); returns the head's
-    accuracy (p >= 1/2 vs y), Brier score mean (p - y)^2 and BCE on these samples before the
-    step, and the BCE after it."""
+              lp: Tensor, y: Tensor) -> dict[str, float]:
+    """One step of mean BCE on (h [N, H], k [N], lp [N, 2], y [N] in {0, 1}); returns the
+    head's accuracy (p >= 1/2 vs y), Brier score mean (p - y)^2 and BCE on these samples
+    before the step, and the BCE after it."""
     y = y.to(torch.float32)
-    logits = head(h.detach(), k)
+    logits = head(h.detach(), k, lp)
     loss = nn.functional.binary_cross_entropy_with_logits(logits, y)
     p = torch.sigmoid(logits.detach())
     out = {"arrol/head_accuracy": float(((p >= 0.5).float() == y).float().mean()),
@@ -204,16 +224,18 @@ def head_step(head: QualityHead, opt: torch.optim.Optimizer, h: Tensor, k: Tenso
     loss.backward()
     opt.step()
     with torch.no_grad():
-        after = nn.functional.binary_cross_entropy_with_logits(head(h, k), y)
+        after = nn.functional.binary_cross_entropy_with_logits(head(h, k, lp), y)
     out["arrol/head_bce_after"] = float(after)
     return out
 
 
 def head_tensors(head: QualityHead, warm: bool) -> dict[str, Tensor]:
     """What the engines receive with the policy weights: the head's parameters (keys
-    ``arrol.<name>``), its checkpoint position and whether it is past its warm-up."""
+    ``arrol.<name>``), its checkpoint position, its features and whether it is past its
+    warm-up."""
     out = {PREFIX + k: v.detach().clone() for k, v in head.state_dict().items()}
     out[PREFIX + "at"] = torch.tensor(head.at)
+    out[PREFIX + "confidence"] = torch.tensor(head.confidence)
     out[PREFIX + "warm"] = torch.tensor(bool(warm))
     return out
 
@@ -224,7 +246,7 @@ def head_from_tensors(tensors: Mapping[str, Tensor], width: int
     t = {k.removeprefix(PREFIX): v for k, v in tensors.items()}
     first = t["net.weight"] if "net.weight" in t else t["net.0.weight"]
     hidden = first.shape[0] if "net.0.weight" in t else 0
-    head = QualityHead(width, int(t["at"]), hidden)
+    head = QualityHead(width, int(t["at"]), hidden, confidence=bool(t["confidence"]))
     head.load_state_dict({k: v for k, v in t.items() if k.startswith("net.")})
     return head.eval(), bool(t["warm"])
 

@@ -48,11 +48,13 @@ class ARRoL:
     ``at``: the checkpoint, response tokens sampled (0: rollout.max_new_tokens // 4, at
     least 1); ``overprovision``: n' / n; ``lr``: the head's Adam learning rate; ``warmup``:
     finished samples the head trains on before it decides; ``hidden``: units of its hidden
-    layer (0: a linear head); ``updates``: head steps per training step on its samples."""
+    layer (0: a linear head); ``updates``: head steps per training step on its samples;
+    ``confidence``: the prefix's log-prob mean and min as two more features (False: the
+    hidden state and the position only)."""
 
     def __init__(self, group_size: int, max_new_tokens: int, /, *, at: int = 0,
                  overprovision: float = 1.5, lr: float = 1e-2, warmup: int = 256,
-                 hidden: int = 0, updates: int = 1):
+                 hidden: int = 0, updates: int = 1, confidence: bool = True):
         if group_size < 1 or overprovision <= 1.0:
             raise ValueError(f"pruner 'arrol': needs group_size >= 1 and overprovision > 1, "
                              f"got {group_size}, {overprovision}")
@@ -63,6 +65,7 @@ class ARRoL:
             raise ValueError(f"pruner 'arrol': at ({self.at}) must be below rollout."
                              f"max_new_tokens ({max_new_tokens}): no sample would reach it")
         self.lr, self.warmup, self.hidden, self.updates = lr, warmup, hidden, updates
+        self.confidence = confidence
 
     # ---- a new group -------------------------------------------------------------------
     def prepare(self, rollouts: list[Rollout]) -> None:

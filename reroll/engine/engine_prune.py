@@ -23,7 +23,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from reroll.control.arrol import GroupGate, head_from_tensors, split_weights
+from reroll.control.arrol import (
+    GroupGate,
+    head_from_tensors,
+    prefix_confidence,
+    split_weights,
+)
 from reroll.engine.requests import Request
 from reroll.rollout import Rollout
 
@@ -114,7 +119,8 @@ class Pruning:
                 cut.add(j)
             elif (k := self._resp_len(q)) >= q.rollout.sampling.prune.at or "p" in rec:
                 arrived.append((j, k))
-        for (j, k), p in zip(arrived, self._predict(hidden, arrived)):
+        lps = [self._prefix_logprobs(rows[j], k) for j, k in arrived]
+        for (j, k), p in zip(arrived, self._predict(hidden, arrived, lps)):
             self._gate_of(rows[j].rollout).arrive(rows[j].rollout, p, k, self.version)
         if arrived:
             cut |= self._decide_ready(rows)
@@ -127,9 +133,10 @@ class Pruning:
         fin = self._sample(logits, slice(start, len(self.rows)))
         early = [r for r in fin if r.sampling.prune is not None
                  and "decision" not in r.control.get("arrol", {})]
-        fresh = [(row_of[r.sample_id], r.response_len - 1) for r in early
-                 if "p" not in r.control.get("arrol", {})]
-        preds = dict(zip([j for j, _ in fresh], self._predict(hidden, fresh)))
+        need = [r for r in early if "p" not in r.control.get("arrol", {})]
+        fresh = [(row_of[r.sample_id], r.response_len - 1) for r in need]
+        lps = [r.logprobs[r.prompt_len:r.prompt_len + r.response_len - 1] for r in need]
+        preds = dict(zip([j for j, _ in fresh], self._predict(hidden, fresh, lps)))
         for r in early:  # ended before the group was decided: a survivor
             rec, j = r.control.get("arrol", {}), row_of[r.sample_id]
             p, k = (rec["p"], rec["at"]) if "p" in rec else (preds[j], r.response_len - 1)
@@ -138,13 +145,22 @@ class Pruning:
             fin += self._retire(sorted(self._decide_ready(self.rows)))
         return done + fin
 
-    def _predict(self, hidden: Tensor, at: list[tuple[int, int]]) -> list[float]:
-        """The head's p for rows ``j`` at positions ``k`` (``at`` = [(j, k)])."""
+    def _predict(self, hidden: Tensor, at: list[tuple[int, int]], lps: list[list[float]]
+                 ) -> list[float]:
+        """The head's p for rows ``j`` at positions ``k`` (``at`` = [(j, k)]) whose prefixes
+        were sampled with log-probs ``lps``."""
         if not at:
             return []
         j = torch.tensor([x for x, _ in at], device=hidden.device)
         k = torch.tensor([x for _, x in at], device=self.device)
-        return self.head.predict(hidden[j], k).tolist()
+        lp = torch.tensor([prefix_confidence(x) for x in lps], device=self.device)
+        return self.head.predict(hidden[j], k, lp).tolist()
+
+    @staticmethod
+    def _prefix_logprobs(q: Request, k: int) -> list[float]:
+        """Behaviour log-probs of a request's first ``k`` response tokens (flushed or not)."""
+        r = q.rollout
+        return (r.logprobs[r.prompt_len:] + q.lps[q.flushed:])[:k]
 
     def _gate_of(self, r: Rollout) -> GroupGate:
         gate = self.gates.get(r.group_id)

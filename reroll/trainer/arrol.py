@@ -4,7 +4,8 @@
 labelled samples (not pruned, not replayed copies) go through a no-grad forward of the
 policy over their prefix up to the prediction position ``k = min(at, L - 1)``
 (`prefix_hidden`: prompt + k tokens, so the pass is short whatever the response length),
-whose last hidden state is the feature the engine used; (2) the head takes ``updates``
+whose last hidden state is the feature the engine used (with the prefix's recorded
+log-probs, the very numbers the engine used); (2) the head takes ``updates``
 optimiser steps of BCE on them (`reroll.control.arrol.head_step`; its accuracy, Brier score
 and BCE on these samples before the first step are logged); (3) the policy update runs on
 each group's survivors only (pruned members leave the group: they are neither in the loss
@@ -22,7 +23,13 @@ from typing import Any
 
 import torch
 
-from reroll.control.arrol import QualityHead, features_at, head_step, head_tensors
+from reroll.control.arrol import (
+    QualityHead,
+    features_at,
+    head_step,
+    head_tensors,
+    prefix_confidence,
+)
 from reroll.rollout import Group, Rollout
 from reroll.trainer import checkpoint
 from reroll.trainer.batch import micro_slices
@@ -36,9 +43,10 @@ HEAD_FILE = "arrol_head.pt"
 def prefix_hidden(model: torch.nn.Module, rollouts: list[Rollout], at: int, pad_id: int,
                   device: torch.device, micro_batch: int = 64,
                   autocast_dtype: torch.dtype | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(h [N, H] float32, k [N]): each sample's final hidden state (the input of the output
-    embedding) after its prompt and first ``k = min(at, L - 1)`` response tokens."""
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(h [N, H] float32, k [N], lp [N, 2]): each sample's final hidden state (the input of
+    the output embedding) after its prompt and first ``k = min(at, L - 1)`` response tokens,
+    and the mean and min of those tokens' behaviour log-probs."""
     ks = [features_at(r.response_len, at) for r in rollouts]
     seqs = [r.tokens[:r.prompt_len + k] for r, k in zip(rollouts, ks)]
     head = split_head(model)
@@ -55,7 +63,9 @@ def prefix_hidden(model: torch.nn.Module, rollouts: list[Rollout], at: int, pad_
             else:  # the output embedding's input, from the full forward
                 hid = _embedding_input(model, ids, att)
         out.append(hid[torch.arange(len(part), device=device), last].float())  # [b, H]
-    return torch.cat(out), torch.tensor(ks, device=device)
+    lp = [prefix_confidence(r.logprobs[r.prompt_len:r.prompt_len + k])
+          for r, k in zip(rollouts, ks)]
+    return torch.cat(out), torch.tensor(ks, device=device), torch.tensor(lp, device=device)
 
 
 def _embedding_input(model: torch.nn.Module, ids: torch.Tensor, att: torch.Tensor
@@ -80,7 +90,8 @@ class ArrolTrainer:
         self.inner, self.at = inner, pruner.at
         self.warmup, self.updates = pruner.warmup, pruner.updates
         width = inner.model.get_output_embeddings().in_features
-        self.head = QualityHead(width, pruner.at, pruner.hidden, seed=seed).to(inner.device)
+        self.head = QualityHead(width, pruner.at, pruner.hidden, seed=seed,
+                                confidence=pruner.confidence).to(inner.device)
         self.opt = torch.optim.Adam(self.head.parameters(), lr=pruner.lr)
         self.seen = 0  # labelled samples the head has trained on
         if ckpt is not None:
@@ -104,12 +115,12 @@ class ArrolTrainer:
         metrics: dict[str, float] = {}
         if labelled:
             i = self.inner
-            h, k = prefix_hidden(i.model, labelled, self.at, i.pad_id, i.device,
-                                 i.micro_batch, i.autocast_dtype)
+            h, k, lp = prefix_hidden(i.model, labelled, self.at, i.pad_id, i.device,
+                                     i.micro_batch, i.autocast_dtype)
             y = torch.tensor([float(r.control["arrol"]["correct"]) for r in labelled],
                              device=i.device)
             for u in range(self.updates):
-                m = head_step(self.head, self.opt, h, k, y)
+                m = head_step(self.head, self.opt, h, k, lp, y)
                 if u == 0:  # accuracy, Brier and BCE before the first step
                     metrics.update(m)
             metrics["arrol/head_bce_after"] = m["arrol/head_bce_after"]

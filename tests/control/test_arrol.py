@@ -18,6 +18,7 @@ from reroll.control.arrol import (
     head_from_tensors,
     head_step,
     head_tensors,
+    prefix_confidence,
     random_survivors,
     rank_draw,
     split_weights,
@@ -157,13 +158,15 @@ def test_a_restored_gate_knows_the_members_that_finished_before():
 
 
 def test_one_bce_step_by_hand_on_two_features():
-    # width 1 + the position feature k / at: two features. Zero init: p = 1/2 for both.
-    head = QualityHead(1, at=2)
+    # width 1 + the position feature k / at (no log-prob features): two features. Zero
+    # init: p = 1/2 for both.
+    head = QualityHead(1, at=2, confidence=False)
     h = torch.tensor([[1.0], [-1.0]])
     k = torch.tensor([2, 1])  # fractions 1 and 0.5
+    lp = torch.tensor([[-0.5, -1.0], [-2.0, -3.0]])  # not features of this head
     y = torch.tensor([1.0, 0.0])
     opt = torch.optim.SGD(head.parameters(), lr=0.1)
-    m = head_step(head, opt, h, k, y)
+    m = head_step(head, opt, h, k, lp, y)
     # before: BCE ln 2, Brier 1/4, p >= 1/2 predicts success for both: accuracy 1/2
     assert m["arrol/head_bce"] == pytest.approx(math.log(2))
     assert m["arrol/head_brier"] == pytest.approx(0.25)
@@ -176,10 +179,22 @@ def test_one_bce_step_by_hand_on_two_features():
     after = (math.log1p(math.exp(-0.0625)) + math.log1p(math.exp(-0.04375))) / 2
     assert m["arrol/head_bce_after"] == pytest.approx(after)
     # Adam's first step moves each weight by lr * g / (|g| + eps): [.1, .1], bias 0
-    head = QualityHead(1, at=2)
-    head_step(head, torch.optim.Adam(head.parameters(), lr=0.1), h, k, y)
+    head = QualityHead(1, at=2, confidence=False)
+    head_step(head, torch.optim.Adam(head.parameters(), lr=0.1), h, k, lp, y)
     assert head.net.weight.tolist() == [[pytest.approx(0.1), pytest.approx(0.1)]]
     assert head.net.bias.tolist() == [0.0]
+    # with the log-prob features [h, k / at, mean lp, min lp] the gradient gains two entries,
+    # mean (p - y) lp = ((-.5)[-.5, -1] + (.5)[-2, -3]) / 2 = [-.375, -.5]: SGD at 0.1
+    # gives [.05, .0125, .0375, .05]
+    head = QualityHead(1, at=2)
+    head_step(head, torch.optim.SGD(head.parameters(), lr=0.1), h, k, lp, y)
+    assert head.net.weight.tolist() == [[pytest.approx(x) for x in (0.05, 0.0125, 0.0375,
+                                                                       0.05)]]
+
+
+def test_prefix_confidence_is_the_mean_and_the_min_log_prob():
+    assert prefix_confidence([-0.5, -2.0, -0.25]) == (pytest.approx(-0.25 * 11 / 3), -2.0)
+    assert prefix_confidence([]) == (0.0, 0.0)  # k = 0: nothing sampled yet
 
 
 def test_the_head_travels_as_tensors_next_to_the_policy_weights():
@@ -191,13 +206,18 @@ def test_the_head_travels_as_tensors_next_to_the_policy_weights():
     policy, part = split_weights({"model.w": torch.ones(2), **t})
     assert list(policy) == ["model.w"] and set(part) == set(t)
     back, warm = head_from_tensors(part, 4)
-    h, k = torch.randn(6, 4), torch.tensor([0, 1, 2, 3, 3, 3])
-    assert warm and torch.equal(back.predict(h, k), head.predict(h, k))
-    # the position feature is k / at
+    h, k, lp = torch.randn(6, 4), torch.tensor([0, 1, 2, 3, 3, 3]), torch.randn(6, 2)
+    assert warm and torch.equal(back.predict(h, k, lp), head.predict(h, k, lp))
+    plain, _ = head_from_tensors(head_tensors(QualityHead(4, at=3, confidence=False), False),
+                                 4)
+    assert not plain.confidence and plain.net.in_features == 5
+    # the features: h, k / at, then the log-prob mean and min
     lin = QualityHead(2, at=4)
     with torch.no_grad():
-        lin.net.weight.copy_(torch.tensor([[0.0, 0.0, 2.0]]))
-    assert lin(torch.zeros(2, 2), torch.tensor([2, 4])).tolist() == [1.0, 2.0]
+        lin.net.weight.copy_(torch.tensor([[0.0, 0.0, 2.0, 1.0, 10.0]]))
+    lp = torch.tensor([[-0.5, -1.0], [0.0, 0.0]])
+    # 2 * 2/4 - 0.5 - 10 = -9.5; 2 * 4/4 = 2
+    assert lin(torch.zeros(2, 2), torch.tensor([2, 4]), lp).tolist() == [-9.5, 2.0]
 
 
 # ---- the control side ------------------------------------------------------------------

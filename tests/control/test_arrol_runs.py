@@ -19,9 +19,12 @@ ARROL = ["rollout.max_new_tokens=5", "control.pruner=arrol",
          "control.pruner_args={at=2, warmup=8, lr=0.01}"]
 
 
-def synthetic_groups(tok, rng: random.Random, n_groups: int = 4, size: int = 6) -> list[Group]:
-    """Groups whose label is "the second response token is a digit": the token the model
-    takes in at the checkpoint (at = 2), whose hidden state the head sees."""
+def synthetic_groups(tok, rng: random.Random, via: str, n_groups: int = 4, size: int = 6
+                     ) -> list[Group]:
+    """Groups whose label shows in the prefix the head sees at the checkpoint (at = 2): with
+    ``via = "token"`` the second response token is a digit (the token the model takes in
+    there: its hidden state), with ``via = "logprob"`` the prefix was sampled confidently
+    (log-prob -0.1 a token, against -3)."""
     prompt = tok.encode("3+4=")
     digits, others = tok.encode("0123456789"), tok.encode("abcdefghij")
     groups = []
@@ -31,9 +34,11 @@ def synthetic_groups(tok, rng: random.Random, n_groups: int = 4, size: int = 6) 
             r = Rollout(prompt_id=f"p{g}", group_id=f"g{g}", tokens=list(prompt),
                         prompt_len=len(prompt), index_in_group=i, sampling=SamplingParams())
             ok = rng.random() < 0.5
-            for t in [rng.choice(digits + others), rng.choice(digits if ok else others),
+            second = digits if ok or via != "token" else others
+            lp = (-0.1 if ok else -3.0) if via == "logprob" else -2.0
+            for t in [rng.choice(digits + others), rng.choice(second),
                       rng.choice(digits + others)]:
-                r.append(t, -2.0, 0)
+                r.append(t, lp, 0)
             r.finish, r.reward = "stop", float(ok)
             r.control["arrol"] = {"correct": ok}
             grp.rollouts.append(r)
@@ -41,18 +46,23 @@ def synthetic_groups(tok, rng: random.Random, n_groups: int = 4, size: int = 6) 
     return groups
 
 
-def test_the_head_learns_what_its_features_say(tmp_path, small_run, tiny_dir):
+@pytest.mark.parametrize("via, confidence, steps, bce", [
+    ("token", "false", 60, 0.45),  # the hidden state only: measured 0.30-0.39 (last 5)
+    ("logprob", "true", 30, 0.15),  # with the log-prob features: measured 0.05-0.06
+])
+def test_the_head_learns_what_its_features_say(tmp_path, small_run, tiny_dir, via,
+                                               confidence, steps, bce):
     cfg = small_run(tmp_path, "train.lr=1e-6", *ARROL[:2],
-                    "control.pruner_args={at=2, warmup=8, lr=0.05}")
+                    f"control.pruner_args={{at=2, warmup=8, lr=0.05, confidence={confidence}}}")
     trainer = build.build_trainer(cfg, tiny_dir)
     tok = build.load_tokenizer(tiny_dir)
     rng = random.Random(0)
-    rows = [trainer.step(synthetic_groups(tok, rng)) for _ in range(30)]
+    rows = [trainer.step(synthetic_groups(tok, rng, via)) for _ in range(steps)]
     first, last = rows[0]["arrol/head_bce"], [m["arrol/head_bce"] for m in rows[-5:]]
     assert first == pytest.approx(0.6931, abs=1e-4)  # zero init: p = 1/2
-    assert max(last) < 0.35  # measured 0.07-0.21 on the tiny model
+    assert max(last) < bce
     assert min(m["arrol/head_accuracy"] for m in rows[-5:]) >= 0.9
-    assert rows[-1]["arrol/head_seen"] == 30 * 24 and rows[-1]["arrol/head_warm"] == 1.0
+    assert rows[-1]["arrol/head_seen"] == steps * 24 and rows[-1]["arrol/head_warm"] == 1.0
 
 
 def test_a_run_with_the_pruner_logs_and_records_what_it_did(tmp_path, small_run):
@@ -122,3 +132,19 @@ def test_an_asynchronous_run_with_the_pruner_completes(tmp_path, small_run):
         assert len(rs) == 6 and all("decision" in r["control"]["arrol"] for r in rs)
         assert all(len(r["tokens"]) - r["prompt_len"] >= 2 for r in rs
                    if r["finish"] == "pruned")
+
+
+def test_an_asynchronous_run_resumes_and_decides_every_group(tmp_path, small_run):
+    # the checkpoint of step 2 holds the next version's groups mid-generation: they go on
+    # in a new engine (members that ended early reach it through their rules' `settled`)
+    run = ["runtime.max_staleness=1", "ckpt_every=2", *ARROL]
+    train(small_run(tmp_path, "train.steps=2", *run), progress=False)
+    held = (tmp_path / "checkpoints" / "step_000002" / "buffers.jsonl").read_text()
+    assert held.strip()  # something was in flight
+    train(small_run(tmp_path, "train.steps=4", *run), resume=True, progress=False)
+    consumed = read_rollouts(tmp_path)
+    ids = [g["group_id"] for _, g in consumed]
+    assert len(ids) == 16 and len(set(ids)) == 16  # 4 steps x 4 groups, none twice
+    for _, g in consumed:
+        assert all("decision" in r["control"]["arrol"] for r in g["rollouts"])
+        assert sum(r["finish"] == "pruned" for r in g["rollouts"]) <= 2

@@ -10,7 +10,7 @@ import pytest
 import torch
 from engine_helpers import make
 
-from reroll.control.arrol import QualityHead, head_tensors, rank_draw
+from reroll.control.arrol import QualityHead, head_tensors, prefix_confidence, rank_draw
 from reroll.engine import TorchEngine
 from reroll.rollout import PruneRule
 
@@ -38,8 +38,8 @@ def members(tok, seeds, rule=None, limits=None, gid="g"):
     return out
 
 
-def distinct_seeds(model, tok, n: int) -> tuple[list[int], dict[int, list[int]]]:
-    """n seeds whose first AT sampled tokens differ pairwise, and each one's free response."""
+def distinct_seeds(model, tok, n: int) -> tuple[list[int], dict]:
+    """n seeds whose first AT sampled tokens differ pairwise, and each one's free record."""
     rs = members(tok, range(40))
     TorchEngine(model, tok, max_batch=40).generate(rs)
     seeds, seen = [], set()
@@ -48,28 +48,31 @@ def distinct_seeds(model, tok, n: int) -> tuple[list[int], dict[int, list[int]]]
             seen.add(tuple(r.response_tokens[:AT]))
             seeds.append(s)
     assert len(seeds) == n
-    return seeds, {s: rs[s].response_tokens for s in seeds}
+    return seeds, {s: rs[s] for s in seeds}
 
 
 class Scripted:
     """A stand-in head: finds each row's prefix by its hidden state among reference forwards
-    (asserting it is one of them) and returns the prediction scripted for that prefix."""
+    (asserting it is one of them, and that ``lp`` is that prefix's log-prob mean and min in
+    the free run) and returns the prediction scripted for that prefix."""
 
-    def __init__(self, model, prompt: list[int], responses: list[list[int]], preds: dict):
+    def __init__(self, model, prompt: list[int], free: list, preds: dict):
         self.refs = {}
-        for resp in responses:
+        for r in free:
+            resp, lps = r.response_tokens, r.logprobs[r.prompt_len:]
             h = hidden_of(model, prompt + resp)
             for k in range(len(resp)):
-                self.refs[tuple(resp[:k])] = h[len(prompt) + k - 1]
+                self.refs[tuple(resp[:k])] = (h[len(prompt) + k - 1], prefix_confidence(lps[:k]))
         self.preds, self.asked = preds, []
 
-    def predict(self, h, k):
+    def predict(self, h, k, lp):
         out = []
-        for row, kk in zip(h.float(), k.tolist()):
-            dist = {p: float((row - v).abs().max()) for p, v in self.refs.items()
+        for row, kk, conf in zip(h.float(), k.tolist(), lp.tolist()):
+            dist = {p: float((row - v).abs().max()) for p, (v, _) in self.refs.items()
                     if len(p) == kk}
             prefix = min(dist, key=dist.get)
             assert dist[prefix] < 1e-4  # the hidden state after the prompt and kk tokens
+            assert conf == pytest.approx(self.refs[prefix][1], abs=1e-5)
             self.asked.append(prefix)
             out.append(self.preds.get(prefix, 0.5))
         return torch.tensor(out)
@@ -88,14 +91,14 @@ def test_a_scripted_head_prunes_exactly_the_expected_members_at_the_checkpoint(l
     prompt = tok.encode(PROMPT)
     rule = PruneRule(at=AT, keep=3, size=6)
     rs = members(tok, seeds, rule, limits={5: 2})  # member 5 ends after 2 tokens
-    resp = [free[s] for s in seeds]
+    resp = [free[s].response_tokens for s in seeds]
     # predictions at the checkpoint (3 tokens) for members 0..4; member 5 is predicted at
     # its last computed position, after 1 token. By the rule (tests/control/test_arrol.py:
     # test_finished_members_always_survive_and_steer_the_balance) 1 and 3 survive with 5.
     preds = {tuple(resp[i][:AT]): p for i, p in enumerate([0.9, 0.1, 0.6, 0.3, 0.8])}
     preds[tuple(resp[5][:1])] = 0.95
     e = engine_with_head(model, tok)
-    e.head = Scripted(model, prompt, resp, preds)
+    e.head = Scripted(model, prompt, [free[s] for s in seeds], preds)
     e.generate(rs)
     assert [r.finish for r in rs] == ["pruned", "length", "pruned", "length", "pruned",
                                       "length"]
@@ -150,16 +153,17 @@ def test_a_real_heads_predictions_are_its_values_on_the_checkpoint_hidden_states
         k = d["at"]
         assert k == (AT if r.index_in_group < 4 else 0)  # member 4 ended at its first token
         h = hidden_of(model, prompt + r.response_tokens[:k] + [0])[len(prompt) + k - 1]
-        assert d["p"] == pytest.approx(float(head.predict(h[None], torch.tensor([k]))[0]),
+        lp = torch.tensor([prefix_confidence(r.logprobs[len(prompt):len(prompt) + k])])
+        assert d["p"] == pytest.approx(float(head.predict(h[None], torch.tensor([k]), lp)[0]),
                                        abs=1e-5)
     # the trainer's features of the finished samples are these hidden states too
     done = [r for r in rs if r.finish != "pruned"]
-    h, k = prefix_hidden(model, done, AT, tok.pad_token_id, torch.device("cpu"))
-    p = head.predict(h, k).tolist()
+    h, k, lp = prefix_hidden(model, done, AT, tok.pad_token_id, torch.device("cpu"))
+    p = head.predict(h, k, lp).tolist()
     assert p == pytest.approx([r.control["arrol"]["p"] for r in done], abs=1e-5)
     monkeypatch.setattr(arrol, "split_head", lambda m: None)  # a model it cannot split
-    h2, k2 = prefix_hidden(model, done, AT, tok.pad_token_id, torch.device("cpu"))
-    assert torch.allclose(h2, h, atol=1e-5) and torch.equal(k2, k)
+    h2, k2, lp2 = prefix_hidden(model, done, AT, tok.pad_token_id, torch.device("cpu"))
+    assert torch.allclose(h2, h, atol=1e-5) and torch.equal(k2, k) and torch.equal(lp2, lp)
 
 
 def test_an_interrupted_group_decides_the_same_in_its_re_prefill(lm):
