@@ -8,8 +8,17 @@ run, so every method starts from the same weights. Every run has the same task s
 rollout.group_size x rollout.batch_groups (8 x 16 = 128 trained samples a step, whatever the
 allocator: adaptive groups differ in size, a step takes about 128 samples of them), lr,
 steps and evaluation; a method changes only its ``[control]`` keys, at their defaults (none
-is tuned here). Seeds via ``train.seed``. The pruner of the issue is not built yet: listed,
-not measured. Runs go one after another (2 cores) through ``reroll train``, unchanged.
+is tuned here). Seeds via ``train.seed``. Runs go one after another (2 cores) through
+``reroll train``, unchanged.
+
+ARRoL (ALGORITHMS.md 3.8, ``control.pruner = "arrol"``): ``arrol`` generates 12 samples a
+group (overprovision 1.5) and cuts them to 8 inside the engine at its checkpoint (default:
+max_new_tokens // 4 = 1 response token here), so a step still trains 16 x 8 samples (plus
+any that ended before the checkpoint); its tokens count the pruned samples' tokens too.
+``arrol-at2`` moves the checkpoint to 2 tokens (after 1 the head barely tells a group's
+members apart) and ``arrol-at2-hidden`` also drops the head's log-prob features (the hidden
+state and position only, as in the paper). Diagnostics: pruned samples and head accuracy per
+step, share of groups whose trained members hold both outcomes.
 
 DUET (ALGORITHMS.md 3.4): ``duet-alloc`` is its token-budget allocator alone, from the
 shared warm start. Its marker gate needs completions with an answer marker, which the plain
@@ -87,13 +96,17 @@ METHODS: dict[str, list[str]] = {
     "fixed-marker": [],
     "duet": ["control.allocator=duet", "control.duet_abort=true", "control.duet_grace=4",
              "control.duet_horizon=8"],
+    "arrol": ["control.pruner=arrol"],
+    "arrol-at2": ["control.pruner=arrol", "control.pruner_args={at=2}"],
+    "arrol-at2-hidden": ["control.pruner=arrol",
+                         "control.pruner_args={at=2, confidence=false}"],
 }
 # completion formats with their own SFT warm start: format -> overrides of the SFT and of
 # every RL run of the methods in FORMAT_OF (their ratios are against BASELINE's method)
 FORMATS = {"marker": ['task.args.marker="#"', "rollout.max_new_tokens=12"]}
 FORMAT_OF = {"fixed-marker": "marker", "duet": "marker"}
 BASELINE = {"duet": "fixed-marker"}
-NOT_BUILT = {"pruner": "not built yet: reroll.control has no pruning stage; not measured"}
+NOT_BUILT: dict[str, str] = {}  # methods listed but not measured, with the reason
 
 
 # ---- runs -------------------------------------------------------------------------------
@@ -131,7 +144,8 @@ def read_rows(run: Path) -> list[dict]:
 
 def training_mix(run: Path) -> dict:
     """From the recorded groups: share of trained samples per level, share of trained
-    samples in groups with both outcomes (a nonzero GRPO advantage), success rate per level."""
+    samples in groups with both outcomes (a nonzero GRPO advantage), success rate per level.
+    Pruned samples (finish "pruned": out of the loss) are not trained samples."""
     from reroll.replay.store import RolloutStore
 
     n = {lv: 0 for lv in LEVELS}
@@ -139,7 +153,7 @@ def training_mix(run: Path) -> dict:
     mixed, total = 0, 0
     for _, g in RolloutStore(run).groups():
         lv = g.example.fields.get("difficulty", "?")
-        vals = [float(r.reward or 0.0) for r in g.rollouts]
+        vals = [float(r.reward or 0.0) for r in g.rollouts if r.finish != "pruned"]
         succ = sum(v >= 1.0 - 1e-9 for v in vals)
         n[lv] = n.get(lv, 0) + len(vals)
         ok[lv] = ok.get(lv, 0) + succ
@@ -189,6 +203,8 @@ def parse(run: Path) -> dict:
                         "acc": r["eval/greedy_accuracy"],
                         **{lv: r.get(f"eval/greedy_accuracy_{lv}") for lv in LEVELS}})
     price = [r["control/price"] for r in steps if "control/price" in r]
+    pruned = [r for r in steps if "control/arrol_pruned" in r]
+    head = [r["arrol/head_accuracy"] for r in steps[-50:] if "arrol/head_accuracy" in r]
     diag = {
         "group_size_mean": statistics.fmean(r["control/group_size_mean"] for r in steps),
         "group_size_max": max(r["control/group_size_max"] for r in steps),
@@ -201,6 +217,13 @@ def parse(run: Path) -> dict:
         "price_first": price[0] if price else None, "price_last": price[-1] if price else None,
         "price_min": min(price) if price else None, "price_max": max(price) if price else None,
         "train_reward_last50": statistics.fmean(r["reward/mean"] for r in steps[-50:]),
+        "arrol_pruned_per_step": statistics.fmean(r["control/arrol_pruned"] for r in pruned)
+        if pruned else None,
+        "arrol_early_per_step": statistics.fmean(r["control/arrol_finished_early"]
+                                                 for r in pruned) if pruned else None,
+        "arrol_mixed_groups": statistics.fmean(r["control/arrol_mixed_groups"] for r in pruned)
+        if pruned else None,
+        "arrol_head_accuracy_last50": statistics.fmean(head) if head else None,
     }
     mix = run / "mix.json"
     if mix.is_file():
@@ -473,6 +496,14 @@ def main() -> None:
     print(table(summary, target, t_eq))
     print("\ntraining mix (recorded every 10th step) and allocator price:\n")
     print(mix_table(summary))
+    for name, m in summary.items():
+        dg = m["diag"]
+        if dg.get("arrol_pruned_per_step") is not None:
+            print(f"\n{name}: {dg['arrol_pruned_per_step']:.1f} samples pruned and "
+                  f"{dg['arrol_early_per_step']:.1f} ended before the checkpoint per step; "
+                  f"groups whose trained members hold both outcomes "
+                  f"{dg['arrol_mixed_groups']:.0%}; head accuracy (last 50 steps, before "
+                  f"each update) {dg['arrol_head_accuracy_last50']:.3f}")
     print(f"\ntokens to fixed GRPO's own final accuracy {base_final:.3f}:")
     for name, m in strict.items():
         mc = m["tokens_to_target_mean_curve"]

@@ -116,7 +116,9 @@ def build_trainer(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
     The policy is always held in float32 (the master weights, so AdamW's state is float32
     too); ``model.dtype = bfloat16`` runs its forward and backward under bf16 autocast and
     publishes bf16 weights to the engine; ``float16`` only publishes float16 (fp16 autocast
-    would need loss scaling). The reference model, never trained, is held in `model.dtype`."""
+    would need loss scaling). The reference model, never trained, is held in `model.dtype`.
+    With ``control.pruner = "arrol"`` the Trainer comes inside an `ArrolTrainer` (its
+    quality head trains in the same step, restored from ``ckpt`` too)."""
     import torch
 
     from reroll.algo import build_objective
@@ -156,6 +158,13 @@ def build_trainer(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
     if ckpt:
         checkpoint.load_trainer_state(ckpt, trainer.opt, trainer.sched)
         trainer.version = checkpoint.read_state(ckpt).get("version", 0)
+    from reroll.control.pruners import build_pruner
+
+    pruner = build_pruner(cfg)
+    if pruner is not None:  # ARRoL: the quality head trains in the same step
+        from reroll.trainer.arrol import ArrolTrainer
+
+        return ArrolTrainer(trainer, pruner, seed=cfg.train.seed, ckpt=ckpt)
     return trainer
 
 
@@ -292,10 +301,13 @@ def check_sandbox(cfg: RunConfig, task) -> None:
 
 
 def engine_slots(cfg: RunConfig) -> int:
-    """KV-cache slots: `engine.max_batch`, or enough for the samples in flight."""
+    """KV-cache slots: `engine.max_batch`, or enough for the samples in flight (a pruner's
+    groups in full)."""
+    from reroll.control.pruners import generated_group_size
+
     if cfg.engine.max_batch:
         return cfg.engine.max_batch
-    n = cfg.rollout.batch_groups * cfg.rollout.group_size
+    n = cfg.rollout.batch_groups * generated_group_size(cfg)
     return max(8, int(n * cfg.runtime.overprovision) * (1 + min(cfg.runtime.max_staleness, 1)))
 
 
@@ -323,7 +335,11 @@ def run_engine(trainer, tok, cfg: RunConfig):
     from reroll.engine import ENGINES
 
     if not ENGINES.trait(cfg.engine.name, "remote", False):
-        return build_engine(trainer.policy(), tok, cfg, version=trainer.version)
+        core = build_engine(trainer.policy(), tok, cfg, version=trainer.version)
+        head = getattr(trainer, "head_weights", None)  # ARRoL's quality head, same version
+        if head is not None:
+            core.load_head(head())
+        return core
     keys = set(ENGINES.hyperparameters(cfg.engine.name)) - {"version"}
     kwargs = {k: getattr(cfg.engine, k) for k in keys if hasattr(cfg.engine, k)}
     engine = ENGINES.get(cfg.engine.name)(trainer.policy(), tok, version=trainer.version,

@@ -60,6 +60,8 @@ CATALOG = [
                "control.selector_args"),
     Catalogued("lengths", "reroll.control.lengths", "LENGTHS", "control.length",
                "control.length_args"),
+    Catalogued("pruners", "reroll.control.pruners", "PRUNERS", "control.pruner",
+               "control.pruner_args"),
     Catalogued("filters", "reroll.control.filters", "FILTERS"),
     Catalogued("drafters", "reroll.replay.drafts", "DRAFTERS", "replay.draft",
                "replay.draft_args"),

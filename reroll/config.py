@@ -293,6 +293,16 @@ class ControlConfig:
     (0: no abort, only the stop after the marker). Below rollout.max_new_tokens."""
     duet_q: float = 0.05
     """DUET: keep probability of a sample past the horizon with no marker (weight 1 / q)."""
+    pruner: str = "none"
+    """Cut rollouts while they are generated (registry `reroll.control.pruners.PRUNERS`):
+    arrol (ARRoL: ceil(overprovision x rollout.group_size) samples per group, cut to
+    rollout.group_size inside the engine at a checkpoint position so that the survivors
+    balance predicted successes and failures, from a quality head on the policy's hidden
+    states trained online) or none. Pruned samples keep their record (finish "pruned") and
+    are counted, out of the loss. Torch engine, local runtime, single_turn only."""
+    pruner_args: dict[str, Any] = field(default_factory=dict)
+    """Hyperparameters of the pruner (arrol: at, overprovision, lr, warmup, hidden,
+    updates; `reroll list pruners`)."""
     dot_k: float = 0.0
     """DOT outlier truncation: in groups where every sample succeeded, samples longer than
     mean + dot_k x std of the group's lengths lose `dot_penalty` reward (0 disables)."""

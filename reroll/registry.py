@@ -137,6 +137,18 @@ class Registry:
                 if err:
                     raise RegistryError(err)
 
+    def check_choice(self, key: str, name: str, kwargs: dict[str, Any], off: str) -> bool:
+        """The config key ``key`` chooses ``name`` from this registry, or ``off`` (nothing,
+        a value not registered): the chosen component's hyperparameters ``kwargs`` (the key
+        ``{key}_args``) are checked, and ``off`` takes none. Whether a component is chosen."""
+        if name == off:
+            if kwargs:
+                raise RegistryError(f"{key} = \"{off}\" takes no {key.rsplit('.', 1)[-1]}_args, "
+                                    f"got {sorted(kwargs)}")
+            return False
+        self.check_kwargs(name, kwargs, f"{key}_args")
+        return True
+
     def bind(self, name: str, kwargs: dict[str, Any] | None = None, where: str = "") -> Callable:
         """The component with its hyperparameters fixed, after checking them."""
         kwargs = dict(kwargs or {})

@@ -107,6 +107,31 @@ class BranchRule:
 
 
 @dataclass(frozen=True)
+class PruneRule:
+    """A group-shared pruning checkpoint (ARRoL's pruner, ALGORITHMS.md 3.8), decided by a
+    control policy and applied by the engine: the ``size`` members of one group (same
+    ``group_id``) are generated together; when they reach ``at`` sampled response tokens
+    the engine predicts each one's success from its hidden state there and retires all but
+    ``keep`` of them with finish "pruned". Members that finished before ``at`` always
+    survive (with their prediction at their last position). ``settled`` holds the
+    ``(index_in_group, prediction, position)`` of members already finished before the
+    checkpoint, for an engine that did not see them finish (a run resumed from a
+    checkpoint). How the survivors are chosen lives in ``reroll.control.arrol``."""
+
+    at: int
+    keep: int
+    size: int
+    settled: tuple[tuple[int, float, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.keep <= self.size or self.at < 1:
+            raise ValueError(f"PruneRule needs at >= 1 and 1 <= keep <= size, got at="
+                             f"{self.at}, keep={self.keep}, size={self.size}")
+        object.__setattr__(self, "settled", tuple((int(i), float(p), int(k))
+                                                  for i, p, k in self.settled))
+
+
+@dataclass(frozen=True)
 class Draft:
     """Tokens proposed for the start of a response (an earlier epoch's response: SPEC-RL,
     ALGORITHMS.md 3.2; a suffix match over recent rollouts: DAS), which the engine verifies
@@ -154,6 +179,7 @@ class SamplingParams:
     stop_rule: StopRule | None = None
     draft: Draft | None = None  # verified before sampling when a call starts a response
     branch_rule: BranchRule | None = None  # LATR branching, for members of an engine tree
+    prune: PruneRule | None = None  # a group-shared pruning checkpoint (ARRoL)
 
     @property
     def greedy(self) -> bool:
@@ -222,7 +248,8 @@ class Rollout:
     control: dict[str, Any] = field(default_factory=dict)
     """What control rules decided about this sample, for the record (e.g. DUET's
     ``{"duet": {"marker_at": 3, "horizon": 8, "keep": False, "weight": 1.0, "end":
-    "marker_stop"}}``)."""
+    "marker_stop"}}``; ARRoL's ``{"arrol": {"p": 0.83, "at": 2, "version": 5, "mode":
+    "head", "decision": "kept", "correct": True}}``)."""
     timings: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -321,6 +348,8 @@ class Rollout:
             sampling["draft"] = Draft(**sampling["draft"])
         if sampling.get("branch_rule") is not None:
             sampling["branch_rule"] = BranchRule(**sampling["branch_rule"])
+        if sampling.get("prune") is not None:
+            sampling["prune"] = PruneRule(**sampling["prune"])
         d["sampling"] = SamplingParams(**sampling)
         d["scores"] = [Score(**s) for s in d.get("scores", [])]
         d["spans"] = [Span(**s) for s in d.get("spans", [])]

@@ -22,6 +22,22 @@ def test_bind_checks_signature():
         reg.register("scale")(scale)
 
 
+def test_a_choice_with_an_off_value_checks_the_chosen_and_refuses_args_for_off():
+    reg = Registry("thing")
+
+    @reg.register("cut", ranges={"at": "[1, inf)"})
+    def cut(*, at: int = 1):
+        return at
+
+    assert reg.check_choice("control.thing", "none", {}, off="none") is False
+    assert reg.check_choice("control.thing", "cut", {"at": 3}, off="none") is True
+    with pytest.raises(RegistryError, match='control.thing = "none" takes no thing_args, '
+                                            r"got \['at'\]"):
+        reg.check_choice("control.thing", "none", {"at": 3}, off="none")
+    with pytest.raises(RegistryError, match=r"'at' \(in control.thing_args\) must be in"):
+        reg.check_choice("control.thing", "cut", {"at": 0}, off="none")
+
+
 def _package_registries() -> dict[str, Registry]:
     """Every ``Registry`` defined in the reroll package, after importing all of its modules
     (so that every component is registered); keyed by ``module.NAME``."""

@@ -3,7 +3,7 @@ the prompt selector and the length schedule, with the state that goes into check
 
 The scheduler asks it, for a new group, how many samples to start and to reserve and what
 response limit is in force (and the group starter lets it ``prepare`` each new sample: DUET's
-stop rule, `reroll.control.duet`); a workflow asks it, after each round of a group, whether to add
+stop rule, `reroll.control.duet`; a pruner's rule, `reroll.control.pruners`); a workflow asks it, after each round of a group, whether to add
 samples (through `Scheduler.grow`). Outcomes reach the statistics only at step boundaries
 (`end_step`): the groups a step consumed in consumption order, after the groups dropped by
 filters since the last boundary in admission order. Decisions therefore read state that is
@@ -28,13 +28,15 @@ ValueOf = Callable[[Rollout], "float | None"]  # the verifier value of a scored 
 class Controller:
     def __init__(self, allocator: Allocator | None = None, stats: PromptStats | None = None,
                  *, value_of: ValueOf | None = None, success_at: float = 1.0,
-                 length=None, step: int = 0, dot: dict | None = None, gate=None):
+                 length=None, step: int = 0, dot: dict | None = None, gate=None,
+                 pruner=None):
         self.allocator = allocator
         self.stats = stats or PromptStats()
         self.value_of = value_of or (lambda r: r.reward)
         self.success_at, self.length, self.step = success_at, length, step
         self.dot = dot  # {k, quantile, penalty} of DOT outlier truncation, or None
         self.gate = gate  # DUET's `MarkerGate`, or None
+        self.pruner = pruner  # a `reroll.control.pruners.PRUNERS` component, or None
         self.step_metrics: dict[str, float] = {}  # about the last step's groups
         # (seq, prompt, successes, n, policy tokens) of dropped groups, until the boundary
         self.pending: list[tuple] = []
@@ -57,10 +59,19 @@ class Controller:
 
     def prepare(self, rollouts: list[Rollout]) -> None:
         """Per-sample decisions on fresh samples, after their seeds are set (DUET's stop
-        rule and keep draw)."""
+        rule and keep draw, the pruner's rule)."""
         if self.gate is not None:
             for r in rollouts:
                 self.gate.prepare(r)
+        if self.pruner is not None:
+            self.pruner.prepare(rollouts)
+
+    def resume(self, groups: list[Group]) -> None:
+        """Groups restored from a checkpoint whose workflows run again (the pruner's
+        rules learn which members finished before the engine that decides now started)."""
+        if self.pruner is not None:
+            for g in groups:
+                self.pruner.resume(g)
 
     # ---- a round of a group finished ---------------------------------------------------
     def values(self, g: Group, fresh: bool = False) -> list[float] | None:
@@ -98,10 +109,13 @@ class Controller:
         long ones get a negative advantage; groups with a failure (hard prompts) keep their
         long reasoning. The penalty and the threshold are recorded in ``Rollout.shaping``
         (not among the verifier scores, which the advantage and the statistics read).
-        First, DUET's gate weighs each sample (`MarkerGate.settle`)."""
+        First, DUET's gate weighs each sample (`MarkerGate.settle`) and the pruner settles
+        the group (labels, pruned members out of the loss)."""
         if self.gate is not None:
             for r in g.rollouts:
                 self.gate.settle(r)
+        if self.pruner is not None:
+            self.pruner.settle(g, self.success)
         if self.dot is None or len(g.rollouts) < 2:
             return
         vals = self.values(g)
@@ -146,8 +160,8 @@ class Controller:
             self.stats.observe(g.prompt_id, s, len(vals), self.step,
                                _fresh_tokens(g) if vals else None)
             outcomes.append((g.prompt_id, len(g.rollouts), s))
-        if self.gate is not None:
-            self.step_metrics = self.gate.metrics(consumed)
+        self.step_metrics = {**(self.gate.metrics(consumed) if self.gate is not None else {}),
+                             **(self.pruner.metrics(consumed) if self.pruner else {})}
         if self.allocator is not None:
             self.allocator.end_step(outcomes, self.stats)
         if self.selector is not None:
@@ -155,7 +169,7 @@ class Controller:
         self.step += 1
 
     def metrics(self) -> dict[str, float]:
-        """What to log: the allocator's state and the last step's DUET counts."""
+        """What to log: the allocator's state and the last step's DUET and pruner counts."""
         a = self.allocator.metrics() if self.allocator is not None else {}
         return {**a, **self.step_metrics}
 

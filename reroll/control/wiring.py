@@ -1,7 +1,7 @@
 """Builds the Control stage of a run from its config: the allocator, the prompt selector, the
-length schedule, DUET's marker gate and the `Controller` holding them with the per-prompt
-statistics, restored from a checkpoint's state when resuming. Looks things up in the
-registries; no decisions.
+length schedule, DUET's marker gate, the pruner and the `Controller` holding them with the
+per-prompt statistics, restored from a checkpoint's state when resuming. Looks things up in
+the registries; no decisions.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from reroll.control.controller import Controller, ValueOf
 from reroll.control.duet import MarkerGate
 from reroll.control.lengths import LENGTHS
 from reroll.control.prompts import PromptStream
+from reroll.control.pruners import build_pruner, check_pruner, generated_group_size
 from reroll.control.selectors import SELECTORS
 from reroll.control.stats import PromptStats
 from reroll.errors import ConfigError
@@ -29,11 +30,8 @@ def check_control(cfg: RunConfig) -> None:
     c = cfg.control
     ALLOCATORS.check_kwargs(c.allocator, c.allocator_args, "control.allocator_args")
     LENGTHS.check_kwargs(c.length, c.length_args, "control.length_args")
-    if c.selector != "uniform":
-        SELECTORS.check_kwargs(c.selector, c.selector_args, "control.selector_args")
-    elif c.selector_args:
-        raise ConfigError(f"control.selector = \"uniform\" takes no selector_args, got "
-                          f"{sorted(c.selector_args)}")
+    SELECTORS.check_choice("control.selector", c.selector, c.selector_args, off="uniform")
+    check_pruner(cfg)  # before the trial build: the pruner sets the groups' size
     try:
         allocator, _ = build_allocator(cfg), build_length(cfg)
     except ValueError as e:
@@ -41,8 +39,8 @@ def check_control(cfg: RunConfig) -> None:
     check_duet(cfg)
     import math
 
-    r, rt = cfg.rollout, cfg.runtime
-    batch = fresh_groups(cfg) * r.group_size  # samples generated per version
+    rt = cfg.runtime
+    batch = fresh_groups(cfg) * generated_group_size(cfg)  # samples generated per version
     room = (rt.max_staleness + 1) * batch + math.ceil((rt.overprovision - 1.0) * batch)
     if allocator.max_size() > room:
         raise ConfigError(
@@ -79,7 +77,7 @@ def check_duet(cfg: RunConfig) -> None:
 
 def build_allocator(cfg: RunConfig):
     c = cfg.control
-    return ALLOCATORS.get(c.allocator)(cfg.rollout.group_size, **c.allocator_args)
+    return ALLOCATORS.get(c.allocator)(generated_group_size(cfg), **c.allocator_args)
 
 
 def build_length(cfg: RunConfig):
@@ -102,7 +100,8 @@ def build_control(cfg: RunConfig, examples: list[Example], value_of: ValueOf,
     gate = (MarkerGate(list(marker), grace=c.duet_grace, horizon=c.duet_horizon, q=c.duet_q)
             if c.duet_abort else None)
     ctl = Controller(allocator, PromptStats(c.history), value_of=value_of,
-                     success_at=c.success_at, length=length, dot=dot, gate=gate)
+                     success_at=c.success_at, length=length, dot=dot, gate=gate,
+                     pruner=build_pruner(cfg))
     choose = None
     if cfg.control.selector != "uniform":
         ctl.selector = SELECTORS.get(cfg.control.selector)(

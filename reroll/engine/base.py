@@ -5,8 +5,9 @@ Owns the contracts only. Two layers:
 - `Engine` (what everything above the engine uses) is asynchronous: ``generate(rollout)``
   returns an awaitable that resolves when the request finishes. The engine appends sampled
   tokens to the given `Rollout` record with their behaviour log-prob and policy version, and
-  sets ``finish`` ("stop" / "length", or "pruned" by the request's ``sampling.stop_rule``)
-  and ``completion``. ``turn=(start, end)`` limits one call to one turn of a multi-turn
+  sets ``finish`` ("stop" / "length", or "pruned" by the request's ``sampling.stop_rule``
+  or, in an engine holding a quality head, by its group's ``sampling.prune``) and
+  ``completion``. ``turn=(start, end)`` limits one call to one turn of a multi-turn
   episode (see `reroll.engine.requests.make_request`).
   ``update_weights(weights, version, interrupt=True)`` aborts in-flight requests, keeps their
   prefix (tokens, log-probs, versions), swaps the weights and resumes them (a resume is

@@ -30,7 +30,9 @@ next step on; children that find no free slot re-prefill the prefix instead
 request carrying a `BranchRule` spawns, where the rule fires, a child that takes the next spare
 of its tree, a copy of its cache rows and the alternative token. Drafts
 (`reroll.engine.engine_drafts`): a request's draft is prefilled after its prompt and verified
-in the same forward.
+in the same forward. Pruning
+(`reroll.engine.engine_prune`, with a quality head loaded): the members of a group carrying a
+`PruneRule` are admitted together and cut at its checkpoint from their hidden states there.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from reroll.engine.branch import TreeTable
 from reroll.engine.engine_branches import Branching
 from reroll.engine.engine_drafts import Drafting
 from reroll.engine.engine_forks import Forking
+from reroll.engine.engine_prune import Pruning
 from reroll.engine.fork import ForkTable
 from reroll.engine.kv_cache import SlotCache, decode_mask, prefill_mask
 from reroll.engine.requests import Request, make_request
@@ -53,7 +56,7 @@ from reroll.engine.sampling import sample, seed_key, uniforms
 from reroll.rollout import Rollout
 
 
-class TorchEngine(Forking, Branching, Drafting):
+class TorchEngine(Forking, Branching, Drafting, Pruning):
     def __init__(self, model, tokenizer, *, max_batch: int = 64, max_seq_len: int | None = None,
                  version: int = 0, max_prefill_tokens: int = 1024,
                  admit_batch: int | None = None):
@@ -114,6 +117,7 @@ class TorchEngine(Forking, Branching, Drafting):
                              seed=seed_key(seed), turn=turns[i] if turns else None)
             if r.sample_id in live:
                 raise ValueError(f"rollout {r.sample_id} is already in the engine")
+            self._check_rule(r)
             live.add(r.sample_id)
             new.append(q)
         now = time.time()
@@ -182,6 +186,7 @@ class TorchEngine(Forking, Branching, Drafting):
     def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
         for q in self.rows:
             q.flush(self.version)  # tokens sampled so far keep the old version
+        state_dict = self._take_head(state_dict)  # ARRoL's quality head, if published
         try:
             with torch.no_grad():
                 self.model.load_state_dict(state_dict, strict=True)
@@ -209,6 +214,9 @@ class TorchEngine(Forking, Branching, Drafting):
             return done
         while self.waiting and len(self.rows) + len(chosen) < self.max_batch:
             q = self.waiting[0]
+            if self.pruning and not self._same_group(q, chosen) and not self._group_fits(
+                    q, len(self.rows) + len(chosen)):
+                break  # a pruned group's members are admitted together (lockstep)
             if q.budget <= 0:  # nothing left to sample (max_new_tokens already reached)
                 self.waiting.popleft()
                 done.append(q.finish("length", self.version, self._decode_text))
@@ -217,7 +225,8 @@ class TorchEngine(Forking, Branching, Drafting):
             d = q.draft.tokens if q.draft is not None else ()
             key = (tuple(q.rollout.tokens) + d, len(d))  # a draft is prefilled after its prompt
             if key not in uniq:
-                if lens and sum(lens) + len(key[0]) > budget:
+                if lens and sum(lens) + len(key[0]) > budget and not (
+                        self.pruning and self._same_group(q, chosen)):
                     break
                 uniq[key] = len(lens)
                 lens.append(len(key[0]))
@@ -250,6 +259,9 @@ class TorchEngine(Forking, Branching, Drafting):
         self.counts["prefill_tokens_shared"] += sum(lens[u] for _, u in chosen) - sum(lens)
         if any(nd):
             done += self._verify_drafts(logits, chosen, nd, n0)
+        elif self.pruning:
+            w = which.to(self.device)
+            done += self._gated_sample(logits[w], self._hidden_rows(last.to(self.device))[w], n0)
         else:
             done += self._sample(logits[which.to(self.device)], slice(n0, n0 + k))
         self.counts["time_prefill_s"] += time.perf_counter() - t0
@@ -266,7 +278,8 @@ class TorchEngine(Forking, Branching, Drafting):
         pos += 1  # the fed token is now cached; the new one sits at index pos
         self.counts["decode_steps"] += 1
         self.counts["decode_rows"] += n
-        done = self._sample(logits, slice(0, n))
+        done = (self._gated_sample(logits, self._hidden_rows(None), 0) if self.pruning
+                else self._sample(logits, slice(0, n)))
         self.counts["time_decode_s"] += time.perf_counter() - t0
         return done
 

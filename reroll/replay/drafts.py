@@ -190,12 +190,8 @@ def check_drafts(cfg: RunConfig) -> None:
     """``replay.draft`` and its arguments; drafts need an engine that verifies them (the
     in-process torch engine) and one response per sample (single_turn)."""
     rp = cfg.replay
-    if rp.draft == "none":
-        if rp.draft_args:
-            raise ConfigError(f"replay.draft = \"none\" takes no draft_args, got "
-                              f"{sorted(rp.draft_args)}")
+    if not DRAFTERS.check_choice("replay.draft", rp.draft, rp.draft_args, off="none"):
         return
-    DRAFTERS.check_kwargs(rp.draft, rp.draft_args, "replay.draft_args")
     if cfg.engine.name != "torch" or cfg.rollout.workflow != "single_turn":
         raise ConfigError(f"replay.draft = {rp.draft!r} needs engine.name = \"torch\" (the "
                           f"engine that verifies drafts) and rollout.workflow = "

@@ -15,6 +15,7 @@ from typing import Any
 
 from reroll import build
 from reroll.config import RunConfig
+from reroll.control.pruners import generated_group_size
 from reroll.control.rollouts import Rollouts
 from reroll.control.scheduler import Scheduler
 from reroll.control.wiring import build_control
@@ -72,12 +73,13 @@ def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_com
                 replay.prepare(rollouts)
 
         start = build.group_starter(cfg, tok, prepare)
-        sched = Scheduler(prompts, start, group_size=r.group_size,
+        sched = Scheduler(prompts, start, group_size=generated_group_size(cfg),
                           batch_groups=fresh_groups(cfg), max_staleness=cfg.runtime.max_staleness,
                           overprovision=cfg.runtime.overprovision,
                           filters=build.build_filters(cfg, combine), controller=control,
                           replay=replay)
         rerun = sched.restore(checkpoint.read_groups(ckpt), state["counters"]) if ckpt else []
+        control.resume(rerun)
         workflow = WORKFLOWS.get(r.workflow)
         shaping = build.build_shaping(cfg)
 

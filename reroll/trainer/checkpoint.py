@@ -85,7 +85,11 @@ def damage(ckpt: Path) -> str | None:
 
 
 def save(run_dir: Path, step: int, model, tokenizer, optimizer, state: dict[str, Any],
-         groups: list[Group] = (), keep: int = 2, lr_scheduler=None) -> Path:
+         groups: list[Group] = (), keep: int = 2, lr_scheduler=None,
+         extras: dict[str, Any] | None = None) -> Path:
+    """Write the checkpoint of ``step``; ``extras``: more files, name -> object saved with
+    ``torch.save`` (a component's own state, e.g. ARRoL's quality head), in the manifest
+    like the rest."""
     root = Path(run_dir) / "checkpoints"
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}"
@@ -93,7 +97,7 @@ def save(run_dir: Path, step: int, model, tokenizer, optimizer, state: dict[str,
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        _write(tmp, model, tokenizer, optimizer, state, step, groups, lr_scheduler)
+        _write(tmp, model, tokenizer, optimizer, state, step, groups, lr_scheduler, extras)
     except (OSError, RuntimeError) as e:  # torch's own writer reports ENOSPC as RuntimeError
         free = shutil.disk_usage(root).free if root.exists() else 0
         full = getattr(e, "errno", None) == errno.ENOSPC or free < (1 << 20)
@@ -113,7 +117,8 @@ def save(run_dir: Path, step: int, model, tokenizer, optimizer, state: dict[str,
     return final
 
 
-def _write(tmp: Path, model, tokenizer, optimizer, state, step, groups, lr_scheduler) -> None:
+def _write(tmp: Path, model, tokenizer, optimizer, state, step, groups, lr_scheduler,
+           extras=None) -> None:
     model.save_pretrained(tmp / "model")
     tokenizer.save_pretrained(tmp / "model")
     torch.save({"optimizer": optimizer.state_dict(),
@@ -124,6 +129,8 @@ def _write(tmp: Path, model, tokenizer, optimizer, state, step, groups, lr_sched
     with open(tmp / "buffers.jsonl", "w") as f:
         for g in groups:
             f.write(g.to_json() + "\n")
+    for name, obj in (extras or {}).items():
+        torch.save(obj, tmp / name)
     write_manifest(tmp)
 
 
@@ -188,6 +195,15 @@ def load_trainer_state(ckpt: Path, optimizer, lr_scheduler=None) -> None:
 def read_state(ckpt: Path) -> dict[str, Any]:
     """state.json of a checkpoint: step, version, data cursor, counters."""
     return json.loads((ckpt / "state.json").read_text())
+
+
+def read_extra(ckpt: Path, name: str) -> Any:
+    """A file ``save`` wrote from ``extras`` (a CheckpointError when it is missing)."""
+    path = ckpt / name
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {ckpt} has no {name}: it was written by a run "
+                              f"configured differently")
+    return torch.load(path, weights_only=False)
 
 
 def read_groups(ckpt: Path) -> list[Group]:

@@ -276,13 +276,14 @@ class Trainer:
                     else v.detach().clone()) for k, v in self.model.state_dict().items()}
 
     def save_checkpoint(self, run_dir: Path, step: int, state: dict[str, Any],
-                        groups: Sequence[Group]) -> Path:
+                        groups: Sequence[Group], extras: dict[str, Any] | None = None) -> Path:
         """Model, optimiser, LR schedule and RNG, plus the caller's ``state`` and unconsumed
-        ``groups``, written atomically by `checkpoint.save`."""
+        ``groups`` (and ``extras``, see `checkpoint.save`), written atomically by
+        `checkpoint.save`."""
         if self.tokenizer is None:
             raise ValueError("Trainer.save_checkpoint needs the tokenizer (Trainer(tokenizer=))")
         return checkpoint.save(run_dir, step, self.model, self.tokenizer, self.opt, state,
-                               list(groups), lr_scheduler=self.sched)
+                               list(groups), lr_scheduler=self.sched, extras=extras)
 
     def policy(self) -> torch.nn.Module:
         return self.model
