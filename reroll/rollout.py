@@ -1,4 +1,5 @@
-"""The records every stage shares: Example, SamplingParams, Score, Span, Rollout, Group.
+"""The records every stage shares: Example, Score, Span, Rollout, Group (and SamplingParams
+with its per-request rules, from `reroll.sampling_params`).
 
 Owns the data model of DESIGN.md section 2. Plain dataclasses with a JSON round trip; this
 module must import neither torch nor ray, so that any process (a scoring worker, a Ray
@@ -25,10 +26,22 @@ import uuid
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
+from reroll.sampling_params import (  # re-exported: records and their users import them here
+    BranchRule,
+    Draft,
+    PruneRule,
+    SamplingParams,
+    StopRule,
+)
+
 Finish = Literal["stop", "length", "abort", "pruned", "error", "running"]
 Source = Literal["prompt", "sampled", "draft", "inherited", "forced", "replayed", "env"]
 FINISHED = ("stop", "length", "pruned", "error")
 POLICY_SOURCES = ("sampled", "draft", "inherited", "forced")  # the policy's tokens (loss mask on)
+
+
+__all__ = ["BranchRule", "Draft", "Example", "FINISHED", "Group", "POLICY_SOURCES",
+           "PruneRule", "Rollout", "SamplingParams", "Score", "Span", "StopRule", "new_id"]
 
 
 def new_id() -> str:
@@ -51,139 +64,6 @@ class Example:
     @classmethod
     def from_dict(cls, d: dict) -> Example:
         return cls(**d)
-
-
-@dataclass(frozen=True)
-class StopRule:
-    """A per-request stop rule on top of EOS, stop strings and the length limit, decided by a
-    control policy (DUET's marker gate, ALGORITHMS.md 3.4) and applied by the engine as it
-    samples. Positions count the tokens sampled in the call (the whole response of a
-    single-turn sample), across resumes:
-
-    - once the token sequence ``marker`` has been sampled (it ends at position ``k``), the
-      request samples ``grace`` more tokens and finishes with "stop" at position ``k +
-      grace``;
-    - with ``horizon > 0`` and ``keep`` False, a request that has sampled ``horizon`` tokens
-      with no marker (and is not finished by EOS or its length limit there) finishes with
-      "pruned"; with ``keep`` True it goes on to EOS.
-
-    The engine only follows it: who draws ``keep`` and what a pruned sample is worth lives in
-    ``reroll.control``."""
-
-    marker: tuple[int, ...]
-    grace: int = 0
-    horizon: int = 0
-    keep: bool = True
-
-    def __post_init__(self) -> None:
-        if not self.marker or self.grace < 0 or self.horizon < 0:
-            raise ValueError(f"StopRule needs a non-empty marker, grace >= 0 and horizon >= "
-                             f"0, got marker={self.marker}, grace={self.grace}, "
-                             f"horizon={self.horizon}")
-        object.__setattr__(self, "marker", tuple(int(t) for t in self.marker))
-
-
-@dataclass(frozen=True)
-class BranchRule:
-    """LATR's branching rule (ALGORITHMS.md 3.12, m = 2), decided by a workflow and applied
-    by the engine as it samples (`reroll.engine.branch`): at every token a request carrying
-    it samples, with ``p_top >= p_j`` the two most likely tokens of the distribution sampled
-    from (after temperature, top-k, top-p), a child branches off when ``p_j > tau_abs`` and
-    ``p_top - p_j < tau_rel``. The child inherits the tokens before that position and takes
-    the candidate the request did not sample (``top`` when it sampled ``j``, else ``j``) as a
-    ``"forced"`` token, then samples on with its own seed; the request goes on with its own.
-
-    Children are spare members handed to the engine with the tree's root (`TorchEngine.branch`)
-    and consumed in order; a request with no spares left (or none, or a greedy one) never
-    branches."""
-
-    tau_abs: float = 0.15
-    tau_rel: float = 0.25
-
-    def __post_init__(self) -> None:
-        if not (0.0 <= self.tau_abs < 1.0 and 0.0 < self.tau_rel <= 1.0):
-            raise ValueError(f"BranchRule needs 0 <= tau_abs < 1 and 0 < tau_rel <= 1, got "
-                             f"tau_abs={self.tau_abs}, tau_rel={self.tau_rel}")
-
-
-@dataclass(frozen=True)
-class PruneRule:
-    """A group-shared pruning checkpoint (ARRoL's pruner, ALGORITHMS.md 3.8), decided by a
-    control policy and applied by the engine: the ``size`` members of one group (same
-    ``group_id``) are generated together; when they reach ``at`` sampled response tokens
-    the engine predicts each one's success from its hidden state there and retires all but
-    ``keep`` of them with finish "pruned". Members that finished before ``at`` always
-    survive (with their prediction at their last position). ``settled`` holds the
-    ``(index_in_group, prediction, position)`` of members already finished before the
-    checkpoint, for an engine that did not see them finish (a run resumed from a
-    checkpoint). How the survivors are chosen lives in ``reroll.control.arrol``."""
-
-    at: int
-    keep: int
-    size: int
-    settled: tuple[tuple[int, float, int], ...] = ()
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.keep <= self.size or self.at < 1:
-            raise ValueError(f"PruneRule needs at >= 1 and 1 <= keep <= size, got at="
-                             f"{self.at}, keep={self.keep}, size={self.size}")
-        object.__setattr__(self, "settled", tuple((int(i), float(p), int(k))
-                                                  for i, p, k in self.settled))
-
-
-@dataclass(frozen=True)
-class Draft:
-    """Tokens proposed for the start of a response (an earlier epoch's response: SPEC-RL,
-    ALGORITHMS.md 3.2; a suffix match over recent rollouts: DAS), which the engine verifies
-    under the current policy before it samples anything (`reroll.engine.speculative`).
-
-    Draft token ``x_t`` is accepted with probability ``min(1, lenience * p(x_t) / q(x_t))``,
-    ``p`` the current policy's sampling distribution and ``q(x_t) = exp(logprobs[t])`` the
-    probability the draft was made with (``logprobs`` empty: a deterministic draft, ``q = 1``).
-    At the first rejection the engine samples from ``max(0, p - q)`` renormalised, with ``q``
-    what the request knows of the draft distribution: mass ``q(x_t)`` at the drafted token.
-    With ``lenience = 1`` and no ``logprobs`` that is the whole draft distribution, so the
-    response is distributed exactly as plain sampling from the current policy, whatever the
-    draft; recorded ``logprobs`` accept more, and lenience > 1 more still, at a bias.
-    ``source`` names where the draft came from (a sample id), for the record."""
-
-    tokens: tuple[int, ...]
-    logprobs: tuple[float, ...] = ()
-    lenience: float = 1.0
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "tokens", tuple(int(t) for t in self.tokens))
-        object.__setattr__(self, "logprobs", tuple(float(x) for x in self.logprobs))
-        if self.logprobs and len(self.logprobs) != len(self.tokens):
-            raise ValueError(f"Draft from {self.source!r}: {len(self.logprobs)} logprobs for "
-                             f"{len(self.tokens)} tokens")
-        if not self.lenience >= 1.0:
-            raise ValueError(f"Draft from {self.source!r}: lenience must be >= 1, got "
-                             f"{self.lenience}")
-
-
-@dataclass
-class SamplingParams:
-    """How to sample. ``top_k=0`` and ``top_p=1.0`` disable those filters; ``temperature=0``
-    is greedy. The behaviour log-prob recorded per token is under the distribution after
-    temperature, top-k and top-p (the one actually sampled from)."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 32
-    stop_token_ids: list[int] = field(default_factory=list)
-    stop_strings: list[str] = field(default_factory=list)
-    seed: int | None = None
-    stop_rule: StopRule | None = None
-    draft: Draft | None = None  # verified before sampling when a call starts a response
-    branch_rule: BranchRule | None = None  # LATR branching, for members of an engine tree
-    prune: PruneRule | None = None  # a group-shared pruning checkpoint (ARRoL)
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
 
 
 @dataclass
