@@ -1,8 +1,9 @@
 """What ARRoL's pruning costs the engine per decode step: the same rows decoded by a plain
 TorchEngine, by one holding a quality head (the forward pre-hook that keeps the hidden
 states; requests without a rule), and with every row of a group carrying a `PruneRule`
-whose checkpoint is never reached (the head is evaluated on every gated row every step,
-the gate's bookkeeping runs, nothing is cut). Model: configs/mixed.toml's Qwen2 (hidden
+whose checkpoint is never reached (the gated sampling path and the group's bookkeeping run
+every step; the head itself runs only on rows that end, as it would on rows at their
+checkpoint; nothing is cut). Model: configs/mixed.toml's Qwen2 (hidden
 128, 2 layers) built at random, or ``--hidden/--layers``; ``--rows`` sequences of
 ``--tokens`` new tokens from one prompt, seeded, so all three decode the same tokens.
 
