@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from reroll.errors import ConfigError
 from reroll.registry import Registry
+from reroll.replay.suffix import majority_path
 from reroll.rollout import Draft, Group, Rollout
 
 if TYPE_CHECKING:
@@ -110,25 +111,6 @@ class SuffixDrafter:
         tokens = majority_path([t for t, _, _ in self.store.recent(r.prompt_id)],
                                self.min_count)
         return Draft(tuple(tokens), source="das") if tokens else None
-
-
-def majority_path(responses: list[list[int]], min_count: int) -> list[int]:
-    """Walk the prefix trie of ``responses``: at each depth take the next token most of the
-    responses still on the path share (the smallest id on a tie), while at least
-    ``min_count`` share it."""
-    alive, path = list(responses), []
-    while True:
-        counts: dict[int, int] = {}
-        for x in alive:
-            if len(x) > len(path):
-                counts[x[len(path)]] = counts.get(x[len(path)], 0) + 1
-        if not counts:
-            return path
-        tok, n = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-        if n < min_count:
-            return path
-        path.append(tok)
-        alive = [x for x in alive if len(x) >= len(path) and x[len(path) - 1] == tok]
 
 
 class Drafting:
