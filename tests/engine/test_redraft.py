@@ -11,7 +11,7 @@ from test_drafts import PROMPT, TEMP, TOPK, N, _chi2, _greedy, qwen, top  # noqa
 
 from reroll.engine import TorchEngine
 from reroll.engine.kv_cache import extend_mask
-from reroll.rollout import BranchRule, Rollout, SuffixSource
+from reroll.rollout import BranchRule, Rollout, StopRule, SuffixSource
 
 
 def test_extend_mask_lets_query_j_of_a_row_see_its_positions_up_to_pos_plus_j():
@@ -172,3 +172,38 @@ def test_redrafting_keeps_the_policys_distribution_whatever_the_sources(qwen):  
     assert s["redraft_tokens_accepted"] > 0.1 * N  # the sources did propose kept tokens
     assert any(sp.source == "draft" and sp.end - sp.start == 2 for r in rs for sp in r.spans)
     assert s["redraft_tokens_proposed"] > s["redraft_tokens_accepted"]
+
+
+def test_a_stop_token_or_a_stop_rule_inside_an_accepted_draft_ends_it_as_without_drafts(lm):
+    model, tok = lm
+    ref = _greedy(model, tok, "abc", 16)
+    resp = ref.response_tokens
+    stop = next(resp[i] for i in range(3, 9) if resp[i] not in resp[:i])  # first seen there
+    src = SuffixSource((tuple(resp),), draft_len=8)
+    for kw in (dict(stop_token_ids=[stop]),
+               dict(stop_rule=StopRule(tuple(resp[3:5]), grace=3))):
+        plain = make(tok, "abc", temperature=0.0, max_new_tokens=16, **kw)
+        TorchEngine(model, tok).generate([plain])
+        r = make(tok, "abc", temperature=0.0, max_new_tokens=16, **kw)
+        r.sampling.redraft = src
+        eng = TorchEngine(model, tok)
+        eng.generate([r])
+        assert r.tokens == plain.tokens and r.finish == plain.finish == "stop"
+        assert len(r.response_tokens) < 16 and eng.stats()["redraft_tokens_accepted"] > 0
+        assert r.spans[-1].source == "draft"  # it ended inside a draft
+
+
+def test_redrafting_with_the_eager_attention_mask_equals_greedy(lm):
+    model, tok = lm
+    ref = _greedy(model, tok, "7*8=", 16)
+    model.set_attn_implementation("eager")
+    try:
+        r = make(tok, "7*8=", temperature=0.0, max_new_tokens=16)
+        r.sampling.redraft = SuffixSource((tuple(ref.response_tokens[:9]),), draft_len=3)
+        eng = TorchEngine(model, tok)
+        assert eng.additive
+        eng.generate([r])
+    finally:
+        model.set_attn_implementation("sdpa")
+    assert r.tokens == ref.tokens and eng.stats()["redraft_tokens_accepted"] > 0
+    assert max(abs(a - b) for a, b in zip(r.logprobs, ref.logprobs, strict=True)) < 1e-4
