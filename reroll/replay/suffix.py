@@ -94,9 +94,11 @@ class SuffixIndex:
         return []
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=64)
 def index_of(source: SuffixSource) -> SuffixIndex:
-    """The index of a source (the samples of one prompt share one source: built once)."""
+    """The index of a source (the samples of one prompt share one source: built once). An
+    index holds up to ``max_match`` keys per response token, so only the last 64 are kept
+    here (a running request keeps its own)."""
     return SuffixIndex(source.responses, max_match=source.max_match,
                        min_match=source.min_match, min_count=source.min_count,
                        draft_len=source.draft_len, max_draft=source.max_draft)
