@@ -207,3 +207,44 @@ def test_redrafting_with_the_eager_attention_mask_equals_greedy(lm):
         model.set_attn_implementation("sdpa")
     assert r.tokens == ref.tokens and eng.stats()["redraft_tokens_accepted"] > 0
     assert max(abs(a - b) for a, b in zip(r.logprobs, ref.logprobs, strict=True)) < 1e-4
+
+
+def test_drafts_stay_below_max_seq_len_for_every_row_of_the_step(lm):
+    model, tok = lm
+    prompts = ["sort: 9 1 5 3 -> ", "abc"]  # the long prompt nears the end of the cache first
+    refs = []
+    for p in prompts:
+        r = make(tok, p, temperature=0.0, max_new_tokens=40)
+        TorchEngine(model, tok, max_seq_len=28).generate([r])
+        refs.append(r)
+    assert len(refs[0].tokens) == 28  # cut by the cache length, not max_new_tokens
+    rs = []
+    for p, ref in zip(prompts, refs, strict=True):
+        r = make(tok, p, temperature=0.0, max_new_tokens=40)
+        r.sampling.redraft = SuffixSource((tuple(ref.response_tokens),), draft_len=8,
+                                          max_draft=8)
+        rs.append(r)
+    eng = TorchEngine(model, tok, max_seq_len=28)
+    eng.generate(rs)
+    for r, ref in zip(rs, refs, strict=True):
+        assert r.tokens == ref.tokens and r.finish == ref.finish == "length"
+    assert eng.stats()["redraft_tokens_accepted"] > 0
+
+
+def test_rows_past_the_mean_response_length_get_longer_drafts(lm):
+    model, tok = lm
+    ref = _greedy(model, tok, "12+34=", 20)
+    # three one-token responses bring the mean length to round(23 / 4) = 6: drafts of 2
+    # tokens below 6 generated, 4 from 6, 6 from 12, 8 from 18 (cut by the 20-token limit)
+    src = SuffixSource((tuple(ref.response_tokens), (1,), (2,), (3,)), draft_len=2)
+    r = make(tok, "12+34=", temperature=0.0, max_new_tokens=20)
+    r.sampling.redraft = src
+    eng = TorchEngine(model, tok)
+    eng.generate([r])
+    assert r.tokens == ref.tokens
+    L = r.prompt_len
+    assert [(s.start - L, s.end - L, s.source) for s in r.spans[1:]] == [
+        (0, 1, "sampled"), (1, 3, "draft"), (3, 4, "sampled"), (4, 6, "draft"),
+        (6, 7, "sampled"), (7, 11, "draft"), (11, 12, "sampled"), (12, 18, "draft"),
+        (18, 19, "sampled"), (19, 20, "draft")]
+    assert eng.stats()["redraft_tokens_proposed"] == 2 + 2 + 4 + 6 + 1
