@@ -11,13 +11,16 @@ Workload: the main job (``configs/arithmetic.toml``) from its SFT checkpoint, re
   log-probs, lenience 1;
 - ``spec_rl_lenient``: the same with lenience e^0.5 = 1.65 (SPEC-RL's README example);
 - ``das``: the majority path through the prompt's last 2 epochs of responses, q = 1
-  (exact acceptance).
+  (exact acceptance), verified when a response starts only (``redraft = false``);
+- ``das_redraft``: the same, and re-drafting at every decode step from the suffix of the
+  response so far (``redraft = true``, the drafter's default).
 
 "Fresh" tokens are ``pipeline/tokens_generated`` (what the engine sampled); accepted draft
 tokens are ``draft/tokens_accepted``. Held-out greedy accuracy on the task's 500 test
 prompts at the end. Runs go one after another through ``reroll train``.
 
     .venv/bin/python benchmarks/reuse.py [--epochs 10] [--seeds 0 1] [--out runs/bench_reuse]
+        [--methods none das das_redraft]
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ METHODS: dict[str, list[str]] = {
     "none": [],
     "spec_rl": ["replay.draft=spec_rl"],
     "spec_rl_lenient": ["replay.draft=spec_rl", "replay.draft_args={lenience=1.6487}"],
-    "das": ["replay.draft=das", "replay.draft_args={history=2, min_count=2}"],
+    "das": ["replay.draft=das", "replay.draft_args={history=2, min_count=2, redraft=false}"],
+    "das_redraft": ["replay.draft=das", "replay.draft_args={history=2, min_count=2}"],
 }
 
 
@@ -84,6 +88,8 @@ def run_one(out: Path, name: str, seed: int, init: Path, epochs: int) -> dict:
     last = by_step[steps]
     return {"method": name, "seed": seed, "fresh_per_epoch": fresh,
             "accepted": last.get("draft/tokens_accepted", 0.0),
+            "redraft": [last.get(f"engine/redraft_tokens_{k}", 0.0)
+                        for k in ("proposed", "accepted")],
             "generate_s": sum(r.get("time/generate_s", 0.0) for r in rows),
             "train_loop_s": last["time"], "wall_s": wall,
             "accuracy": last["eval/greedy_accuracy"]}
@@ -120,18 +126,22 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--out", default="runs/bench_reuse")
     ap.add_argument("--init", default=None, help="an SFT checkpoint of the main job")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     a = ap.parse_args()
     if a.epochs < 2:
         raise SystemExit("--epochs must be >= 2 (drafts start in epoch 2)")
+    if "none" not in a.methods:
+        raise SystemExit("--methods needs none (the baseline the others are compared with)")
     out = ROOT / a.out
     sft = warm_start(out, a.init)
     results = []
     for seed in a.seeds:
-        for name in METHODS:
+        for name in a.methods:
             results.append(run_one(out, name, seed, sft, a.epochs))
             r = results[-1]
             print(f"{name} seed {seed}: fresh/epoch {[int(x) for x in r['fresh_per_epoch']]} "
-                  f"acc {r['accuracy']:.3f} wall {r['wall_s']:.0f} s", flush=True)
+                  f"acc {r['accuracy']:.3f} re-drafted (proposed, accepted) "
+                  f"{[int(x) for x in r['redraft']]} wall {r['wall_s']:.0f} s", flush=True)
     table = summarise(results, a.epochs)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     print(f"\n{platform.processor() or platform.machine()}, seeds {a.seeds}, "

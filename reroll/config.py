@@ -339,10 +339,12 @@ class ReplayConfig:
     starts from a draft that the engine verifies under the current policy and samples on
     from its first rejected token. spec_rl (the prompt's response from last time, SPEC-RL;
     draft_args.lenience >= 1 keeps more of it, at a bias), das (the majority path through
-    the prompt's recent responses, exact acceptance), or none. engine.name = "torch" and
-    the single_turn workflow only."""
+    the prompt's recent responses, exact acceptance, and with draft_args.redraft = true,
+    the default, re-drafting at every decode step from the suffix of the response so far),
+    or none. engine.name = "torch" and the single_turn workflow only."""
     draft_args: dict[str, Any] = field(default_factory=dict)
-    """Hyperparameters of the drafter (spec_rl: lenience; das: history, min_count)."""
+    """Hyperparameters of the drafter (spec_rl: lenience; das: history, min_count, redraft,
+    max_match, draft_len, max_draft)."""
 
 
 @dataclass

@@ -32,6 +32,7 @@ from reroll.sampling_params import (  # re-exported: records and their users imp
     PruneRule,
     SamplingParams,
     StopRule,
+    SuffixSource,
 )
 
 Finish = Literal["stop", "length", "abort", "pruned", "error", "running"]
@@ -41,7 +42,8 @@ POLICY_SOURCES = ("sampled", "draft", "inherited", "forced")  # the policy's tok
 
 
 __all__ = ["BranchRule", "Draft", "Example", "FINISHED", "Group", "POLICY_SOURCES",
-           "PruneRule", "Rollout", "SamplingParams", "Score", "Span", "StopRule", "new_id"]
+           "PruneRule", "Rollout", "SamplingParams", "Score", "Span", "StopRule", "SuffixSource",
+           "new_id"]
 
 
 def new_id() -> str:
@@ -226,6 +228,8 @@ class Rollout:
             sampling["stop_rule"] = StopRule(**sampling["stop_rule"])
         if sampling.get("draft") is not None:
             sampling["draft"] = Draft(**sampling["draft"])
+        if sampling.get("redraft") is not None:
+            sampling["redraft"] = SuffixSource(**sampling["redraft"])
         if sampling.get("branch_rule") is not None:
             sampling["branch_rule"] = BranchRule(**sampling["branch_rule"])
         if sampling.get("prune") is not None:

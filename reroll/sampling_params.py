@@ -1,6 +1,6 @@
 """How a request is sampled: `SamplingParams` and the per-request rules a workflow or a
-control policy hands the engine with it (DUET's `StopRule`, a SPEC-RL/DAS `Draft`, LATR's
-`BranchRule`, ARRoL's `PruneRule`).
+control policy hands the engine with it (DUET's `StopRule`, a SPEC-RL/DAS `Draft`, DAS's
+`SuffixSource`, LATR's `BranchRule`, ARRoL's `PruneRule`).
 
 Owns the shapes and the validity checks of these values; the engine applies them
 (`reroll.engine.requests`, `reroll.engine.speculative`, `reroll.engine.branch`,
@@ -125,6 +125,35 @@ class Draft:
                              f"{self.lenience}")
 
 
+@dataclass(frozen=True)
+class SuffixSource:
+    """What a request re-drafts from while it decodes (DAS, `reroll.replay.suffix`): at every
+    decode step the longest suffix (``min_match`` .. ``max_match`` tokens) of its response so
+    far that occurs in ``responses`` (the prompt's recent responses) is matched and the
+    majority continuation after it (shared by at least ``min_count``) is proposed, at most
+    ``min(max_draft, draft_len * (1 + generated // mean response length))`` tokens. The
+    engine verifies each proposal exactly (q = 1, lenience 1), in the same forward as the
+    step's token, so the response is distributed as plain sampling whatever the source."""
+
+    responses: tuple[tuple[int, ...], ...]
+    max_match: int = 8
+    min_match: int = 1
+    min_count: int = 1
+    draft_len: int = 4
+    max_draft: int = 16
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "responses",
+                           tuple(tuple(int(t) for t in r) for r in self.responses))
+        if not (1 <= self.min_match <= self.max_match and self.min_count >= 1
+                and 1 <= self.draft_len <= self.max_draft):
+            raise ValueError(f"SuffixSource needs 1 <= min_match <= max_match, min_count >= 1 "
+                             f"and 1 <= draft_len <= max_draft, got min_match="
+                             f"{self.min_match}, max_match={self.max_match}, min_count="
+                             f"{self.min_count}, draft_len={self.draft_len}, max_draft="
+                             f"{self.max_draft}")
+
+
 @dataclass
 class SamplingParams:
     """How to sample. ``top_k=0`` and ``top_p=1.0`` disable those filters; ``temperature=0``
@@ -140,6 +169,7 @@ class SamplingParams:
     seed: int | None = None
     stop_rule: StopRule | None = None
     draft: Draft | None = None  # verified before sampling when a call starts a response
+    redraft: SuffixSource | None = None  # re-drafted from at every decode step (DAS)
     branch_rule: BranchRule | None = None  # LATR branching, for members of an engine tree
     prune: PruneRule | None = None  # a group-shared pruning checkpoint (ARRoL)
 

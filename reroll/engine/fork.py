@@ -101,6 +101,10 @@ def check_fork(parent: Rollout, children: list[Rollout], at: int, live: set[str]
     if not parent.prompt_len <= at:
         raise ValueError(f"{where}: at={at} is inside the prompt ({parent.prompt_len} tokens)")
     prompt = parent.tokens[:parent.prompt_len]
+    for r in (parent, *children):  # a draft would carry a parent past the fork's position
+        if r.sampling.redraft is not None:
+            raise ValueError(f"{where}: rollout {r.sample_id} re-drafts (sampling.redraft), "
+                             f"which forks do not support")
     for c in children:
         if c.sample_id in live or c.sample_id == parent.sample_id:
             raise ValueError(f"{where}: child {c.sample_id} is already in the engine")

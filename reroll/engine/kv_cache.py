@@ -14,7 +14,11 @@ Two kinds of forward go through the cache:
   the prefill attends only within its own block;
 * decode: one token per active slot ``[n, 1]``; slot ``i`` writes at its own position
   ``pos[i]`` and attends to the slot's first ``pos[i] + 1`` positions; ``update`` returns views
-  ``[:n, :, :L]`` of the pool (no copy), ``L`` the longest active sequence.
+  ``[:n, :, :L]`` of the pool (no copy), ``L`` the longest active sequence;
+* extend (a decode step with drafts): ``q`` tokens per active slot ``[n, q]``; slot ``i``
+  writes at ``pos[i] .. pos[i] + q - 1`` and its query ``j`` attends to the first
+  ``pos[i] + j + 1`` positions (a row with a shorter draft pads with dummy queries, whose
+  keys land beyond its accepted tokens and are overwritten before anything reads them).
 
 Active requests always occupy slots ``0..n-1`` (the engine compacts with `move`), so a decode
 batch is a view of the pool rather than a gather.
@@ -95,6 +99,15 @@ class SlotCache(Cache):
         self._slot, self._pos = torch.arange(n, device=pos.device), pos
         self._idx = self._flat_index(self._slot, pos) if self._heads is not None else None
 
+    def plan_extend(self, pos: Tensor, q: int, length: int) -> None:
+        """Slot ``i < n`` writes ``q`` tokens at ``pos[i] ..`` ([n]; each ``pos[i] + q <=
+        max_len``); attention spans ``length``."""
+        n = pos.shape[0]
+        self._mode, self._n, self._len = "decode", n, length
+        self._slot = torch.arange(n, device=pos.device).repeat_interleave(q)  # [n * q]
+        self._pos = (pos.unsqueeze(1) + torch.arange(q, device=pos.device)).reshape(-1)
+        self._idx = self._flat_index(self._slot, self._pos) if self._heads is not None else None
+
     # ---- the Cache API the model calls ------------------------------------------------
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
         layer = self.layers[layer_idx]
@@ -104,7 +117,9 @@ class SlotCache(Cache):
             self._heads = key_states.shape[1]
             self._idx = self._flat_index(self._slot, self._pos)
         if self._mode == "decode":
-            # key_states: [n, kv, 1, d] -> rows ordered (slot, head)
+            # key_states: [n, kv, q, d] -> rows ordered (slot, token, head)
+            if key_states.shape[2] > 1:  # extend: q tokens per slot
+                key_states, value_states = key_states.transpose(1, 2), value_states.transpose(1, 2)
             layer.flat_k.index_copy_(0, self._idx, key_states.reshape(-1, key_states.shape[-1]))
             layer.flat_v.index_copy_(0, self._idx,
                                      value_states.reshape(-1, value_states.shape[-1]))
@@ -153,6 +168,14 @@ def decode_mask(pos: Tensor, length: int, arange: Tensor, dtype: torch.dtype,
     """Slot ``i`` sees positions ``<= pos[i]``: [n] -> [n, 1, 1, length]."""
     allowed = arange[:length].unsqueeze(0) <= pos.unsqueeze(1)
     return _as_mask(allowed.view(pos.shape[0], 1, 1, length), dtype, additive)
+
+
+def extend_mask(pos: Tensor, q: int, length: int, arange: Tensor, dtype: torch.dtype,
+                additive: bool) -> Tensor:
+    """Query ``j`` of slot ``i`` sees positions ``<= pos[i] + j``: [n] -> [n, 1, q, length]."""
+    last = pos.unsqueeze(1) + arange[:q].unsqueeze(0)  # [n, q]
+    allowed = arange[:length].view(1, 1, length) <= last.unsqueeze(-1)
+    return _as_mask(allowed.unsqueeze(1), dtype, additive)
 
 
 def _as_mask(allowed: Tensor, dtype: torch.dtype, additive: bool) -> Tensor:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 
+from reroll.replay.suffix import SuffixIndex, index_of
 from reroll.rollout import FINISHED, Draft, Rollout, Source, StopRule
 
 
@@ -35,6 +36,7 @@ class Request:
     marker_end: int = -1  # position (tokens of the call) where the marker ended; -1: not yet
     tail: list[int] = field(default_factory=list)  # last len(marker) tokens, while unseen
     draft: Draft | None = None  # to verify at admission (a fresh call only), cut to budget
+    suffix: SuffixIndex | None = None  # what it re-drafts from as it decodes (DAS)
 
     def flush(self, version: int, source: Source = "sampled") -> None:
         """Move sampled tokens into the record (same result as one `Rollout.append` each)."""
@@ -150,7 +152,22 @@ def make_request(r: Rollout, *, vocab: int, max_seq_len: int, seed: int,
         cut = min(len(d.tokens), q.budget)
         q.draft = d if cut == len(d.tokens) else replace(
             d, tokens=d.tokens[:cut], logprobs=d.logprobs[:cut])
+    if s.redraft is not None:
+        q.suffix = _suffix(s, where, vocab)
     return q
+
+
+def _suffix(s, where: _Where, vocab: int) -> SuffixIndex:
+    """The index a request re-drafts from; refused beside the rules whose decisions are taken
+    per sampled token (a LATR branch, an ARRoL checkpoint)."""
+    for name in ("branch_rule", "prune"):
+        if getattr(s, name) is not None:
+            raise ValueError(f"{where}: re-drafting (sampling.redraft) and sampling.{name} "
+                             f"together are not supported")
+    toks = [t for r in s.redraft.responses for t in r]
+    if toks and (min(toks) < 0 or max(toks) >= vocab):
+        raise ValueError(f"{where}: redraft token ids outside the model vocabulary [0, {vocab})")
+    return index_of(s.redraft)
 
 
 def _restore_rule(q: Request, rule: StopRule, before: list[int]) -> None:

@@ -30,7 +30,8 @@ next step on; children that find no free slot re-prefill the prefix instead
 request carrying a `BranchRule` spawns, where the rule fires, a child that takes the next spare
 of its tree, a copy of its cache rows and the alternative token. Drafts
 (`reroll.engine.engine_drafts`): a request's draft is prefilled after its prompt and verified
-in the same forward. Pruning
+in the same forward; a request carrying a `SuffixSource` re-drafts at every decode step
+(`reroll.engine.engine_redraft`). Pruning
 (`reroll.engine.engine_prune`, with a quality head loaded): the members of a group carrying a
 `PruneRule` are admitted together and cut at its checkpoint from their hidden states there.
 """
@@ -49,6 +50,7 @@ from reroll.engine.engine_branches import Branching
 from reroll.engine.engine_drafts import Drafting
 from reroll.engine.engine_forks import Forking
 from reroll.engine.engine_prune import Pruning
+from reroll.engine.engine_redraft import Redrafting
 from reroll.engine.fork import ForkTable
 from reroll.engine.kv_cache import SlotCache, decode_mask, prefill_mask
 from reroll.engine.requests import Request, make_request
@@ -56,7 +58,7 @@ from reroll.engine.sampling import sample, seed_key, uniforms
 from reroll.rollout import Rollout
 
 
-class TorchEngine(Forking, Branching, Drafting, Pruning):
+class TorchEngine(Forking, Branching, Drafting, Redrafting, Pruning):
     def __init__(self, model, tokenizer, *, max_batch: int = 64, max_seq_len: int | None = None,
                  version: int = 0, max_prefill_tokens: int = 1024,
                  admit_batch: int | None = None):
@@ -101,7 +103,8 @@ class TorchEngine(Forking, Branching, Drafting, Pruning):
              "requests_aborted", "requests_resumed", "time_prefill_s", "time_decode_s",
              "draft_tokens_proposed", "draft_tokens_accepted", "fork_children",
              "fork_tokens_shared", "fork_children_prefilled", "branch_children",
-             "branch_children_prefilled", "branch_spares_independent"], 0.0)
+             "branch_children_prefilled", "branch_spares_independent", "redraft_steps",
+             "redraft_tokens_proposed", "redraft_tokens_accepted"], 0.0)
         self.forks = ForkTable()
         self.trees = TreeTable()
 
@@ -118,6 +121,7 @@ class TorchEngine(Forking, Branching, Drafting, Pruning):
             if r.sample_id in live:
                 raise ValueError(f"rollout {r.sample_id} is already in the engine")
             self._check_rule(r)
+            self.redrafting |= q.suffix is not None
             live.add(r.sample_id)
             new.append(q)
         now = time.time()
@@ -268,6 +272,10 @@ class TorchEngine(Forking, Branching, Drafting, Pruning):
         return done
 
     def _decode(self) -> list[Rollout]:
+        if self.redrafting and not self.pruning and any(q.suffix is not None for q in self.rows):
+            done = self._redraft_decode()
+            if done is not None:
+                return done
         t0 = time.perf_counter()
         n = len(self.rows)
         pos = self.pos[:n]

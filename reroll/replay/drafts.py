@@ -14,8 +14,12 @@ The engine verifies whatever draft a sample carries (`reroll.rollout.Draft`,
   through a prefix trie of the prompt's recent responses (the responses of its last
   ``history`` consumed groups), as long as at least ``min_count`` of them agree; with
   ``q = 1`` and lenience 1 acceptance is exact (the policy's distribution, whatever the
-  draft). Drafts are verified at the start of a response only; DAS's re-drafting from the
-  suffix of a partly generated response is not done here.
+  draft). With ``redraft`` (the default) the sample also carries those responses as a
+  `SuffixSource`, and the engine re-drafts at every decode step from the longest suffix of
+  the response so far that occurs in them (`reroll.replay.suffix`: up to ``max_match``
+  tokens matched, ``draft_len`` tokens proposed, more on rows past the mean response
+  length, at most ``max_draft``), verified exactly as well. The responses travel in the
+  sample's record (``sampling.redraft``).
 
 The store changes only at step boundaries, from the fresh (not replayed or reused), finished
 samples of the groups a step consumed, so drafts repeat exactly and resume from checkpoints
@@ -29,7 +33,8 @@ from typing import TYPE_CHECKING
 
 from reroll.errors import ConfigError
 from reroll.registry import Registry
-from reroll.rollout import Draft, Group, Rollout
+from reroll.replay.suffix import majority_path
+from reroll.rollout import Draft, Group, Rollout, SuffixSource
 
 if TYPE_CHECKING:
     from reroll.config import RunConfig
@@ -98,12 +103,21 @@ class SpecRL:
         return Draft(tuple(tokens), tuple(logprobs), self.lenience, source=sid)
 
 
-@DRAFTERS.register("das", ranges={"history": "[1, inf)", "min_count": "[1, inf)"})
+@DRAFTERS.register("das", ranges={"history": "[1, inf)", "min_count": "[1, inf)",
+                                  "max_match": "[1, inf)", "draft_len": "[1, inf)",
+                                  "max_draft": "[1, inf)"})
 class SuffixDrafter:
-    """The majority path through the prompt's recent responses, exact acceptance (DAS)."""
+    """The majority path through the prompt's recent responses, exact acceptance, and those
+    responses to re-draft from as the sample decodes (DAS)."""
 
-    def __init__(self, *, history: int = 2, min_count: int = 2):
-        self.min_count = min_count
+    def __init__(self, *, history: int = 2, min_count: int = 2, redraft: bool = True,
+                 max_match: int = 8, draft_len: int = 4, max_draft: int = 16):
+        if not isinstance(redraft, bool):
+            raise ValueError(f"das: redraft must be true or false, got {redraft!r}")
+        self.min_count, self.redraft = min_count, redraft
+        self.knobs = dict(max_match=max_match, min_count=min_count, draft_len=draft_len,
+                          max_draft=max_draft)
+        SuffixSource((), **self.knobs)  # the knobs' checks, when the config loads
         self.store = DraftStore(history=history)
 
     def draft(self, r: Rollout) -> Draft | None:
@@ -111,24 +125,11 @@ class SuffixDrafter:
                                self.min_count)
         return Draft(tuple(tokens), source="das") if tokens else None
 
-
-def majority_path(responses: list[list[int]], min_count: int) -> list[int]:
-    """Walk the prefix trie of ``responses``: at each depth take the next token most of the
-    responses still on the path share (the smallest id on a tie), while at least
-    ``min_count`` share it."""
-    alive, path = list(responses), []
-    while True:
-        counts: dict[int, int] = {}
-        for x in alive:
-            if len(x) > len(path):
-                counts[x[len(path)]] = counts.get(x[len(path)], 0) + 1
-        if not counts:
-            return path
-        tok, n = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-        if n < min_count:
-            return path
-        path.append(tok)
-        alive = [x for x in alive if len(x) >= len(path) and x[len(path) - 1] == tok]
+    def source(self, r: Rollout) -> SuffixSource | None:
+        """What the sample re-drafts from while it decodes (None: redraft off, or no
+        responses stored for its prompt yet)."""
+        got = [tuple(t) for t, _, _ in self.store.recent(r.prompt_id)]
+        return SuffixSource(tuple(got), **self.knobs) if self.redraft and got else None
 
 
 class Drafting:
@@ -143,12 +144,15 @@ class Drafting:
         self.sampled = 0  # ... and that the engine sampled
 
     def prepare(self, rollouts: list[Rollout]) -> None:
+        source = getattr(self.drafter, "source", None)
         for r in rollouts:
             d = self.drafter.draft(r)
             if d is not None:
                 r.sampling.draft = d
                 self.drafted += 1
                 self.proposed += len(d.tokens)
+            if source is not None:
+                r.sampling.redraft = source(r)
 
     def add(self, groups: list[Group]) -> None:
         for r in (r for g in groups for r in g.rollouts if not r.reused):
@@ -192,6 +196,10 @@ def check_drafts(cfg: RunConfig) -> None:
     rp = cfg.replay
     if not DRAFTERS.check_choice("replay.draft", rp.draft, rp.draft_args, off="none"):
         return
+    try:
+        DRAFTERS.get(rp.draft)(**rp.draft_args)
+    except ValueError as e:
+        raise ConfigError(f"replay.draft_args: {e}") from e
     if cfg.engine.name != "torch" or cfg.rollout.workflow != "single_turn":
         raise ConfigError(f"replay.draft = {rp.draft!r} needs engine.name = \"torch\" (the "
                           f"engine that verifies drafts) and rollout.workflow = "

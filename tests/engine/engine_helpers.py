@@ -29,3 +29,12 @@ def full_logprobs(model, tokens: list[int], temperature: float = 1.0) -> torch.T
         logits = model(input_ids=torch.tensor([tokens])).logits[0, :-1].float()
     logp = torch.log_softmax(logits / temperature, dim=-1)
     return logp.gather(-1, torch.tensor(tokens[1:]).unsqueeze(-1)).squeeze(-1)
+
+
+def assert_sampled_as(r: Rollout, plain: Rollout) -> None:
+    """``r`` holds exactly the tokens, versions and loss mask of ``plain`` and log-probs
+    within 1e-5 (kernels of other shapes), all of them sampled (no draft span)."""
+    assert r.tokens == plain.tokens
+    assert r.loss_mask == plain.loss_mask and r.versions == plain.versions
+    assert max(abs(a - b) for a, b in zip(r.logprobs, plain.logprobs, strict=True)) < 1e-5
+    assert [s.source for s in r.spans] == ["prompt", "sampled"]

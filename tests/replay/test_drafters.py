@@ -7,7 +7,7 @@ import pytest
 from reroll.config import load_config
 from reroll.errors import ConfigError
 from reroll.replay.drafts import Drafting, DraftStore, SpecRL, SuffixDrafter, majority_path
-from reroll.rollout import Example, Group, Rollout, Span
+from reroll.rollout import Example, Group, Rollout, Span, SuffixSource
 from reroll.runlog import read_metrics, read_rollouts
 from reroll.runtime import train
 
@@ -114,3 +114,51 @@ def test_later_epochs_start_from_the_recorded_responses_of_the_same_prompt(tmp_p
     assert last["draft/tokens_accepted"] > 0
     total = sum(len(r["tokens"]) - r["prompt_len"] for _, _, r in by_id.values())
     assert last["draft/tokens_accepted"] + last["draft/tokens_sampled"] == total
+
+
+def test_das_hands_fresh_samples_the_prompts_recent_responses_to_redraft_from():
+    dr = Drafting(SuffixDrafter(history=2, min_count=1, draft_len=3, max_draft=6))
+    dr.add([_group("a", [[5, 6], [7]])])
+    dr.add([_group("a", [[8, 9, 4]])])
+    fresh = Rollout(prompt_id="a", group_id="z", tokens=[1, 2], prompt_len=2)
+    other = Rollout(prompt_id="b", group_id="y", tokens=[1, 2], prompt_len=2)
+    dr.prepare([fresh, other])
+    assert fresh.sampling.redraft == SuffixSource(((5, 6), (7,), (8, 9, 4)), min_count=1,
+                                                  draft_len=3, max_draft=6)
+    assert other.sampling.redraft is None and other.sampling.draft is None  # nothing stored
+    off = Drafting(SuffixDrafter(history=2, min_count=1, redraft=False))
+    off.add([_group("a", [[5, 6]])])
+    fresh2 = Rollout(prompt_id="a", group_id="w", tokens=[1, 2], prompt_len=2)
+    off.prepare([fresh2])
+    assert fresh2.sampling.redraft is None and fresh2.sampling.draft.tokens == (5, 6)
+
+
+@pytest.mark.parametrize("args, match", [
+    ("{draft_len=0}", "draft_len"),
+    ("{draft_len=8, max_draft=4}", "draft_len"),
+    ("{redraft=\"yes\"}", "redraft must be true or false"),
+])
+def test_bad_redraft_settings_fail_when_the_config_loads(args, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(None, ["replay.draft=das", f"replay.draft_args={args}"])
+
+
+def test_das_samples_redraft_from_the_earlier_responses_of_their_prompt(tmp_path, small_run):
+    train(small_run(tmp_path, "train.steps=4", "task.args.n_train=8", "replay.draft=das",
+                    "replay.draft_args={min_count=1}", "record_every=1"), progress=False)
+    rows = [(step, g["example"]["prompt_id"], r)
+            for step, g in read_rollouts(tmp_path) for r in g["rollouts"]]
+    earlier: dict[str, set] = {}
+    sourced = 0
+    for _, prompt, r in sorted(rows, key=lambda x: x[0]):
+        src = r["sampling"]["redraft"]
+        if src is not None:
+            sourced += 1
+            assert {tuple(x) for x in src["responses"]} <= earlier.get(prompt, set())
+        earlier.setdefault(prompt, set()).add(tuple(r["tokens"][r["prompt_len"]:]))
+        assert all(r["loss_mask"][r["prompt_len"]:])
+    assert sourced >= 16  # steps 3 and 4: every sample
+    last = read_metrics(tmp_path)[-1]
+    total = sum(len(r["tokens"]) - r["prompt_len"] for _, _, r in rows)
+    assert last["draft/tokens_accepted"] + last["draft/tokens_sampled"] == total
+    assert last["engine/redraft_tokens_proposed"] > 0  # the engine re-drafted in decode

@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 import pytest
 
 from reroll.replay.store import RolloutStore
-from reroll.rollout import Example, Group, SamplingParams, Score, new_group
+from reroll.rollout import Draft, Example, Group, SamplingParams, Score, SuffixSource, new_group
 from reroll.runlog import RunDir, read_rollouts
 
 
@@ -204,3 +204,15 @@ def test_a_real_run_records_each_step_and_a_resume_records_the_redone_steps_agai
             [r.tokens for r in g.rollouts] for g in first[s]]
         assert [[r.logprobs for r in g.rollouts] for g in again] == [
             [r.logprobs for r in g.rollouts] for g in first[s]]
+
+
+def test_a_draft_and_a_redraft_source_round_trip_exactly(tmp_path):
+    g = single_turn_group()
+    a = g.rollouts[0]
+    a.sampling.draft = Draft((9, 10), source="das")
+    a.sampling.redraft = SuffixSource(((9, 10, 0), (9, 11)), max_match=4, draft_len=2)
+    store = RolloutStore(tmp_path)
+    store.append(1, [g])
+    back = store.batch(1)[0].rollouts[0].sampling
+    assert back.redraft == a.sampling.redraft and back.draft == a.sampling.draft
+    assert store.batch(1) == [g]
