@@ -88,6 +88,7 @@ METHODS: dict[str, list[str]] = {
     "xrpo": ["control.allocator=xrpo"],
     "gdro-alloc": ["control.allocator=gdro"],
     "dots": ["control.selector=dots"],
+    "dots-attn": ["control.selector=dots", 'control.selector_args={predict="attention"}'],
     "vade": ["control.selector=vade"],
     "gdro-select": ["control.selector=gdro"],
     "ar3po+dots": ["control.allocator=ar3po", "control.selector=dots"],

@@ -55,10 +55,38 @@ class Range:
         return above and below
 
 
-def check_range(key: str, value: Any, rng: Range | str, where: str = "") -> str | None:
-    """An error message when ``value`` is not a number in ``rng``, else None."""
-    rng = Range.parse(rng) if isinstance(rng, str) else rng
+@dataclass(frozen=True)
+class Choice:
+    """A set of allowed strings: ``Choice.parse("{rate, attention}")``."""
+
+    options: tuple[str, ...]
+    text: str
+
+    @classmethod
+    def parse(cls, text: str) -> Choice:
+        m = re.fullmatch(r"\s*\{(.*)\}\s*", text)
+        opts = tuple(o.strip() for o in m[1].split(",")) if m else ()
+        if not opts or not all(opts):
+            raise ValueError(f"bad choice {text!r}; write it like '{{rate, attention}}'")
+        return cls(opts, "{" + ", ".join(opts) + "}")
+
+    def __contains__(self, v: object) -> bool:
+        return v in self.options
+
+
+def parse_range(text: str) -> Range | Choice:
+    return Choice.parse(text) if text.strip().startswith("{") else Range.parse(text)
+
+
+def check_range(key: str, value: Any, rng: Range | Choice | str, where: str = "") -> str | None:
+    """An error message when ``value`` is not a number in ``rng`` (or not one of a
+    `Choice`'s strings), else None."""
+    rng = parse_range(rng) if isinstance(rng, str) else rng
     at = f" (in {where})" if where else ""
+    if isinstance(rng, Choice):
+        if value not in rng:
+            return f"{key}{at} must be one of {rng.text}, got {value!r}"
+        return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         return f"{key}{at} must be a number in {rng.text}, got {value!r}"
     if value not in rng:
@@ -70,7 +98,7 @@ class Registry:
     def __init__(self, kind: str):
         self.kind = kind
         self._items: dict[str, Callable] = {}
-        self._ranges: dict[str, dict[str, Range]] = {}
+        self._ranges: dict[str, dict[str, Range | Choice]] = {}
         self._traits: dict[str, dict[str, Any]] = {}
 
     def register(self, name: str, ranges: dict[str, str] | None = None, **traits: Any
@@ -83,13 +111,13 @@ class Registry:
             if name in self._items:
                 raise RegistryError(f"{self.kind} {name!r} registered twice")
             self._items[name] = fn
-            self._ranges[name] = {k: Range.parse(v) for k, v in (ranges or {}).items()}
+            self._ranges[name] = {k: parse_range(v) for k, v in (ranges or {}).items()}
             self._traits[name] = dict(traits)
             return fn
 
         return deco
 
-    def ranges(self, name: str) -> dict[str, Range]:
+    def ranges(self, name: str) -> dict[str, Range | Choice]:
         self.get(name)
         return dict(self._ranges.get(name, {}))
 

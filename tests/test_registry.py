@@ -38,6 +38,22 @@ def test_a_choice_with_an_off_value_checks_the_chosen_and_refuses_args_for_off()
         reg.check_choice("control.thing", "cut", {"at": 0}, off="none")
 
 
+def test_a_string_hyperparameter_can_declare_its_choices():
+    reg = Registry("thing")
+
+    @reg.register("pick", ranges={"how": "{rate, attention}"})
+    def pick(*, how: str = "rate"):
+        return how
+
+    assert reg.bind("pick", {"how": "attention"})() == "attention"
+    with pytest.raises(RegistryError, match=r"'how' \(in x\) must be one of \{rate, "
+                                            r"attention\}, got 'embedding'"):
+        reg.bind("pick", {"how": "embedding"}, "x")
+    assert reg.ranges("pick")["how"].text == "{rate, attention}"
+    with pytest.raises(ValueError, match="bad choice"):
+        reg.register("bad", ranges={"how": "{}"})(pick)
+
+
 def _package_registries() -> dict[str, Registry]:
     """Every ``Registry`` defined in the reroll package, after importing all of its modules
     (so that every component is registered); keyed by ``module.NAME``."""

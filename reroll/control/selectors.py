@@ -17,7 +17,7 @@ import random
 
 import numpy as np
 
-from reroll.control import rules
+from reroll.control import embedding, rules
 from reroll.control.stats import PromptRecord, PromptStats
 from reroll.registry import Registry
 from reroll.rollout import Example
@@ -92,25 +92,65 @@ def gumbel(rng: np.random.Generator, n: int) -> np.ndarray:
 
 
 @SELECTORS.register("dots", ranges={"alpha": "[0, 1]", "tau": "(0, inf)", "recent": "[1, inf)",
-                                      "unseen": "[0, 1]", "pool": "[0, inf)"})
+                                      "unseen": "[0, 1]", "pool": "[0, inf)",
+                                      "ref_size": "[1, inf)", "temperature": "(0, inf)",
+                                      "dim": "[1, inf)", "predict": "{rate, attention}"})
 class DOTS(_Rounds):
     """DOTS: prompts whose predicted success rate is near ``alpha``, sampled without
-    replacement with probability proportional to ``exp(-|p - alpha| / tau)``. The prediction
-    is the prompt's own success rate over its last ``recent`` observations, and ``unseen``
-    for a prompt never rolled out (DOTS predicts those from similar prompts with an embedding
-    model and a reference set; without one, an unseen prompt is assumed informative)."""
+    replacement with probability proportional to ``exp(-|p - alpha| / tau)``. A prompt with
+    observations is predicted by its own success rate over its last ``recent`` of them. An
+    unseen one: with ``predict = "attention"`` (DOTS's rule, `reroll.control.embedding`), by
+    attention over the ``ref_size`` most recently observed prompts (the reference set), with
+    weights ``softmax(cos(e_q, e_r) / temperature)`` over hashed n-gram embeddings of ``dim``
+    buckets; with ``predict = "rate"``, or before anything was observed, as ``unseen``."""
 
     def __init__(self, examples, seed, round_size, /, *, alpha: float = 0.5, tau: float = 1e-3,
-                 recent: int = 4, unseen: float = 0.5, pool: int = 2048):
+                 recent: int = 4, unseen: float = 0.5, pool: int = 2048,
+                 predict: str = "rate", ref_size: int = 256, temperature: float = 0.05,
+                 dim: int = 256):
         super().__init__(examples, seed, round_size, pool)
+        if predict not in ("rate", "attention"):
+            raise ValueError(f"selector 'dots': predict must be \"rate\" or \"attention\", "
+                             f"got {predict!r}")
         self.alpha, self.tau, self.recent, self.unseen = alpha, tau, recent, unseen
+        self.predict, self.ref_size, self.temperature, self.dim = (predict, ref_size,
+                                                                   temperature, dim)
+        self._emb: dict[str, np.ndarray] = {}  # prompt id -> embedding (derived, not state)
+        self.by_text = {e.prompt_id: e.prompt for e in examples}
+
+    def embedding(self, prompt_id: str) -> np.ndarray:
+        if prompt_id not in self._emb:
+            self._emb[prompt_id] = embedding.hashed_ngrams(self.by_text.get(prompt_id, ""),
+                                                           dim=self.dim)
+        return self._emb[prompt_id]
 
     def predicted(self, rec: PromptRecord | None) -> float:
         rate = rec.recent_rate(self.recent) if rec is not None else None
         return self.unseen if rate is None else rate
 
-    def keys(self, cands, stats, rng):
+    def reference(self, stats: PromptStats) -> list[tuple[str, float]]:
+        """The ``ref_size`` most recently observed prompts and their recent rates (ties by
+        prompt id, so the set does not depend on insertion order)."""
+        seen = [(r.last_step, pid, r.recent_rate(self.recent)) for pid, r in stats.items()
+                if pid in self.by_text]
+        seen = sorted((x for x in seen if x[2] is not None), key=lambda x: (-x[0], x[1]))
+        return [(pid, rate) for _, pid, rate in seen[: self.ref_size]]
+
+    def predictions(self, cands: list[Example], stats: PromptStats) -> np.ndarray:
         p = np.array([self.predicted(stats.get(e.prompt_id)) for e in cands])
+        if self.predict == "attention":
+            unseen = [i for i, e in enumerate(cands) if stats.get(e.prompt_id) is None
+                      or stats.get(e.prompt_id).recent_rate(self.recent) is None]
+            ref = self.reference(stats) if unseen else []
+            if ref:
+                q = np.stack([self.embedding(cands[i].prompt_id) for i in unseen])
+                k = np.stack([self.embedding(pid) for pid, _ in ref])
+                p[unseen] = embedding.attention_predict(
+                    q, k, np.array([r for _, r in ref]), temperature=self.temperature)
+        return p
+
+    def keys(self, cands, stats, rng):
+        p = self.predictions(cands, stats)
         return -np.abs(p - self.alpha) / self.tau + gumbel(rng, len(cands))
 
 
