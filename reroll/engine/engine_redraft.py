@@ -12,6 +12,10 @@ source (or without a proposal this step) is a one-token decode row of the same f
 Steps where no running row has a proposal take the plain decode path, unchanged. A mixin of
 `reroll.engine.torch_engine.TorchEngine`; uses its slots and counters.
 
+A request resumed after an abort verifies, in its re-prefill, the proposal its next decode
+step would have verified (`_resume_draft`), so a seeded request samples across an abort what
+it samples without one.
+
 Drafts are clipped so that every written position stays below ``max_seq_len`` (the padded
 ones included) and within the request's remaining token budget. Engines with a quality head
 (ARRoL) never re-draft: their rows need the per-step hidden states of the one-token path.
@@ -26,7 +30,7 @@ import torch
 from reroll.engine.kv_cache import extend_mask
 from reroll.engine.requests import Request
 from reroll.engine.speculative import verify
-from reroll.rollout import Rollout
+from reroll.rollout import Draft, Rollout
 
 
 class Redrafting:
@@ -42,6 +46,19 @@ class Redrafting:
         resp = r.tokens[r.prompt_len:] + q.toks[q.flushed:]  # the sampled token included
         limit = min(room, q.budget - len(q.toks), q.suffix.budget(len(resp)))
         return q.suffix.propose(resp, limit)
+
+    def _resume_draft(self, q: Request) -> None:
+        """A resumed request (re-prefilled after an abort) takes, as the draft its prefill
+        verifies, the proposal its next decode step would have verified: the token after the
+        prefix is then drawn from the same random numbers as without the abort (an
+        acceptance uniform, not a sampling one), so a seeded request samples the same."""
+        if q.suffix is None or not q.resume or q.budget <= 0 or self.pruning:
+            return
+        r = q.rollout
+        resp = r.tokens[r.prompt_len:]
+        d = q.suffix.propose(resp, min(q.budget, q.suffix.budget(len(resp))))
+        if d:
+            q.draft = Draft(tuple(d))
 
     def _redraft_decode(self) -> list[Rollout] | None:
         """One decode step with drafts; None when no row has a proposal (the plain step)."""
