@@ -16,8 +16,10 @@ A request resumed after an abort verifies, in its re-prefill, the proposal its n
 step would have verified (`_resume_draft`), so a seeded request samples across an abort what
 it samples without one.
 
-Drafts are clipped so that every written position stays below ``max_seq_len`` (the padded
-ones included) and within the request's remaining token budget. Engines with a quality head
+Drafts are clipped to the request's remaining token budget only (which keeps its real
+positions below ``max_seq_len``), never to its batch-mates', so a seeded request samples the
+same whatever shares its batch; padded queries past the cache's end write at its last
+position (`SlotCache.plan_extend`). Engines with a quality head
 (ARRoL) never re-draft: their rows need the per-step hidden states of the one-token path.
 """
 
@@ -38,13 +40,14 @@ class Redrafting:
 
     redrafting = False  # set once a request with a suffix source is added
 
-    def _proposal(self, q: Request, room: int) -> list[int]:
-        """Row ``q``'s draft this step: at most ``room`` tokens and its remaining budget."""
+    def _proposal(self, q: Request) -> list[int]:
+        """Row ``q``'s draft this step: at most its remaining budget (which keeps its own
+        positions below ``max_seq_len``), whatever shares its batch."""
         if q.suffix is None:
             return []
         r = q.rollout
         resp = r.tokens[r.prompt_len:] + q.toks[q.flushed:]  # the sampled token included
-        limit = min(room, q.budget - len(q.toks), q.suffix.budget(len(resp)))
+        limit = min(q.budget - len(q.toks), q.suffix.budget(len(resp)))
         return q.suffix.propose(resp, limit)
 
     def _resume_draft(self, q: Request) -> None:
@@ -65,12 +68,11 @@ class Redrafting:
         t0 = time.perf_counter()
         n = len(self.rows)
         pos = self.pos[:n]
-        top = int(pos.max())
-        drafts = [self._proposal(q, self.max_seq_len - 1 - top) for q in self.rows]
+        drafts = [self._proposal(q) for q in self.rows]
         dmax = max(len(d) for d in drafts)
         if dmax == 0:
             return None
-        ql, length = 1 + dmax, top + 1 + dmax
+        ql, length = 1 + dmax, min(int(pos.max()) + 1 + dmax, self.max_seq_len)
         ids = torch.zeros(n, ql, dtype=torch.long)
         for i, d in enumerate(drafts):
             ids[i, 1:1 + len(d)] = torch.tensor(d, dtype=torch.long)
@@ -79,7 +81,8 @@ class Redrafting:
         self.cache.plan_extend(pos, ql, length)
         mask = extend_mask(pos, ql, length, self.arange, self.dtype, self.additive)
         kw = {"logits_to_keep": 0} if self.keep_arg else {}
-        logits = self.model(input_ids=ids, position_ids=pos.unsqueeze(1) + self.arange[:ql],
+        posn = (pos.unsqueeze(1) + self.arange[:ql]).clamp(max=self.max_seq_len - 1)
+        logits = self.model(input_ids=ids, position_ids=posn,
                             attention_mask=mask, past_key_values=self.cache, use_cache=True,
                             **kw).logits  # [n, ql, V]
         self.counts["decode_steps"] += 1

@@ -272,3 +272,21 @@ def test_a_seeded_request_resumed_after_an_abort_samples_what_it_samples_uninter
         assert b.tokens == a.tokens and b.resume_count == 1, seed
         assert [(s.start, s.end, s.source) for s in b.spans] == [
             (s.start, s.end, s.source) for s in a.spans]
+
+
+def test_a_seeded_row_drafts_and_samples_the_same_beside_a_row_near_max_seq_len(lm):
+    model, tok = lm
+    src = SuffixSource((tuple(_greedy(model, tok, "abc", 24).response_tokens),), draft_len=4,
+                       max_draft=4)
+    for seed in range(30):
+        rows = []
+        for batch in (False, True):
+            r = make(tok, "abc", temperature=0.3, max_new_tokens=24, seed=seed)
+            r.sampling.redraft = src
+            long = make(tok, "sort: 9 1 5 3 -> 2 4 6", temperature=0.7, max_new_tokens=40,
+                        seed=seed)  # its sequence nears the end of the cache first
+            TorchEngine(model, tok, max_seq_len=32).generate([r, long] if batch else [r])
+            rows.append(r)
+        assert rows[0].tokens == rows[1].tokens, seed
+        assert [(s.start, s.end, s.source) for s in rows[0].spans] == [
+            (s.start, s.end, s.source) for s in rows[1].spans]
