@@ -12,8 +12,14 @@ source (or without a proposal this step) is a one-token decode row of the same f
 Steps where no running row has a proposal take the plain decode path, unchanged. A mixin of
 `reroll.engine.torch_engine.TorchEngine`; uses its slots and counters.
 
-Drafts are clipped so that every written position stays below ``max_seq_len`` (the padded
-ones included) and within the request's remaining token budget. Engines with a quality head
+A request resumed after an abort verifies, in its re-prefill, the proposal its next decode
+step would have verified (`_resume_draft`), so a seeded request samples across an abort what
+it samples without one.
+
+Drafts are clipped to the request's remaining token budget only (which keeps its real
+positions below ``max_seq_len``), never to its batch-mates', so a seeded request samples the
+same whatever shares its batch; padded queries past the cache's end write at its last
+position (`SlotCache.plan_extend`). Engines with a quality head
 (ARRoL) never re-draft: their rows need the per-step hidden states of the one-token path.
 """
 
@@ -26,7 +32,7 @@ import torch
 from reroll.engine.kv_cache import extend_mask
 from reroll.engine.requests import Request
 from reroll.engine.speculative import verify
-from reroll.rollout import Rollout
+from reroll.rollout import Draft, Rollout
 
 
 class Redrafting:
@@ -34,26 +40,39 @@ class Redrafting:
 
     redrafting = False  # set once a request with a suffix source is added
 
-    def _proposal(self, q: Request, room: int) -> list[int]:
-        """Row ``q``'s draft this step: at most ``room`` tokens and its remaining budget."""
+    def _proposal(self, q: Request) -> list[int]:
+        """Row ``q``'s draft this step: at most its remaining budget (which keeps its own
+        positions below ``max_seq_len``), whatever shares its batch."""
         if q.suffix is None:
             return []
         r = q.rollout
         resp = r.tokens[r.prompt_len:] + q.toks[q.flushed:]  # the sampled token included
-        limit = min(room, q.budget - len(q.toks), q.suffix.budget(len(resp)))
+        limit = min(q.budget - len(q.toks), q.suffix.budget(len(resp)))
         return q.suffix.propose(resp, limit)
+
+    def _resume_draft(self, q: Request) -> None:
+        """A resumed request (re-prefilled after an abort) takes, as the draft its prefill
+        verifies, the proposal its next decode step would have verified: the token after the
+        prefix is then drawn from the same random numbers as without the abort (an
+        acceptance uniform, not a sampling one), so a seeded request samples the same."""
+        if q.suffix is None or not q.resume or q.budget <= 0 or self.pruning:
+            return
+        r = q.rollout
+        resp = r.tokens[r.prompt_len:]
+        d = q.suffix.propose(resp, min(q.budget, q.suffix.budget(len(resp))))
+        if d:
+            q.draft = Draft(tuple(d))
 
     def _redraft_decode(self) -> list[Rollout] | None:
         """One decode step with drafts; None when no row has a proposal (the plain step)."""
         t0 = time.perf_counter()
         n = len(self.rows)
         pos = self.pos[:n]
-        top = int(pos.max())
-        drafts = [self._proposal(q, self.max_seq_len - 1 - top) for q in self.rows]
+        drafts = [self._proposal(q) for q in self.rows]
         dmax = max(len(d) for d in drafts)
         if dmax == 0:
             return None
-        ql, length = 1 + dmax, top + 1 + dmax
+        ql, length = 1 + dmax, min(int(pos.max()) + 1 + dmax, self.max_seq_len)
         ids = torch.zeros(n, ql, dtype=torch.long)
         for i, d in enumerate(drafts):
             ids[i, 1:1 + len(d)] = torch.tensor(d, dtype=torch.long)
@@ -62,7 +81,8 @@ class Redrafting:
         self.cache.plan_extend(pos, ql, length)
         mask = extend_mask(pos, ql, length, self.arange, self.dtype, self.additive)
         kw = {"logits_to_keep": 0} if self.keep_arg else {}
-        logits = self.model(input_ids=ids, position_ids=pos.unsqueeze(1) + self.arange[:ql],
+        posn = (pos.unsqueeze(1) + self.arange[:ql]).clamp(max=self.max_seq_len - 1)
+        logits = self.model(input_ids=ids, position_ids=posn,
                             attention_mask=mask, past_key_values=self.cache, use_cache=True,
                             **kw).logits  # [n, ql, V]
         self.counts["decode_steps"] += 1

@@ -100,12 +100,15 @@ class SlotCache(Cache):
         self._idx = self._flat_index(self._slot, pos) if self._heads is not None else None
 
     def plan_extend(self, pos: Tensor, q: int, length: int) -> None:
-        """Slot ``i < n`` writes ``q`` tokens at ``pos[i] ..`` ([n]; each ``pos[i] + q <=
-        max_len``); attention spans ``length``."""
+        """Slot ``i < n`` writes ``q`` tokens at ``pos[i] ..`` ([n]); attention spans
+        ``length`` (<= max_len). Positions past the pool's end (a row's padded queries only:
+        its real ones stay below ``max_len``) write at its last position, where a padded or
+        a finishing row's last query -- whose output nothing uses -- is all that reads."""
         n = pos.shape[0]
         self._mode, self._n, self._len = "decode", n, length
         self._slot = torch.arange(n, device=pos.device).repeat_interleave(q)  # [n * q]
-        self._pos = (pos.unsqueeze(1) + torch.arange(q, device=pos.device)).reshape(-1)
+        at = pos.unsqueeze(1) + torch.arange(q, device=pos.device)
+        self._pos = at.clamp(max=self.max_len - 1).reshape(-1)
         self._idx = self._flat_index(self._slot, self._pos) if self._heads is not None else None
 
     # ---- the Cache API the model calls ------------------------------------------------

@@ -122,6 +122,7 @@ class TorchEngine(Forking, Branching, Drafting, Redrafting, Pruning):
                 raise ValueError(f"rollout {r.sample_id} is already in the engine")
             self._check_rule(r)
             self.redrafting |= q.suffix is not None
+            self._resume_draft(q)
             live.add(r.sample_id)
             new.append(q)
         now = time.time()

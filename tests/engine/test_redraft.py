@@ -248,3 +248,45 @@ def test_rows_past_the_mean_response_length_get_longer_drafts(lm):
         (6, 7, "sampled"), (7, 11, "draft"), (11, 12, "sampled"), (12, 18, "draft"),
         (18, 19, "sampled"), (19, 20, "draft")]
     assert eng.stats()["redraft_tokens_proposed"] == 2 + 2 + 4 + 6 + 1
+
+
+def test_a_seeded_request_resumed_after_an_abort_samples_what_it_samples_uninterrupted(lm):
+    model, tok = lm
+    src = SuffixSource((tuple(_greedy(model, tok, "12+34=", 24).response_tokens),), draft_len=3)
+
+    def req(seed):
+        r = make(tok, "12+34=", temperature=0.7, max_new_tokens=24, seed=seed)
+        r.sampling.redraft = src
+        return r
+
+    for seed in range(20):
+        a = req(seed)
+        TorchEngine(model, tok).generate([a])
+        b = req(seed)
+        eng = TorchEngine(model, tok)
+        eng.add([b])
+        for _ in range(3):
+            eng.step()
+        eng.abort([b.sample_id])
+        eng.generate([b])  # re-prefilled: it verifies the proposal it had next, as a draft
+        assert b.tokens == a.tokens and b.resume_count == 1, seed
+        assert [(s.start, s.end, s.source) for s in b.spans] == [
+            (s.start, s.end, s.source) for s in a.spans]
+
+
+def test_a_seeded_row_drafts_and_samples_the_same_beside_a_row_near_max_seq_len(lm):
+    model, tok = lm
+    src = SuffixSource((tuple(_greedy(model, tok, "abc", 24).response_tokens),), draft_len=4,
+                       max_draft=4)
+    for seed in range(30):
+        rows = []
+        for batch in (False, True):
+            r = make(tok, "abc", temperature=0.3, max_new_tokens=24, seed=seed)
+            r.sampling.redraft = src
+            long = make(tok, "sort: 9 1 5 3 -> 2 4 6", temperature=0.7, max_new_tokens=40,
+                        seed=seed)  # its sequence nears the end of the cache first
+            TorchEngine(model, tok, max_seq_len=32).generate([r, long] if batch else [r])
+            rows.append(r)
+        assert rows[0].tokens == rows[1].tokens, seed
+        assert [(s.start, s.end, s.source) for s in rows[0].spans] == [
+            (s.start, s.end, s.source) for s in rows[1].spans]

@@ -162,3 +162,30 @@ def test_das_samples_redraft_from_the_earlier_responses_of_their_prompt(tmp_path
     total = sum(len(r["tokens"]) - r["prompt_len"] for _, _, r in rows)
     assert last["draft/tokens_accepted"] + last["draft/tokens_sampled"] == total
     assert last["engine/redraft_tokens_proposed"] > 0  # the engine re-drafted in decode
+
+
+def test_a_das_redraft_run_resumes_bitwise_as_the_uninterrupted_run(tmp_path, small_run):
+    import torch
+    from safetensors.torch import load_file
+
+    extra = ["task.args.n_train=8", "replay.draft=das", "replay.draft_args={min_count=1}",
+             "ckpt_every=2"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(small_run(a, "train.steps=4", *extra), progress=False)
+    train(small_run(b, "train.steps=2", *extra), progress=False)
+    train(small_run(b, "train.steps=4", *extra), resume=True, progress=False)
+
+    def batches(d):
+        return [(s, [(r["tokens"], r["sampling"]["redraft"], r["spans"]) for r in g["rollouts"]])
+                for s, g in read_rollouts(d)]
+
+    ra, rb = batches(a), batches(b)
+    assert ra == rb
+    assert any(src is not None for s, rs in ra if s > 2 for _, src, _ in rs)  # sources restored
+    assert read_metrics(b)[-1]["engine/redraft_tokens_proposed"] > 0  # the resumed run re-drafted
+
+    def weights(d):
+        return load_file(str(d / "checkpoints" / "step_000004" / "model" / "model.safetensors"))
+
+    wa, wb = weights(a), weights(b)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
