@@ -36,7 +36,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import control as c  # noqa: E402  (the shared workload, parsing and summaries)
+import control as c  # noqa: E402  (the shared workload and runner)
+import control_report as cr  # noqa: E402  (parsing, summaries, tables, plots)
 
 METHODS: dict[str, list[str]] = {
     "fixed": [],
@@ -54,7 +55,7 @@ def run_one(out: Path, name: str, seed: int, overrides: list[str], init: Path, s
             f"eval.every={every}", f"ckpt_every={steps}", f"train.seed={seed}", *BASE, *extra,
             *overrides]
     spec = run / "bench_args.json"
-    rows = c.read_rows(run)
+    rows = cr.read_rows(run)
     if (not fresh and spec.is_file() and json.loads(spec.read_text()) == args
             and rows and rows[-1]["step"] == steps):
         return run, True
@@ -66,7 +67,7 @@ def run_one(out: Path, name: str, seed: int, overrides: list[str], init: Path, s
 
 
 def replay_diag(run: Path) -> dict:
-    rows = [r for r in c.read_rows(run) if r["step"] > 0]
+    rows = [r for r in cr.read_rows(run) if r["step"] > 0]
     last = rows[-1]
     return {"replayed_share": statistics.fmean(r.get("replay/samples_in_batch", 0.0)
                                                / r["pipeline/samples_in_batch"] for r in rows),
@@ -105,22 +106,22 @@ def main() -> None:
             t1 = time.perf_counter()
             run, cached = run_one(out, name, seed, ov, init, steps, args.eval_every, extra,
                                   args.fresh)
-            r = c.parse(run)
+            r = cr.parse(run)
             runs.setdefault(name, []).append(r)
             diags.setdefault(name, []).append(replay_diag(run))
             p = r["points"]
-            print(f"  {name} seed {seed}: acc {p[0]['acc']:.3f} -> {c.final(p):.3f}, "
+            print(f"  {name} seed {seed}: acc {p[0]['acc']:.3f} -> {cr.final(p):.3f}, "
                   f"{p[-1]['tokens'] / 1e3:.0f}k fresh tokens, {p[-1]['train_s']:.0f} s "
                   f"[{'cached' if cached else f'{time.perf_counter() - t1:.0f} s'}]", flush=True)
 
-    base_final = statistics.fmean(c.final(r["points"]) for r in runs["fixed"])
+    base_final = statistics.fmean(cr.final(r["points"]) for r in runs["fixed"])
     target = args.target_frac * base_final
     t_eq = min(r["points"][-1]["tokens"] for rs in runs.values() for r in rs)
-    summary = c.summarise(runs, target, args.smooth, t_eq)
+    summary = cr.summarise(runs, target, args.smooth, t_eq)
     print(f"\ntarget {target:.3f} ({args.target_frac} x fresh-only final {base_final:.3f}); "
           f"start {summary['fixed']['start_acc']:.3f}; equal tokens {t_eq / 1e3:.0f}k; "
           f"fixed = fresh rollouts only; tokens = freshly generated, in thousands\n")
-    print(c.table(summary, target, t_eq))
+    print(cr.table(summary, target, t_eq))
     print("\n| method | replayed or reused share of trained samples | groups replayed | "
           "answers injected | buffer at end |\n|---|---|---|---|---|")
     for name, ds in diags.items():
@@ -130,15 +131,15 @@ def main() -> None:
     cands = {n: m for n, m in summary.items() if n != "fixed"}
     best = max(cands, key=lambda n: cands[n]["ratio_tokens"] or 0.0)
     print(f"\nfewest fresh tokens to {target:.3f}: {best}, fixed / method "
-          f"{c.ratio(cands[best]['ratio_tokens'])} (seed-mean curve "
-          f"{c.ratio(cands[best]['ratio_tokens_mean_curve'])})")
+          f"{cr.ratio(cands[best]['ratio_tokens'])} (seed-mean curve "
+          f"{cr.ratio(cands[best]['ratio_tokens_mean_curve'])})")
     if not args.quick:
         plots = Path(args.plots)
         how = {"title": "reroll Replay stage vs fresh-only GRPO (same SFT start, 128 trained "
                         "samples a step)", "labels": {"fixed": "fresh only (GRPO)"}}
-        c.plot(summary, "tokens", target, plots / "replay_tokens.png",
+        cr.plot(summary, "tokens", target, plots / "replay_tokens.png",
                "freshly generated response tokens (thousands)", **how)
-        c.plot(summary, "train_s", target, plots / "replay_time.png", "training seconds", **how)
+        cr.plot(summary, "train_s", target, plots / "replay_time.png", "training seconds", **how)
         (out / "replay_results.json").write_text(json.dumps(
             {"target": target, "summary": {k: {kk: vv for kk, vv in v.items()
                                                if kk != "mean_curve"}

@@ -118,7 +118,7 @@ class DOTS(_Rounds):
         self._emb: dict[str, np.ndarray] = {}  # prompt id -> embedding (derived, not state)
         self.by_text = {e.prompt_id: e.prompt for e in examples}
 
-    def embedding(self, prompt_id: str) -> np.ndarray:
+    def embed(self, prompt_id: str) -> np.ndarray:
         if prompt_id not in self._emb:
             self._emb[prompt_id] = embedding.hashed_ngrams(self.by_text.get(prompt_id, ""),
                                                            dim=self.dim)
@@ -139,12 +139,13 @@ class DOTS(_Rounds):
     def predictions(self, cands: list[Example], stats: PromptStats) -> np.ndarray:
         p = np.array([self.predicted(stats.get(e.prompt_id)) for e in cands])
         if self.predict == "attention":
-            unseen = [i for i, e in enumerate(cands) if stats.get(e.prompt_id) is None
-                      or stats.get(e.prompt_id).recent_rate(self.recent) is None]
+            recs = [stats.get(e.prompt_id) for e in cands]
+            unseen = [i for i, r in enumerate(recs)
+                      if r is None or r.recent_rate(self.recent) is None]
             ref = self.reference(stats) if unseen else []
             if ref:
-                q = np.stack([self.embedding(cands[i].prompt_id) for i in unseen])
-                k = np.stack([self.embedding(pid) for pid, _ in ref])
+                q = np.stack([self.embed(cands[i].prompt_id) for i in unseen])
+                k = np.stack([self.embed(pid) for pid, _ in ref])
                 p[unseen] = embedding.attention_predict(
                     q, k, np.array([r for _, r in ref]), temperature=self.temperature)
         return p
