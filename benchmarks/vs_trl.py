@@ -12,9 +12,11 @@ Contestants, run one after another in this one process' run:
   trl          TRL's GRPOTrainer (CPU: use_cpu, no vLLM, fp32), ``--threads`` torch threads
   hand         a minimal loop: transformers ``generate`` (static batch), the reward, group
                advantages, one forward/backward, AdamW (what a user might write in 80 lines)
+  hand_skip    the same loop passing only samples with a nonzero advantage (same gradient)
   reroll       ``reroll train configs/arithmetic.toml`` (synchronous, max_staleness = 0)
   reroll_async the same at ``runtime.max_staleness = 1``
-  reroll_threads2, ...  other settings of reroll (``VARIANTS``), e.g. two threads per side
+  reroll_threads2, ...  other settings of reroll (``VARIANTS``), e.g. two threads per side,
+               or reroll_noskip: every sample through the loss passes
 
 Prints, per contestant, the median seconds per step (first ``--skip`` steps left out), the
 held-out accuracy curve, and the training wall time to ``--target`` held-out greedy
@@ -144,7 +146,11 @@ def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: i
 
 
 # ---- a minimal hand-written loop ---------------------------------------------------------
-def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: int):
+def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: int,
+             skip: bool = False):
+    """The minimal loop; ``skip``: the forward/backward only on samples with a nonzero
+    advantage (the loss still divided by every sample's tokens: the same gradient), as
+    reroll's `train.skip_zero_advantage` does."""
     import random
 
     import torch
@@ -179,11 +185,16 @@ def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: 
         r = rewards.view(PROMPTS, SAMPLES)
         adv = ((r - r.mean(-1, keepdim=True)) / (r.std(-1, keepdim=True) + 1e-6)).view(-1)
         full_att = torch.cat([att.repeat_interleave(SAMPLES, 0), cmask.long()], -1)
+        n_tok = cmask.sum().clamp(min=1)
+        if skip:  # rows with signal (at least one, so AdamW still steps with every grad)
+            live = (adv != 0).nonzero().flatten()
+            live = live if len(live) else torch.tensor([0])
+            out, full_att, comp, cmask, adv = (x[live] for x in (out, full_att, comp, cmask, adv))
         logits = model(input_ids=out, attention_mask=full_att).logits[:, P - 1:-1].float()
         logp = torch.log_softmax(logits, -1).gather(-1, comp[..., None]).squeeze(-1)  # [N, C]
         ratio = torch.exp(logp - logp.detach())  # one update per batch: pi_old = pi_theta
         surr = torch.minimum(ratio * adv[:, None], ratio.clamp(1 - CLIP, 1 + CLIP) * adv[:, None])
-        loss = -(surr * cmask).sum() / cmask.sum().clamp(min=1)
+        loss = -(surr * cmask).sum() / n_tok
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -217,6 +228,7 @@ def run_reroll(init, steps: int, every: int, seed: int, tmp: Path, extra: list[s
 
 
 VARIANTS = {"reroll_async": ["runtime.max_staleness=1"],
+            "reroll_noskip": ["train.skip_zero_advantage=false"],  # every sample passed
             "reroll_threads2": ["runtime.threads=2"],  # both cores for each side, in turn
             "reroll_async_threads1": ["runtime.max_staleness=1", "runtime.threads=1"]}
 
@@ -250,8 +262,9 @@ def main() -> None:
         t0 = time.perf_counter()
         if name == "trl":
             times, curve = run_trl(model_dir, tok, task, ev, a.steps, a.eval_every, a.seed)
-        elif name == "hand":
-            times, curve = run_hand(model_dir, tok, task, ev, a.steps, a.eval_every, a.seed)
+        elif name in ("hand", "hand_skip"):
+            times, curve = run_hand(model_dir, tok, task, ev, a.steps, a.eval_every, a.seed,
+                                    skip=name == "hand_skip")
         elif name == "reroll":
             times, curve = run_reroll(init, a.steps, a.eval_every, a.seed, tmp, [])
         elif name in VARIANTS:

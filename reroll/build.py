@@ -152,7 +152,7 @@ def build_trainer(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
                       weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
                       grad_clip=t.grad_clip, minibatches=t.minibatches, micro_batch=t.micro_batch,
                       temperature=cfg.rollout.temperature, ref_model=ref, tokenizer=tok,
-                      logprob_chunk=t.logprob_chunk,
+                      logprob_chunk=t.logprob_chunk, skip_inert=t.skip_zero_advantage,
                       autocast_dtype=autocast_dtype(cfg.model.dtype),
                       publish_dtype=dtype)
     if ckpt:

@@ -363,6 +363,14 @@ class TrainConfig:
     """Optimiser updates per step (the batch is split; proximal log-probs fixed at the start)."""
     micro_batch: int = 64
     """Sequences per forward/backward pass; does not change the gradient."""
+    skip_zero_advantage: bool = True
+    """Leave samples that cannot move the weights out of the loss's forward and backward
+    passes: all advantages 0 (a group whose samples all scored the same, under GRPO) where
+    the objective makes that loss 0 and gradient 0 (ppo_clip, gspo, gspo_token, reinforce
+    with a row-local correction, no KL term in the loss, no ess_lr), or no trainable token.
+    They still count in the loss's normalisers, so the update is the same up to float
+    rounding; train/entropy and the clip metrics then describe the samples passed, and
+    train/skipped_share says how many were left out."""
     logprob_chunk: int = 0
     """Tokens (rows of batch x positions) whose logits exist at once when log-probabilities
     are computed: the [batch, length, vocab] logits are made and dropped chunk by chunk (each

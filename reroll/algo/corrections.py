@@ -9,7 +9,9 @@ Owns the ``CORRECTIONS`` registry. Every entry has the signature
 start of the update. The weight multiplies the per-token surrogate (the decoupled objective,
 ALGORITHMS.md 2.1/2.2); the returned mask drops tokens or whole sequences (masked IS /
 rejection, 2.4). Weights are 0 wherever the returned mask is 0. Must not know about the
-surrogate, models or staleness policy.
+surrogate, models or staleness policy. The trait ``row_local=True`` says a sample's weights
+and mask depend on that sample's tokens alone (every correction here: per token or per
+sequence), so the trainer may leave other samples out of a pass without changing them.
 
 Diagnostics, all 0-d tensors over the input mask: raw ratio mean/max/min, final weight mean,
 normalised effective sample size ESS = (sum w)^2 / (N sum w^2) in (0, 1], the fraction of
@@ -81,7 +83,7 @@ def _out(weights: Tensor, keep: Tensor, m: Tensor, log_rho: Tensor, dropped: Ten
     return weights, new_mask, _metrics(log_rho, weights, m, dropped)
 
 
-@CORRECTIONS.register("none")
+@CORRECTIONS.register("none", row_local=True)
 @torch.no_grad()
 def none(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor
          ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
@@ -95,7 +97,7 @@ def _check_cap(name: str, cap: float) -> None:
         raise ValueError(f"correction {name!r}: cap must be > 0, got {cap}")
 
 
-@CORRECTIONS.register("tis_token", ranges={"cap": "(0, inf)"})
+@CORRECTIONS.register("tis_token", ranges={"cap": "(0, inf)"}, row_local=True)
 @torch.no_grad()
 def tis_token(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *, cap: float = 2.0
               ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
@@ -106,7 +108,7 @@ def tis_token(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *, ca
     return _out(rho.clamp(max=cap), m, m, log_rho, rho > cap)
 
 
-@CORRECTIONS.register("tis_seq", ranges={"cap": "(0, inf)"})
+@CORRECTIONS.register("tis_seq", ranges={"cap": "(0, inf)"}, row_local=True)
 @torch.no_grad()
 def tis_seq(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *, cap: float = 2.0
             ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
@@ -123,7 +125,8 @@ def _check_bounds(name: str, lower: float, upper: float) -> None:
                          f"upper={upper}")
 
 
-@CORRECTIONS.register("mis_token", ranges={"lower": "[0, inf)", "upper": "(0, inf)"})
+@CORRECTIONS.register("mis_token", ranges={"lower": "[0, inf)", "upper": "(0, inf)"},
+                       row_local=True)
 @torch.no_grad()
 def mis_token(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *,
               lower: float = 0.0, upper: float = 2.0) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
@@ -135,7 +138,8 @@ def mis_token(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *,
     return _out(rho, keep, m, log_rho, ~keep)
 
 
-@CORRECTIONS.register("mis_seq", ranges={"lower": "[0, inf)", "upper": "(0, inf)"})
+@CORRECTIONS.register("mis_seq", ranges={"lower": "[0, inf)", "upper": "(0, inf)"},
+                       row_local=True)
 @torch.no_grad()
 def mis_seq(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *,
             lower: float = 0.0, upper: float = 2.0) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
@@ -148,7 +152,8 @@ def mis_seq(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *,
     return _out(rho_seq, keep, m, log_rho, ~keep)
 
 
-@CORRECTIONS.register("mis_geo", ranges={"lower": "[0, inf)", "upper": "(0, inf)"})
+@CORRECTIONS.register("mis_geo", ranges={"lower": "[0, inf)", "upper": "(0, inf)"},
+                       row_local=True)
 @torch.no_grad()
 def mis_geo(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *,
             lower: float = 0.999, upper: float = 1.001) -> tuple[Tensor, Tensor, dict[str, Tensor]]:

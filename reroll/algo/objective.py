@@ -66,6 +66,7 @@ class Objective:
     ess_rule: str = "sqrt"  # a `vcpo.LR_RULES` name
     ess_base_ratio: float = 1.0
     ess_is_cap: float = 0.0  # clip of the sequence IS weights for the ESS (0: none)
+    pieces_inert: bool = False  # surrogate inert at A = 0 and correction row-local (traits)
 
     def __post_init__(self) -> None:
         if self.kl_coef < 0:
@@ -75,6 +76,16 @@ class Objective:
     def needs_ref(self) -> bool:
         """Whether a reference policy's log-probs are needed (in the loss or the reward)."""
         return self.kl_coef > 0
+
+    @property
+    def zero_advantage_inert(self) -> bool:
+        """Whether a sample whose advantages are all 0 adds exactly nothing to the loss or its
+        gradient (it still counts in the global normalisers): the surrogate is 0 at A = 0
+        and the correction looks at each sample alone (their registry traits), no KL term
+        sits in the loss, and no ESS-scaled learning rate needs every sample's IS weight.
+        The trainer then leaves such samples out of its forward and backward passes."""
+        kl_in_loss = self.needs_ref and not self.kl_in_reward
+        return self.pieces_inert and not kl_in_loss and not self.ess_lr
 
     def wants(self, name: str) -> bool:
         """Whether the advantage estimator declares the per-sample input ``name`` (e.g.
@@ -160,4 +171,6 @@ def build_objective(algo_cfg: AlgoConfig) -> Objective:
         ess_rule=a.ess_rule,
         ess_base_ratio=float(a.ess_base_ratio),
         ess_is_cap=float(a.ess_is_cap),
+        pieces_inert=bool(SURROGATES.trait(a.surrogate, "inert_at_zero_advantage", False)
+                          and CORRECTIONS.trait(a.correction, "row_local", False)),
     )

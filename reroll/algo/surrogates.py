@@ -7,7 +7,11 @@ Owns the ``SURROGATES`` registry. Every entry has the signature
 
 The trait ``sequence_advantage=True`` marks a surrogate that trains one advantage per
 sequence (the mean of A over its tokens: gspo), so per-token credit (a tree's segments,
-`reroll.algo.tree_credit`) would be averaged away.
+`reroll.algo.tree_credit`) would be averaged away. ``inert_at_zero_advantage=True`` says
+that a sample whose advantages are all 0 has loss 0 and gradient 0 (every loss here is A
+times a finite factor), so the trainer may leave it out of the forward and backward passes
+(`reroll.trainer.step`); a surrogate with a term of its own (an entropy bonus, say) must
+not declare it.
 
 The loss is per token and zero off the mask; reducing it to a scalar is the job of
 ``aggregation.py``, and the behaviour correction pi_prox / mu is the job of
@@ -74,7 +78,8 @@ def _check_clip(where: str, clip_low: float, clip_high: float, dual_clip: float 
 
 
 @SURROGATES.register("ppo_clip", ranges={"clip_low": "[0, 1)", "clip_high": "[0, inf)",
-                                         "dual_clip": "(1, inf)"})
+                                         "dual_clip": "(1, inf)"},
+                      inert_at_zero_advantage=True)
 def ppo_clip(logprobs: Tensor, prox_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
              clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = None
              ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -104,7 +109,7 @@ def _seq_advantage(adv: Tensor, fm: Tensor) -> Tensor:
 
 
 @SURROGATES.register("gspo", ranges={"clip_low": "[0, 1)", "clip_high": "[0, inf)"},
-                      sequence_advantage=True)
+                      sequence_advantage=True, inert_at_zero_advantage=True)
 def gspo(logprobs: Tensor, prox_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
          clip_low: float = 3e-4, clip_high: float = 4e-4) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO: one length-normalised ratio per sequence, s_i = exp(mean_t log r_t).
@@ -123,8 +128,8 @@ def gspo(logprobs: Tensor, prox_logprobs: Tensor, advantages: Tensor, mask: Tens
     return loss, metrics
 
 
-@SURROGATES.register("gspo_token", ranges={"clip_low": "[0, 1)",
-                                             "clip_high": "[0, inf)"})
+@SURROGATES.register("gspo_token", ranges={"clip_low": "[0, 1)", "clip_high": "[0, inf)"},
+                      inert_at_zero_advantage=True)
 def gspo_token(logprobs: Tensor, prox_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
                clip_low: float = 3e-4, clip_high: float = 4e-4
                ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -142,7 +147,8 @@ def gspo_token(logprobs: Tensor, prox_logprobs: Tensor, advantages: Tensor, mask
     return loss, metrics
 
 
-@SURROGATES.register("reinforce", ranges={"ratio_cap": "(0, inf)"})
+@SURROGATES.register("reinforce", ranges={"ratio_cap": "(0, inf)"},
+                      inert_at_zero_advantage=True)
 def reinforce(logprobs: Tensor, prox_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
               ratio: bool = False, ratio_cap: float | None = None
               ) -> tuple[Tensor, dict[str, Tensor]]:

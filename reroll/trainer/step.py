@@ -107,13 +107,17 @@ class Trainer:
     the model's own dtype (fp32); ``publish_dtype``: the dtype `weights` hands to engines
     (default: ``autocast_dtype``, else the weights' own). The model's device is the trainer's:
     batches are collated on the CPU and copied there. ``logprob_chunk``: tokens of logits
-    made at a time (0: sized from the vocabulary, `reroll.trainer.logprobs`)."""
+    made at a time (0: sized from the vocabulary, `reroll.trainer.logprobs`).
+    ``skip_inert``: samples that cannot move the weights (all advantages 0 under an objective
+    for which that means loss 0 and gradient 0, `Objective.zero_advantage_inert`; or no
+    trainable token) are left out of the loss's forward and backward passes; they still
+    count in the global normalisers, so the update is the same up to float rounding."""
 
     def __init__(self, model: torch.nn.Module, objective, *, pad_id: int, lr: float,
                  weight_decay: float = 0.0, warmup_steps: int = 0, grad_clip: float = 1.0, minibatches: int = 1,
                  micro_batch: int = 64, temperature: float = 1.0,
                  ref_model: torch.nn.Module | None = None, version: int = 0, tokenizer=None,
-                 reuse_prox: bool = True, logprob_chunk: int = 0,
+                 reuse_prox: bool = True, skip_inert: bool = True, logprob_chunk: int = 0,
                  autocast_dtype: torch.dtype | None = None,
                  publish_dtype: torch.dtype | None = None):
         self.model, self.objective, self.ref_model = model, objective, ref_model
@@ -121,6 +125,7 @@ class Trainer:
         self.logprob_chunk, self.autocast_dtype = logprob_chunk, autocast_dtype
         self.publish_dtype = publish_dtype or autocast_dtype
         self.reuse_prox = reuse_prox  # False: always a separate proximal forward (textbook)
+        self.skip_inert = skip_inert  # leave zero-advantage samples out of the passes (exact)
         self.tokenizer = tokenizer  # saved next to the weights in checkpoints
         self.pad_id, self.grad_clip, self.minibatches = pad_id, grad_clip, minibatches
         self.micro_batch, self.temperature, self.version = micro_batch, temperature, version
@@ -183,8 +188,10 @@ class Trainer:
         # several optimiser steps per update: a non-finite loss in a later mini-batch must not
         # leave the earlier ones applied (the version would not say so), so keep a copy
         saved = self._snapshot() if self.minibatches > 1 else None
+        live = self._live(adv_tok, batch.mask, sample_w)  # [N] bool: samples that train
         try:
-            self._minibatches(batch, prox, ref, adv_tok, sample_w, include, n, mb_size, metrics)
+            self._minibatches(batch, prox, ref, adv_tok, sample_w, include, live, mb_size,
+                              metrics)
         except FloatingPointError:
             if saved is not None:
                 self.model.load_state_dict(saved[0])
@@ -198,6 +205,7 @@ class Trainer:
         metrics["adv/mean"] = float(adv.mean())
         metrics["adv/abs_mean"] = float(adv.abs().mean())
         metrics["train/tokens"] = batch.n_tokens
+        metrics["train/skipped_share"] = 1.0 - float(live.float().mean())
         metrics.update(tree_m)
         ent_sum, ent_tokens = metrics.pop("_entropy_sum"), metrics.pop("_entropy_tokens")
         metrics["train/entropy"] = ent_sum / max(ent_tokens, 1.0)
@@ -209,21 +217,37 @@ class Trainer:
         return ({k: v.detach().clone() for k, v in self.model.state_dict().items()},
                 copy.deepcopy(self.opt.state_dict()))
 
-    def _minibatches(self, batch, prox, ref, adv_tok, sample_w, include, n, mb_size,
+    def _live(self, adv_tok: torch.Tensor, mask: torch.Tensor,
+              sample_w: torch.Tensor) -> torch.Tensor:
+        """[N] bool: the samples whose loss can have a gradient. Without ``skip_inert`` or
+        under an objective where A = 0 is not inert (`Objective.zero_advantage_inert`),
+        every sample; otherwise those with a trainable token, a nonzero advantage on one,
+        and a nonzero sample weight."""
+        if not (self.skip_inert and self.objective.zero_advantage_inert):
+            return torch.ones(len(mask), dtype=torch.bool)
+        signal = ((adv_tok != 0) & (mask > 0)).any(-1) & (sample_w != 0)  # [N]
+        return signal.cpu()
+
+    def _minibatches(self, batch, prox, ref, adv_tok, sample_w, include, live, mb_size,
                      metrics) -> None:
+        n = len(batch)
         order = torch.arange(n)
-        n_mb = len(micro_slices(n, mb_size))
-        for mb in micro_slices(n, mb_size):
-            idx = order[mb]
-            mbatch = batch.slice(idx)
+        mbs = micro_slices(n, mb_size)
+        # the samples each mini-batch passes through the model; at least one, so that an
+        # update whose samples are all inert still makes its (zero-gradient) optimiser step
+        # with the same parameters holding gradients as a full pass would
+        runs = [order[mb][live[mb]] if live[mb].any() else order[mb][:1] for mb in mbs]
+        n_run = sum(len(r) for r in runs)
+        for mb, run in zip(mbs, runs):
+            mbatch = batch.slice(order[mb])
             # global normalisers of this mini-batch (excluded samples, e.g. pivots, not counted)
-            n_tok, n_seq = max(mbatch.n_tokens, 1.0), max(float(include[idx].sum()), 1.0)
-            sel_all = idx.to(self.device)
+            n_tok, n_seq = max(mbatch.n_tokens, 1.0), max(float(include[mb].sum()), 1.0)
+            sel_all = run.to(self.device)
             self.opt.zero_grad(set_to_none=True)
             log_w = []  # [b] per micro-batch: sequence IS weights for VCPO's ESS
-            for ms in micro_slices(len(idx), self.micro_batch):
-                sub = mbatch.slice(ms)
+            for ms in micro_slices(len(run), self.micro_batch):
                 sel = sel_all[ms]
+                sub = batch.slice(sel)
                 logp, ent = self._forward(self.model, sub, entropy=True)  # [b, T], [b, T]
                 # mean entropy over trained tokens, summed here, divided in step()
                 metrics["_entropy_sum"] = metrics.get("_entropy_sum", 0.0) + float(
@@ -244,14 +268,16 @@ class Trainer:
                         f"non-finite loss {float(loss.detach())} at trainer version {self.version}; "
                         f"weights and optimiser left at the last good update")
                 loss.backward()
-                for k, v in m.items():  # per micro-batch: max/min combine, others average
-                    v = float(v)
-                    if k.endswith("max"):
+                for k, v in m.items():  # per micro-batch: max/min combine, losses add up
+                    v = float(v)  # to their mini-batch's (mean over mini-batches), others
+                    if k.endswith("max"):  # average over the samples passed
                         metrics[k] = max(metrics.get(k, v), v)
                     elif k.endswith("min"):
                         metrics[k] = min(metrics.get(k, v), v)
+                    elif k.startswith("loss/"):
+                        metrics[k] = metrics.get(k, 0.0) + v / len(mbs)
                     else:
-                        metrics[k] = metrics.get(k, 0.0) + v * len(sel) / n
+                        metrics[k] = metrics.get(k, 0.0) + v * len(sel) / n_run
             gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                 self.grad_clip if self.grad_clip > 0 else 1e30)
             if not torch.isfinite(gn):
@@ -261,7 +287,7 @@ class Trainer:
             vcpo.scaled_step(self.opt, scale)
             metrics["grad_norm"] = float(gn)
             for k, v in vm.items():  # means over the update's mini-batches
-                metrics[k] = metrics.get(k, 0.0) + v / n_mb
+                metrics[k] = metrics.get(k, 0.0) + v / len(mbs)
             if vm:
                 metrics["vcpo/ess_ratio_min"] = min(metrics.get("vcpo/ess_ratio_min", 1.0),
                                                     vm["vcpo/ess_ratio"])
