@@ -81,7 +81,7 @@ def warm_start(out: Path, base: list[str]) -> Path:
     if (target / "model" / "config.json").is_file():
         return target
     cfg = load_config(None, base)
-    build.set_threads(cfg)
+    build.prepare_process(cfg)
     model, tok = build.load_model(build.model_dir(cfg, out / "base"), cfg)
     sft(model, tok, build.build_task(cfg).train, build.encode_prompt(tok), steps=SFT_STEPS,
         lr=1e-3, batch_size=128, seed=0, schedule="constant", warmup_steps=20)

@@ -229,6 +229,10 @@ def run_reroll(init, steps: int, every: int, seed: int, tmp: Path, extra: list[s
 
 VARIANTS = {"reroll_async": ["runtime.max_staleness=1"],
             "reroll_noskip": ["train.skip_zero_advantage=false"],  # every sample passed
+            "reroll_glibc": ["runtime.keep_freed_memory=false"],  # glibc's own thresholds
+            # trainer and engine in processes of their own (true overlap, no shared GIL)
+            "reroll_ray_async": ["runtime.kind=ray", "runtime.max_staleness=1"],
+            "reroll_ray": ["runtime.kind=ray"],
             "reroll_threads2": ["runtime.threads=2"],  # both cores for each side, in turn
             "reroll_async_threads1": ["runtime.max_staleness=1", "runtime.threads=1"]}
 
@@ -249,10 +253,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads of trl and hand (reroll: runtime.threads of its config, "
                          "1 per side); 2 on a machine whose 2 cores are busy oversubscribes")
+    ap.add_argument("--keep-freed-memory", action="store_true",
+                    help="fix glibc's malloc thresholds in this process too (trl, hand), as "
+                         "reroll's runtime.keep_freed_memory does in its own")
     a = ap.parse_args()
     import torch
 
     torch.set_num_threads(a.threads)
+    if a.keep_freed_memory:
+        from reroll.memory import keep_freed_memory
+
+        print(f"keep_freed_memory in this process: {keep_freed_memory()}")
     tmp = Path(tempfile.mkdtemp(prefix="reroll-vs-trl-"))
     cfg, model_dir, tok, task = setup(a.init, tmp)
     init = a.init or tmp / "sft"
@@ -290,7 +301,8 @@ def main() -> None:
         print(line)
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True, cwd=REPO).stdout.strip()
-    print(f"commit {head}, torch threads {a.threads} (trl, hand); reroll per its config")
+    print(f"commit {head}, torch threads {a.threads} (trl, hand); reroll per its config; "
+          f"glibc thresholds fixed for trl and hand: {a.keep_freed_memory}")
 
 
 if __name__ == "__main__":

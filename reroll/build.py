@@ -29,11 +29,17 @@ def torch_threads(cfg: RunConfig) -> int:
     return cores if cfg.runtime.max_staleness == 0 else max(1, cores // 2)
 
 
-def set_threads(cfg: RunConfig) -> None:
-    """Set this thread's torch threads; threads started afterwards (the engine's) inherit it."""
+def prepare_process(cfg: RunConfig) -> None:
+    """Set this thread's torch threads (threads started afterwards, the engine's, inherit
+    them) and, with ``runtime.keep_freed_memory``, glibc's malloc thresholds
+    (`reroll.memory`)."""
     import torch
 
+    from reroll.memory import keep_freed_memory
+
     torch.set_num_threads(torch_threads(cfg))
+    if cfg.runtime.keep_freed_memory:
+        keep_freed_memory()
 
 
 def quiet_transformers() -> None:

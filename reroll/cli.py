@@ -45,7 +45,7 @@ def cmd_sft(args) -> int:
     from reroll.trainer.sft import save_model, sft
 
     cfg = load_config(args.config, args.overrides)
-    build.set_threads(cfg)
+    build.prepare_process(cfg)
     torch.manual_seed(cfg.train.seed)
     rd = RunDir(cfg, kind="sft")
     # float32 master weights and AdamW state; bf16 autocast where model.dtype = bfloat16
@@ -73,7 +73,7 @@ def cmd_eval(args) -> int:
     from reroll.trainer.evaluate import evaluate
 
     cfg = load_config(args.config, args.overrides)
-    build.set_threads(cfg)
+    build.prepare_process(cfg)
     if args.output:  # fail now, not after a long evaluation
         out = Path(args.output)
         if out.is_dir() or not out.parent.is_dir() or not os.access(out.parent, os.W_OK):

@@ -203,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
           f"than the run's they are off-policy from step 2 on (sampled by the run's policy); "
           f"algo.correction = {cfg.algo.correction} reweighs them with the recorded "
           f"behaviour log-probs", file=sys.stderr)
-    build.set_threads(cfg)
+    build.prepare_process(cfg)
     torch.manual_seed(cfg.train.seed)
     rd = RunDir(cfg, resume=args.resume)
     before = rd.path / "replay.json"

@@ -21,7 +21,7 @@ def train(cfg: RunConfig, resume: bool = False, progress: bool = True, stop=None
     from reroll.runtime.compose import run
     from reroll.trainer import checkpoint
 
-    build.set_threads(cfg)
+    build.prepare_process(cfg)
     torch.manual_seed(cfg.train.seed)
     runtime = importlib.import_module(RUNTIMES[cfg.runtime.kind])
     rd = RunDir(cfg, resume=resume)

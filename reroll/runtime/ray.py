@@ -52,13 +52,16 @@ def _as_ref(state_dict):
 @ray.remote
 class EngineActor:
     def __init__(self, model_dir: str, dtype: str, max_batch: int, threads: int,
-                 engine_name: str, version: int, state_dict=None):
+                 engine_name: str, keep_memory: bool, version: int, state_dict=None):
         import torch
 
         from reroll.engine import ENGINES
+        from reroll.memory import keep_freed_memory
         from reroll.models import load
 
         torch.set_num_threads(threads)
+        if keep_memory:  # runtime.keep_freed_memory, in this actor's own process
+            keep_freed_memory()
         model, tok = load(model_dir, dtype)
         if state_dict is not None:
             model.load_state_dict(state_dict)
@@ -90,9 +93,9 @@ class RayEnginePool:
 
     def __init__(self, model_dir: str | Path, *, workers: int = 1, dtype: str = "float32",
                  max_batch: int = 64, threads: int = 1, version: int = 0, state_dict=None,
-                 engine: str = "torch"):
+                 engine: str = "torch", keep_memory: bool = True):
         init_ray(workers)
-        self.args = (str(model_dir), dtype, max_batch, threads, engine)
+        self.args = (str(model_dir), dtype, max_batch, threads, engine, keep_memory)
         self.version = version
         self._weights = _as_ref(state_dict) if state_dict is not None else None
         self.actors = [self._spawn() for _ in range(workers)]
@@ -220,7 +223,7 @@ class TrainerActor:
 
         from reroll import build
 
-        build.set_threads(cfg)
+        build.prepare_process(cfg)
         torch.manual_seed(cfg.train.seed)
         self.trainer = build.build_trainer(cfg, Path(init_dir), Path(ckpt) if ckpt else None)
 
@@ -326,7 +329,8 @@ def components(cfg: RunConfig, init_dir: Path, ckpt: Path | None):
     core = RayEnginePool(init_dir, workers=workers, dtype=cfg.model.dtype,
                          max_batch=-(-build.engine_slots(cfg) // workers),
                          version=trainer.version, threads=build.torch_threads(cfg),
-                         state_dict=trainer.weights(), engine=cfg.engine.name)
+                         state_dict=trainer.weights(), engine=cfg.engine.name,
+                         keep_memory=cfg.runtime.keep_freed_memory)
     task = build.build_task(cfg)
     if cfg.runtime.scoring_workers > 0 and build.uses_verifiers(cfg):
         from reroll.runtime.ray_scoring import RayScoringPool

@@ -5,7 +5,8 @@ function of the groups, never stored) -> collate -> proximal log-probs with the 
 start of the update (a forward pass of their own only with several mini-batches or a KL
 penalty in the reward; with one mini-batch they are the loss forward's, detached) ->
 per-token advantages (`reroll.trainer.credit`: the scalar broadcast, or a tree's segments) ->
-mini-batches of micro-batches -> clip -> AdamW (VCPO: at an lr scaled by the mini-batch's
+mini-batches of micro-batches (samples that cannot move the weights left out of the passes,
+still counted in the normalisers) -> clip -> AdamW (VCPO: at an lr scaled by the mini-batch's
 ESS; its OPOB estimator first gets per-sample gradient norms). The math is the
 `Objective` from `reroll.algo`; this file only looks it up and feeds it. Knows nothing of
 engines or scheduling; checkpoints go through `reroll.trainer.checkpoint` into the run

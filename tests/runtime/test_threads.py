@@ -27,7 +27,7 @@ def test_the_engine_thread_inherits_the_count_set_before_it_starts():
     before = torch.get_num_threads()
     seen = []
     try:
-        build.set_threads(load_config(None, ["runtime.threads=1"]))
+        build.prepare_process(load_config(None, ["runtime.threads=1"]))
         t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
         t.start()
         t.join()
