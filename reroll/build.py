@@ -152,13 +152,20 @@ def build_trainer(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
         model.config.use_cache = False  # no KV cache in training forwards
     objective = build_objective(cfg.algo)
     ref = load_model(init_dir, cfg)[0].eval() if objective.needs_ref else None
+    text = model.config.get_text_config()
+    # mixture of experts: an expert reached only by skipped samples would get no gradient
+    # (None, so no AdamW step) instead of a zero one, so such models pass every sample
+    experts = max((v for k in ("num_experts", "num_local_experts", "n_routed_experts",
+                               "moe_num_experts") if isinstance(v := getattr(text, k, None), int)),
+                  default=0)
     t = cfg.train
     dtype = getattr(torch, cfg.model.dtype)
     trainer = Trainer(model, objective, pad_id=tok.pad_token_id, lr=t.lr,
                       weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
                       grad_clip=t.grad_clip, minibatches=t.minibatches, micro_batch=t.micro_batch,
                       temperature=cfg.rollout.temperature, ref_model=ref, tokenizer=tok,
-                      logprob_chunk=t.logprob_chunk, skip_inert=t.skip_zero_advantage,
+                      logprob_chunk=t.logprob_chunk,
+                      skip_inert=t.skip_zero_advantage and experts <= 1,
                       autocast_dtype=autocast_dtype(cfg.model.dtype),
                       publish_dtype=dtype)
     if ckpt:

@@ -369,8 +369,11 @@ class TrainConfig:
     the objective makes that loss 0 and gradient 0 (ppo_clip, gspo, gspo_token, reinforce
     with a row-local correction, no KL term in the loss, no ess_lr), or no trainable token.
     They still count in the loss's normalisers, so the update is the same up to float
-    rounding; train/entropy and the clip metrics then describe the samples passed, and
-    train/skipped_share says how many were left out."""
+    rounding. The per-token metrics of the update (train/entropy, clip fractions, ppo_kl,
+    entropy_proxy, the correction's is/*) then describe the samples passed, and
+    train/skipped_share says how many were not (excluded pivots included); a NaN in a
+    skipped sample's log-probs is not seen. Mixture-of-experts models pass every sample
+    (an expert reached only by skipped ones would get no optimiser step, not a zero one)."""
     logprob_chunk: int = 0
     """Tokens (rows of batch x positions) whose logits exist at once when log-probabilities
     are computed: the [batch, length, vocab] logits are made and dropped chunk by chunk (each

@@ -15,8 +15,8 @@ resident size then stays at its peak. Elsewhere than glibc (macOS, musl) this do
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
+import sys
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
 M_MMAP_THRESHOLD = -3
@@ -27,11 +27,11 @@ TRIM_THRESHOLD = 2**31 - 1  # an int: in practice never trim
 @functools.lru_cache(maxsize=1)
 def _mallopt():
     """glibc's ``mallopt``, or None where the C library has none."""
-    name = ctypes.util.find_library("c")
+    if not sys.platform.startswith("linux"):
+        return None  # macOS's libc has no mallopt; Windows no libc
     try:
-        libc = ctypes.CDLL(name or "libc.so.6")
-        fn = libc.mallopt
-    except (OSError, AttributeError):
+        fn = ctypes.CDLL(None).mallopt  # the C library this process already runs on
+    except (OSError, AttributeError):  # musl: no mallopt
         return None
     fn.argtypes, fn.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return fn
@@ -43,5 +43,5 @@ def keep_freed_memory() -> bool:
     fn = _mallopt()
     if fn is None:
         return False
-    return bool(fn(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(fn(M_TRIM_THRESHOLD,
-                                                                   TRIM_THRESHOLD))
+    done = [fn(M_MMAP_THRESHOLD, MMAP_THRESHOLD), fn(M_TRIM_THRESHOLD, TRIM_THRESHOLD)]
+    return all(x == 1 for x in done)  # mallopt returns 1 on success

@@ -234,15 +234,18 @@ class Trainer:
         n = len(batch)
         order = torch.arange(n)
         mbs = micro_slices(n, mb_size)
-        # the samples each mini-batch passes through the model; at least one, so that an
-        # update whose samples are all inert still makes its (zero-gradient) optimiser step
-        # with the same parameters holding gradients as a full pass would
-        runs = [order[mb][live[mb]] if live[mb].any() else order[mb][:1] for mb in mbs]
+        # the samples each mini-batch passes through the model; at least one (one with a
+        # trainable token where there is one), so that an update whose samples are all inert
+        # still makes its zero-gradient optimiser step with the same parameters holding
+        # gradients as a full pass would (true of dense models: see TrainConfig)
+        tokens = (batch.mask.sum(-1) > 0).cpu()  # [N]
+        runs = [order[mb][live[mb]] if live[mb].any()
+                else order[mb][tokens[mb].int().argmax()].view(1) for mb in mbs]
         n_run = sum(len(r) for r in runs)
         for mb, run in zip(mbs, runs):
-            mbatch = batch.slice(order[mb])
             # global normalisers of this mini-batch (excluded samples, e.g. pivots, not counted)
-            n_tok, n_seq = max(mbatch.n_tokens, 1.0), max(float(include[mb].sum()), 1.0)
+            n_tok = max(float(batch.mask[mb].sum()), 1.0)
+            n_seq = max(float(include[mb].sum()), 1.0)
             sel_all = run.to(self.device)
             self.opt.zero_grad(set_to_none=True)
             log_w = []  # [b] per micro-batch: sequence IS weights for VCPO's ESS

@@ -33,7 +33,7 @@ def groups_of(rewards_per_group):
     return out
 
 
-def run(model, start, algo, batches, skip, **kw):
+def run(model, start, algo, batches, skip, weights=None, **kw):
     """The gradient at every optimiser step, the final policy's log-probs on a fixed batch,
     the step metrics and the samples forwarded, after stepping ``batches``."""
     model.load_state_dict(start)
@@ -45,7 +45,12 @@ def run(model, start, algo, batches, skip, **kw):
         rows.append(len(b)) if torch.is_grad_enabled() else None) or real_fwd(m, b, entropy)
     t.opt.register_step_pre_hook(lambda *_: grads.append(
         [p.grad.clone() for p in model.parameters() if p.grad is not None]))
-    metrics = [t.step(groups_of(b)) for b in batches]
+    metrics = []
+    for b in batches:
+        groups = groups_of(b)
+        for r, w in zip([r for g in groups for r in g.rollouts], weights or []):
+            r.sample_weight = w
+        metrics.append(t.step(groups))
     passed = rows
     probe = collate([r for g in groups_of(MIXED) for r in g.rollouts], pad_id=0)
     with torch.no_grad():
@@ -102,6 +107,25 @@ def test_skipping_zero_advantage_samples_gives_the_full_passes_update(tiny, algo
         assert m_skip["grad_norm"] == pytest.approx(m_full["grad_norm"], rel=1e-5)
 
 
+@pytest.mark.parametrize("algo, kw, weights, passed", [
+    # MC-GRPO: A = r - the group's lower median, whose member is a pivot (include False,
+    # not trained): in [1, 0, 0] and [1, 0] the median is 0, so only the two 1s have signal
+    (AlgoConfig(advantage="mc_grpo"), {}, None, 2),
+    # a zero sample weight removes a sample with signal (group 0's first, A > 0)
+    (AlgoConfig(), {}, [0.0] + [1.0] * 10, 4),
+    # dual clip, truncated IS and the textbook separate proximal pass
+    (AlgoConfig(correction="tis_token", surrogate_args={"dual_clip": 3.0}),
+     {"reuse_prox": False, "micro_batch": 4}, None, 5),
+])
+def test_pivots_zero_weights_and_other_objectives_skip_exactly(tiny, algo, kw, weights, passed):
+    model, _ = tiny
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    full = run(model, start, algo, [MIXED, MIXED], skip=False, weights=weights, **kw)
+    skip = run(model, start, algo, [MIXED, MIXED], skip=True, weights=weights, **kw)
+    assert_same_update(full, skip)
+    assert sum(full[3]) == 22 and sum(skip[3]) == 2 * passed
+
+
 def test_a_step_whose_samples_are_all_inert_still_makes_adams_momentum_step(tiny):
     """After an informative step, a batch of uniform groups has zero gradient, yet AdamW's
     momentum moves the weights: one sample is passed per mini-batch so that the step (with
@@ -143,3 +167,24 @@ def test_the_logged_loss_does_not_depend_on_the_micro_batch_size(tiny):
            ["loss/policy"] for skip in (False, True) for mb in (64, 2)]
     assert got == pytest.approx([got[0]] * 4, abs=1e-7)
     assert got[0] != 0.0
+
+
+def test_mixture_of_experts_models_pass_every_sample(tiny_dir, tmp_path):
+    """An expert that only skipped samples reach would get no gradient at all (no AdamW step)
+    instead of a zero one, so `build_trainer` turns the skip off for such models."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    from reroll import build
+    from reroll.config import load_config
+    from reroll.models import load
+
+    _, tok = load(tiny_dir)
+    moe = MixtralForCausalLM(MixtralConfig(vocab_size=len(tok), hidden_size=32,
+                                           intermediate_size=64, num_hidden_layers=1,
+                                           num_attention_heads=2, num_key_value_heads=1,
+                                           num_local_experts=4, num_experts_per_tok=2))
+    moe.save_pretrained(tmp_path / "moe")
+    tok.save_pretrained(tmp_path / "moe")
+    cfg = load_config(None, [])
+    assert build.build_trainer(cfg, tiny_dir).skip_inert
+    assert not build.build_trainer(cfg, tmp_path / "moe").skip_inert
