@@ -80,11 +80,10 @@ class Redrafting:
         ids[:, 0] = self.next_tok[:n]
         self.cache.plan_extend(pos, ql, length)
         mask = extend_mask(pos, ql, length, self.arange, self.dtype, self.additive)
-        kw = {"logits_to_keep": 0} if self.keep_arg else {}
+        kw = {self.cache_kw: self.cache, **({"logits_to_keep": 0} if self.keep_arg else {})}
         posn = (pos.unsqueeze(1) + self.arange[:ql]).clamp(max=self.max_seq_len - 1)
-        logits = self.model(input_ids=ids, position_ids=posn,
-                            attention_mask=mask, past_key_values=self.cache, use_cache=True,
-                            **kw).logits  # [n, ql, V]
+        logits = self.model(input_ids=ids, position_ids=posn, attention_mask=mask,
+                            use_cache=True, **kw).logits  # [n, ql, V]
         self.counts["decode_steps"] += 1
         self.counts["decode_rows"] += n
         self.counts["redraft_steps"] += 1

@@ -83,7 +83,11 @@ class TorchEngine(Forking, Branching, Drafting, Redrafting, Pruning):
         self.vocab = model.get_input_embeddings().num_embeddings
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
-        self.keep_arg = "logits_to_keep" in inspect.signature(model.forward).parameters
+        params = inspect.signature(model.forward).parameters
+        self.keep_arg = "logits_to_keep" in params
+        # the KV cache's keyword: ``cache`` from transformers 5.24 (``past_key_values``
+        # deprecated there, to be removed in 5.40), ``past_key_values`` before
+        self.cache_kw = "cache" if "cache" in params else "past_key_values"
         self.cache = SlotCache(cfg.get_text_config().num_hidden_layers, max_batch,
                                self.max_seq_len)
         z = dict(device=self.device)
@@ -295,11 +299,11 @@ class TorchEngine(Forking, Branching, Drafting, Redrafting, Pruning):
     def _forward(self, ids: Tensor, posn: Tensor, mask: Tensor, rows: Tensor | None) -> Tensor:
         """Logits [R, V]: at ``rows`` of a packed prefill ([1, T] input), or the last position
         of each decode row ([n, 1] input)."""
-        kw = {}
+        kw = {self.cache_kw: self.cache}
         if self.keep_arg:
             kw["logits_to_keep"] = rows if rows is not None else 1
         out = self.model(input_ids=ids, position_ids=posn, attention_mask=mask,
-                         past_key_values=self.cache, use_cache=True, **kw)
+                         use_cache=True, **kw)
         logits = out.logits
         if rows is None:
             return logits[:, -1]
