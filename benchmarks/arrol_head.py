@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from reroll import build
+from reroll import build, build_rollout
 from reroll.config import load_config
 from reroll.control.arrol import QualityHead, survivors
 from reroll.engine import TorchEngine
@@ -58,7 +58,7 @@ def main() -> None:
                        confidence=first.shape[1] == width + 3)
     head.load_state_dict(saved)
     task = build.build_task(cfg)
-    encode, rng = build.encode_prompt(tok), random.Random(0)
+    encode, rng = build_rollout.encode_prompt(tok), random.Random(0)
     exs = rng.sample(task.train, args.prompts)
     rs = [Rollout(prompt_id=ex.prompt_id, group_id=str(g), tokens=encode(ex.prompt),
                   prompt_len=len(encode(ex.prompt)), index_in_group=i,

@@ -39,7 +39,7 @@ import threading
 import time
 from pathlib import Path
 
-from reroll import build
+from reroll import build, build_rollout
 from reroll.config import load_config
 from reroll.runlog import read_metrics
 from reroll.runtime import train
@@ -83,7 +83,7 @@ def warm_start(out: Path, base: list[str]) -> Path:
     cfg = load_config(None, base)
     build.prepare_process(cfg)
     model, tok = build.load_model(build.model_dir(cfg, out / "base"), cfg)
-    sft(model, tok, build.build_task(cfg).train, build.encode_prompt(tok), steps=SFT_STEPS,
+    sft(model, tok, build.build_task(cfg).train, build_rollout.encode_prompt(tok), steps=SFT_STEPS,
         lr=1e-3, batch_size=128, seed=0, schedule="constant", warmup_steps=20)
     save_model(model, tok, target / "model")
     return target
@@ -136,7 +136,7 @@ def held_out_curve(run: Path, acc0: float, base: list[str]) -> list[tuple[float,
     rows = read_metrics(run)
     cfg = load_config(None, base)
     task = build.build_task(cfg)
-    scorer = build.build_scorer(cfg, task)
+    scorer = build_rollout.build_scorer(cfg, task)
     wall, points = 0.0, [(0.0, acc0)]
     try:
         for r in rows:
@@ -144,7 +144,7 @@ def held_out_curve(run: Path, acc0: float, base: list[str]) -> list[tuple[float,
             ck = run.with_name(run.name + ".weights") / f"step_{r['step']:06d}"
             if ck.is_dir():
                 model, tok = build.load_model(ck, cfg)
-                m = evaluate(model, tok, task.test, scorer, build.encode_prompt(tok), cfg, k=1)
+                m = evaluate(model, tok, task.test, scorer, build_rollout.encode_prompt(tok), cfg, k=1)
                 points.append((wall, m["eval/greedy_accuracy"]))
     finally:
         scorer.close()
@@ -154,10 +154,10 @@ def held_out_curve(run: Path, acc0: float, base: list[str]) -> list[tuple[float,
 def initial_accuracy(init: Path, base: list[str]) -> float:
     cfg = load_config(None, base)
     task = build.build_task(cfg)
-    scorer = build.build_scorer(cfg, task)
+    scorer = build_rollout.build_scorer(cfg, task)
     try:
         model, tok = build.load_model(init / "model", cfg)
-        return evaluate(model, tok, task.test, scorer, build.encode_prompt(tok), cfg,
+        return evaluate(model, tok, task.test, scorer, build_rollout.encode_prompt(tok), cfg,
                         k=1)["eval/greedy_accuracy"]
     finally:
         scorer.close()

@@ -61,7 +61,7 @@ class InlineScorer:
 
 
 def run(label: str, out: Path, steps: int, extra: list[str]) -> dict:
-    from reroll import build
+    from reroll import build_rollout
     from reroll.config import load_config
     from reroll.runlog import read_metrics
     from reroll.runtime import train
@@ -71,12 +71,12 @@ def run(label: str, out: Path, steps: int, extra: list[str]) -> dict:
             "runtime.max_staleness=1", f"train.steps={steps}", "ckpt_every=100000", f"out_dir={out / label}"]
     cfg = load_config(None, base + extra)
     if label == "inline":
-        orig = build.build_scorer
-        build.build_scorer = InlineScorer
+        orig = build_rollout.build_scorer
+        build_rollout.build_scorer = InlineScorer
         try:
             train(cfg, progress=False)
         finally:
-            build.build_scorer = orig
+            build_rollout.build_scorer = orig
     else:
         train(cfg, progress=False)
     rows = read_metrics(out / label)[2:]  # skip warm-up steps

@@ -63,12 +63,12 @@ class Evaluator:
     """Greedy held-out accuracy of a model through reroll's engine; keeps its own time."""
 
     def __init__(self, cfg, tok, task):
-        from reroll import build
+        from reroll import build_rollout
 
         self.cfg, self.tok = cfg, tok
         self.test = task.test[: cfg.eval.n_examples]
-        self.scorer = build.build_scorer(cfg, task)
-        self.encode = build.encode_prompt(tok)
+        self.scorer = build_rollout.build_scorer(cfg, task)
+        self.encode = build_rollout.encode_prompt(tok)
         self.spent = 0.0
 
     def __call__(self, model) -> float:
@@ -85,10 +85,10 @@ class Evaluator:
 
 def reward_fn(tok, task):
     """Correctness with the task's own verifier (the same numbers for every contestant)."""
-    from reroll import build
+    from reroll import build_rollout
 
     answers = {ex.prompt: ex.answer for ex in task.train}
-    pool = build.build_scorer(build_cfg(), task)
+    pool = build_rollout.build_scorer(build_cfg(), task)
 
     def score(prompt: str, completion: str) -> float:
         from reroll.rollout import Example, Rollout

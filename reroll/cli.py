@@ -38,7 +38,7 @@ def cmd_train(args) -> int:
 def cmd_sft(args) -> int:
     import torch
 
-    from reroll import build
+    from reroll import build, build_rollout
     from reroll.config import load_config
     from reroll.runlog import RunDir
     from reroll.trainer.precision import MASTER_DTYPE, autocast_dtype
@@ -52,11 +52,11 @@ def cmd_sft(args) -> int:
     model, tok = build.load_model(build.model_dir(cfg, rd.path), cfg, dtype=MASTER_DTYPE)
     task = build.build_task(cfg)
     rd.commit()
-    losses = sft(model, tok, task.train, build.encode_prompt(tok, cfg.task.chat), steps=cfg.sft.steps,
+    losses = sft(model, tok, task.train, build_rollout.encode_prompt(tok, cfg.task.chat), steps=cfg.sft.steps,
                  lr=cfg.sft.lr, batch_size=cfg.sft.batch_size, seed=cfg.train.seed,
                  schedule=cfg.sft.schedule, warmup_steps=cfg.sft.warmup_steps,
-                 demos=build.demo_turns(cfg),
-                 encode_observation=build.encode_observation(tok, cfg.task.chat),
+                 demos=build_rollout.demo_turns(cfg),
+                 encode_observation=build_rollout.encode_observation(tok, cfg.task.chat),
                  autocast_dtype=autocast_dtype(cfg.model.dtype),
                  logprob_chunk=cfg.train.logprob_chunk,
                  log=lambda s, m: rd.log(s, m) if s % 10 == 0 or s == cfg.sft.steps else None)
@@ -68,7 +68,7 @@ def cmd_sft(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from reroll import build
+    from reroll import build, build_rollout
     from reroll.config import ConfigError, load_config
     from reroll.trainer.evaluate import evaluate
 
@@ -81,10 +81,10 @@ def cmd_eval(args) -> int:
                               f"directory must exist and be writable)")
     model, tok = build.load_model(build.weights_dir(args.checkpoint), cfg)
     task = build.build_task(cfg)
-    scorer = build.build_scorer(cfg, task)
+    scorer = build_rollout.build_scorer(cfg, task)
     try:
         m = evaluate(model, tok, task.test[: cfg.eval.n_examples], scorer,
-                     build.encode_prompt(tok, cfg.task.chat), cfg)
+                     build_rollout.encode_prompt(tok, cfg.task.chat), cfg)
     finally:
         scorer.close()
     m["checkpoint"] = str(args.checkpoint)

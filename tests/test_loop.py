@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from reroll import build
+from reroll import build, build_rollout
 from reroll.config import ConfigError, load_config
 from reroll.runlog import read_metrics, read_rollouts
 from reroll.runtime import train
@@ -72,17 +72,17 @@ def test_staleness_zero_equals_a_plain_synchronous_loop(tmp_path):
     model, tok = build.load_model(tmp_path / "loop" / "init", cfg)
     engine = build.build_engine(model, tok, cfg)
     task = build.build_task(cfg)
-    scorer = build.build_scorer(cfg, task)
+    scorer = build_rollout.build_scorer(cfg, task)
     trainer = Trainer(model, build_objective(cfg.algo), pad_id=tok.pad_token_id, lr=cfg.train.lr,
                       grad_clip=cfg.train.grad_clip, micro_batch=cfg.train.micro_batch)
-    prompts, encode = PromptStream(task.train, cfg.train.seed), build.encode_prompt(tok)
+    prompts, encode = PromptStream(task.train, cfg.train.seed), build_rollout.encode_prompt(tok)
     seq = 0
     for _ in range(3):
         groups = []
         for _ in range(cfg.rollout.batch_groups):
             ex = prompts.next()
             g = new_group(ex, cfg.rollout.group_size, encode(ex.prompt),
-                          build.sampling_params(cfg, tok), trainer.version)
+                          build_rollout.sampling_params(cfg, tok), trainer.version)
             for r in g.rollouts:
                 r.sampling.seed = request_seed(cfg.train.seed, seq, r.index_in_group)
             seq += 1
@@ -107,7 +107,7 @@ def test_reward_rises_after_brief_warm_start(tmp_path):
     cfg = small_cfg(tmp_path / "sft")
     model, tok = build.load_model(build.model_dir(cfg, tmp_path / "sft"), cfg)
     task = build.build_task(cfg)
-    sft(model, tok, task.train, build.encode_prompt(tok), steps=100, lr=3e-3, batch_size=64,
+    sft(model, tok, task.train, build_rollout.encode_prompt(tok), steps=100, lr=3e-3, batch_size=64,
         schedule="linear")
     save_model(model, tok, tmp_path / "sft" / "model")
     rl = small_cfg(tmp_path / "rl", f"init={tmp_path / 'sft'}", "train.steps=80",

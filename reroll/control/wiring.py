@@ -53,7 +53,7 @@ def check_control(cfg: RunConfig) -> None:
 
 def check_duet(cfg: RunConfig) -> None:
     """DUET's marker gate: what it cannot do is refused when the config loads. (A gate
-    with no marker at all is found when the task is built: `build.answer_marker_ids`.)"""
+    with no marker at all is found when the task is built: `build_rollout.answer_marker_ids`.)"""
     c, r = cfg.control, cfg.rollout
     if not c.duet_abort:
         if c.duet_horizon > 0 or c.duet_marker:
@@ -90,7 +90,7 @@ def build_control(cfg: RunConfig, examples: list[Example], value_of: ValueOf,
                   ) -> tuple[Controller, PromptStream]:
     """The controller and the prompt stream it selects from, with ``state`` (a checkpoint's
     ``prompts`` and ``control`` entries) restored; ``marker``: the token ids of DUET's answer
-    marker (`build.answer_marker_ids`) when ``control.duet_abort`` is on."""
+    marker (`build_rollout.answer_marker_ids`) when ``control.duet_abort`` is on."""
     saved = state or {}
     allocator = build_allocator(cfg)
     length = build_length(cfg) if cfg.control.length != "fixed" else None

@@ -252,13 +252,13 @@ class Evaluator:
     """Held-out evaluation of the replayed policy, as a training run evaluates."""
 
     def __init__(self, cfg, trainer, init_dir: Path):
-        from reroll import build
+        from reroll import build, build_rollout
 
         self.cfg, self.trainer = cfg, trainer
         self.tok = build.load_tokenizer(init_dir)
         task = build.build_task(cfg, self.tok, init_dir)
-        self.scorer = build.build_scorer(cfg, task)
-        self.encode = build.encode_prompt(self.tok, cfg.task.chat)
+        self.scorer = build_rollout.build_scorer(cfg, task)
+        self.encode = build_rollout.encode_prompt(self.tok, cfg.task.chat)
         self.test = task.test[: cfg.eval.n_examples]
 
     def __call__(self) -> dict[str, float]:

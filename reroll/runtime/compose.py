@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reroll import build
+from reroll import build, build_rollout
 from reroll.config import RunConfig
 from reroll.control.pruners import generated_group_size
 from reroll.control.rollouts import Rollouts
@@ -59,11 +59,11 @@ def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_com
         done.callback(parts.scorer.close)
         tok = build.load_tokenizer(init_dir)
         task = build.build_task(cfg, tok, init_dir)
-        build.check_sandbox(cfg, task)
+        build_rollout.check_sandbox(cfg, task)
         combine = parts.scorer.combine
         control, prompts = build_control(
             cfg, task.train, lambda x: None if x.failed else combine(x.scores), state,
-            marker=build.answer_marker_ids(cfg, tok, task))
+            marker=build_rollout.answer_marker_ids(cfg, tok, task))
         r = cfg.rollout
         replay = build_replay(cfg, control.success, state)
 
@@ -72,28 +72,28 @@ def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_com
             if replay is not None:
                 replay.prepare(rollouts)
 
-        start = build.group_starter(cfg, tok, prepare)
+        start = build_rollout.group_starter(cfg, tok, prepare)
         sched = Scheduler(prompts, start, group_size=generated_group_size(cfg),
                           batch_groups=fresh_groups(cfg), max_staleness=cfg.runtime.max_staleness,
                           overprovision=cfg.runtime.overprovision,
-                          filters=build.build_filters(cfg, combine), controller=control,
+                          filters=build_rollout.build_filters(cfg, combine), controller=control,
                           replay=replay)
         rerun = sched.restore(checkpoint.read_groups(ckpt), state["counters"]) if ckpt else []
         control.resume(rerun)
         workflow = WORKFLOWS.get(r.workflow)
-        shaping = build.build_shaping(cfg)
+        shaping = build_rollout.build_shaping(cfg)
 
         def make() -> Rollouts:
             from reroll.engine import as_engine
 
-            ctx = build.episode_context(cfg, tok, as_engine(parts.engine_core), parts.scorer,
+            ctx = build_rollout.episode_context(cfg, tok, as_engine(parts.engine_core), parts.scorer,
                                         shaping)
             ctx.grow = sched.grow if control.adaptive else None
             return Rollouts(sched, workflow, ctx, partial_rollouts=cfg.runtime.partial_rollouts)
 
         source = RolloutSource(make, rerun)
         done.callback(source.close)
-        encode, test = build.encode_prompt(tok, cfg.task.chat), task.test[: cfg.eval.n_examples]
+        encode, test = build_rollout.encode_prompt(tok, cfg.task.chat), task.test[: cfg.eval.n_examples]
 
         def evaluator() -> dict[str, float]:
             return evaluate(parts.trainer.policy(), tok, test, parts.scorer, encode, cfg, k=1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reroll import build
+from reroll import build, build_rollout
 from reroll.config import RunConfig
 from reroll.runtime.compose import Components
 
@@ -21,4 +21,4 @@ def components(cfg: RunConfig, init_dir: Path, ckpt: Path | None) -> Components:
     tok = build.load_tokenizer(init_dir)
     core = build.run_engine(trainer, tok, cfg)
     task = build.build_task(cfg)
-    return Components(trainer=trainer, engine_core=core, scorer=build.build_scorer(cfg, task))
+    return Components(trainer=trainer, engine_core=core, scorer=build_rollout.build_scorer(cfg, task))

@@ -320,7 +320,7 @@ class RayTrainer:
 def components(cfg: RunConfig, init_dir: Path, ckpt: Path | None):
     """Trainer actor, engine actors (started with the trainer's weights, by reference) and
     scorer (scoring actors with `runtime.scoring_workers`, else a local process pool)."""
-    from reroll import build
+    from reroll import build, build_rollout
     from reroll.runtime.compose import Components
 
     init_ray(max(1, cfg.runtime.engine_workers))
@@ -332,12 +332,12 @@ def components(cfg: RunConfig, init_dir: Path, ckpt: Path | None):
                          state_dict=trainer.weights(), engine=cfg.engine.name,
                          keep_memory=cfg.runtime.keep_freed_memory)
     task = build.build_task(cfg)
-    if cfg.runtime.scoring_workers > 0 and build.uses_verifiers(cfg):
+    if cfg.runtime.scoring_workers > 0 and build_rollout.uses_verifiers(cfg):
         from reroll.runtime.ray_scoring import RayScoringPool
 
         scorer = RayScoringPool(cfg.reward.verifiers, task.verifier,
                                 actors=cfg.runtime.scoring_workers, workers=cfg.reward.workers,
                                 timeout_s=cfg.reward.timeout_s)
     else:
-        scorer = build.build_scorer(cfg, task)
+        scorer = build_rollout.build_scorer(cfg, task)
     return Components(trainer=trainer, engine_core=core, scorer=scorer)

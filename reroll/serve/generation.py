@@ -28,7 +28,7 @@ class Generation:
     # ---- requests -> jobs ---------------------------------------------------------------
     def ids(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
-            from reroll.build import encode_prompt
+            from reroll.build_rollout import encode_prompt
 
             return encode_prompt(self.b.tok)(prompt)
         return list(prompt)

@@ -38,12 +38,12 @@ def _correct(r: Rollout) -> bool | None:
 
 async def _run(model, tok, cfg: RunConfig, examples: list[Example], scorer, encode,
                params: SamplingParams, n: int) -> list[Group]:
-    from reroll import build
+    from reroll import build, build_rollout
     from reroll.engine import EngineService
     from reroll.workflows import WORKFLOWS
 
     engine = EngineService(build.build_engine(model, tok, cfg, max_batch=64))
-    ctx = build.episode_context(cfg, tok, engine, scorer)
+    ctx = build_rollout.episode_context(cfg, tok, engine, scorer)
     groups = []
     for i, ex in enumerate(examples):
         g = new_group(ex, n, encode(ex.prompt), params, 0)

@@ -16,7 +16,7 @@ finished before the culprit keep their scores; those after it get an error "not 
 
 ``inline = True``: ``submit`` scores in the caller's thread and returns a finished Future:
 no hand-off, no process, no timeout. Only for verifiers registered ``cheap`` (pure, bounded,
-microseconds); `reroll.build.build_scorer` decides (``reward.inline``). Exceptions still
+microseconds); `reroll.build_rollout.build_scorer` decides (``reward.inline``). Exceptions still
 become error Scores.
 
 ``workers = 0``: calls run in a background thread of this process, each call in its own

@@ -28,7 +28,7 @@ def test_zero_variance_rejects_nan_and_negative_tol():
 
 
 def test_dynamic_sampling_filters_on_the_combined_reward_not_the_first_score():
-    from reroll.build import build_filters
+    from reroll.build_rollout import build_filters
     from reroll.config import load_config
     from reroll.rollout import Example, SamplingParams, Score, new_group
 

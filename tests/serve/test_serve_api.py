@@ -82,7 +82,7 @@ def test_streamed_chunks_add_up_to_the_whole_response(served):
 
 def test_text_prompt_is_encoded_as_the_trainer_encodes_it_and_chat_uses_the_template(
         served, tiny):
-    from reroll.build import encode_prompt
+    from reroll.build_rollout import encode_prompt
 
     _, tok = tiny
     text = post(served, "/v1/completions", {**BODY, "prompt": "3+4="}).json()

@@ -26,29 +26,29 @@ def test_no_warmup_and_unknown_schedule():
 
 
 def test_sft_loss_falls_on_demonstrations(tiny):
-    from reroll import build
+    from reroll import build, build_rollout
     from reroll.config import load_config
     from reroll.trainer.sft import sft
 
     model, tok = tiny
     cfg = load_config(None, ["task.args.digits=1", "task.args.n_train=64", "task.args.n_test=8"])
     task = build.build_task(cfg)
-    losses = sft(model, tok, task.train, build.encode_prompt(tok), steps=30, lr=3e-3,
+    losses = sft(model, tok, task.train, build_rollout.encode_prompt(tok), steps=30, lr=3e-3,
                  batch_size=32, warmup_steps=5)
     # a random-init char model starts near log(vocab); 30 steps on 1-digit sums must cut it
     assert losses[-1] < 0.6 * losses[0]
 
 
 def test_a_multi_turn_demo_has_loss_on_policy_turns_and_eos_only(tiny):
-    from reroll import build
+    from reroll import build_rollout
     from reroll.rollout import Example
     from reroll.trainer.sft import demo_rollout
 
     _, tok = tiny
     ex = Example("m", "12*3=", "36")
     turns = [("policy", "<calc>12*3</calc>"), ("env", "<res>36</res>"), ("policy", "36")]
-    r = demo_rollout(ex, build.encode_prompt(tok), tok.eos_token_id, tok, turns,
-                     build.encode_observation(tok))
+    r = demo_rollout(ex, build_rollout.encode_prompt(tok), tok.eos_token_id, tok, turns,
+                     build_rollout.encode_observation(tok))
     P = 1 + 5  # BOS + "12*3="
     assert r.prompt_len == P
     # 17 policy characters, 13 env characters, 2 policy characters, EOS
@@ -61,7 +61,7 @@ def test_a_multi_turn_demo_has_loss_on_policy_turns_and_eos_only(tiny):
 def test_bf16_sft_keeps_fp32_weights_and_adam_state_and_its_loss_falls(tiny, monkeypatch):
     import torch
 
-    from reroll import build
+    from reroll import build, build_rollout
     from reroll.config import load_config
     from reroll.trainer.sft import sft
 
@@ -78,9 +78,9 @@ def test_bf16_sft_keeps_fp32_weights_and_adam_state_and_its_loss_falls(tiny, mon
     task = build.build_task(cfg)
     kw = dict(steps=12, lr=3e-3, batch_size=32, warmup_steps=2)
     start = {k: v.clone() for k, v in model.state_dict().items()}
-    fp32 = sft(model, tok, task.train, build.encode_prompt(tok), **kw)
+    fp32 = sft(model, tok, task.train, build_rollout.encode_prompt(tok), **kw)
     model.load_state_dict(start)
-    bf16 = sft(model, tok, task.train, build.encode_prompt(tok), autocast_dtype=torch.bfloat16,
+    bf16 = sft(model, tok, task.train, build_rollout.encode_prompt(tok), autocast_dtype=torch.bfloat16,
                **kw)
     # the weights and both AdamW moments stay float32 (the master copy) under bf16 autocast
     assert all(p.dtype == torch.float32 for p in model.parameters())

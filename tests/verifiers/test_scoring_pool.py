@@ -150,15 +150,15 @@ def test_inline_scoring_answers_at_once_with_the_pools_values_and_errors(specs):
 ])
 def test_reward_inline_auto_scores_inline_only_when_every_verifier_is_cheap(verifiers, inline,
                                                                             expect):
-    from reroll import build
+    from reroll import build_rollout
     from reroll.config import RunConfig
     from reroll.tasks import TASKS
 
     cfg = RunConfig()
     cfg.reward.verifiers, cfg.reward.inline = verifiers, inline
     task = TASKS.get("arithmetic")(0, n_train=4, n_test=2)
-    assert build.score_inline(cfg, task) is expect
-    pool = build.build_scorer(cfg, task)
+    assert build_rollout.score_inline(cfg, task) is expect
+    pool = build_rollout.build_scorer(cfg, task)
     try:
         assert pool.inline is expect
     finally:

@@ -5,7 +5,7 @@ generation prompt, and the stored ids are exactly those renderings (token in, to
 
 import asyncio
 
-from reroll import build
+from reroll import build, build_rollout
 from reroll.config import load_config
 from reroll.engine import EngineService, TorchEngine
 from reroll.envs import StepResult
@@ -17,9 +17,9 @@ from reroll.workflows import WORKFLOWS, EnvReward, EpisodeContext
 
 def test_prompts_and_observations_are_rendered_by_the_chat_template(tiny):
     model, tok = tiny
-    encode = build.encode_prompt(tok, chat=True)
+    encode = build_rollout.encode_prompt(tok, chat=True)
     assert tok.decode(encode("12+7=")) == "<user>12+7=\n<assistant>"
-    obs = build.encode_observation(tok, chat=True)
+    obs = build_rollout.encode_observation(tok, chat=True)
     assert tok.decode(obs("<res>19</res>")) == "<tool><res>19</res>\n<assistant>"
 
     class Once:
@@ -37,7 +37,7 @@ def test_prompts_and_observations_are_rendered_by_the_chat_template(tiny):
 
     async def main():
         engine = EngineService(TorchEngine(model, tok, max_batch=2))
-        ctx = EpisodeContext(engine=engine, scorer=EnvReward(), decode=build.decoder(tok),
+        ctx = EpisodeContext(engine=engine, scorer=EnvReward(), decode=build_rollout.decoder(tok),
                              encode_observation=obs, make_env=Once, max_turns=2,
                              max_new_tokens=3)
         sp = SamplingParams(temperature=0.0, max_new_tokens=3, stop_token_ids=[])

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from reroll import build
+from reroll import build, build_rollout
 from reroll.config import load_config
 from reroll.engine import EngineService, TorchEngine
 from reroll.envs import StepResult
@@ -48,13 +48,13 @@ def run_group(tiny, env_factory, n=2, per_turn=3, episode=0, turns=4, temperatur
 
     async def main():
         engine = EngineService(TorchEngine(model, tok, max_batch=4))
-        ctx = EpisodeContext(engine=engine, scorer=EnvReward(), decode=build.decoder(tok),
-                             encode_observation=build.encode_observation(tok),
+        ctx = EpisodeContext(engine=engine, scorer=EnvReward(), decode=build_rollout.decoder(tok),
+                             encode_observation=build_rollout.encode_observation(tok),
                              make_env=make_env, max_turns=turns, max_new_tokens=per_turn,
                              max_episode_tokens=episode)
         sp = SamplingParams(temperature=temperature, max_new_tokens=per_turn,
                             stop_token_ids=[tok.eos_token_id])
-        g = new_group(Example("p0", "12+7=", "19"), n, build.encode_prompt(tok)("12+7="), sp, 0)
+        g = new_group(Example("p0", "12+7=", "19"), n, build_rollout.encode_prompt(tok)("12+7="), sp, 0)
         for r in g.rollouts:
             r.sampling.seed = 10 + r.index_in_group
         await WORKFLOWS.get("multi_turn")(ctx, g)
@@ -117,12 +117,12 @@ def test_a_weight_update_mid_episode_resumes_the_turn_under_the_new_weights(tiny
 
     async def main():
         engine = EngineService(TorchEngine(model, tok, max_batch=4), max_steps_per_call=1)
-        ctx = EpisodeContext(engine=engine, scorer=EnvReward(), decode=build.decoder(tok),
-                             encode_observation=build.encode_observation(tok),
+        ctx = EpisodeContext(engine=engine, scorer=EnvReward(), decode=build_rollout.decoder(tok),
+                             encode_observation=build_rollout.encode_observation(tok),
                              make_env=lambda: Scripted(turns=3), max_turns=3,
                              max_new_tokens=6)
         sp = SamplingParams(temperature=1.0, max_new_tokens=6, stop_token_ids=[])
-        g = new_group(Example("p0", "1+1=", "2"), 1, build.encode_prompt(tok)("1+1="), sp, 0)
+        g = new_group(Example("p0", "1+1=", "2"), 1, build_rollout.encode_prompt(tok)("1+1="), sp, 0)
         g.rollouts[0].sampling.seed = 3
         task = asyncio.ensure_future(WORKFLOWS.get("multi_turn")(ctx, g))
         while engine.stats()["tokens_generated"] < 8:  # inside the second turn
@@ -176,14 +176,14 @@ def test_length_shaping_measures_policy_tokens_against_the_episode_limit(tiny):
     assert cfg.rollout.policy_token_limit == 8
     # expected limit 8 - 4 = 4; penalty -(n_sampled - 4) / 4, clamped to [-1, 0]
     want = -min(max(r.n_sampled - 4, 0), 4) / 4
-    assert build.build_shaping(cfg)(r) == pytest.approx(want)
+    assert build_rollout.build_shaping(cfg)(r) == pytest.approx(want)
     # the episode limit (turns x per turn when max_episode_tokens is 0) admits a buffer
     # longer than one turn, which the old per-turn check refused
     cfg = load_config(None, ["rollout.workflow=multi_turn", "rollout.env=guess",
                              "rollout.max_new_tokens=3", "rollout.max_turns=4",
                              "algo.overlong_buffer=10"])
     assert cfg.rollout.policy_token_limit == 12
-    assert build.build_shaping(cfg)(r) == pytest.approx(-min(max(r.n_sampled - 2, 0), 10) / 10)
+    assert build_rollout.build_shaping(cfg)(r) == pytest.approx(-min(max(r.n_sampled - 2, 0), 10) / 10)
 
 
 def test_every_recorded_rollout_of_a_real_multi_turn_run_replays_to_its_transcript(tmp_path):
@@ -219,7 +219,7 @@ def test_every_recorded_rollout_of_a_real_multi_turn_run_replays_to_its_transcri
                 res = env.step(tok.decode(r.tokens[s.start:s.end], skip_special_tokens=True))
                 eos = r.tokens[s.end - 1] == tok.eos_token_id  # the policy ended the episode
                 if not res.done and not eos:
-                    expect_env += build.encode_observation(tok)(res.observation)
+                    expect_env += build_rollout.encode_observation(tok)(res.observation)
             env_tokens = [t for s in spans if s.source == "env" for t in r.tokens[s.start:s.end]]
             assert env_tokens == expect_env
             n_env_turns += len([s for s in spans if s.source == "env"])

@@ -5,7 +5,7 @@ member i sampled with seed 10 + i)."""
 
 import asyncio
 
-from reroll import build
+from reroll import build_rollout
 from reroll.engine import EngineService, TorchEngine
 from reroll.rollout import Example, Group, SamplingParams, Score, grow_group, new_group
 from reroll.workflows import WORKFLOWS, EpisodeContext
@@ -31,7 +31,7 @@ class Constant:
 def tree_group(tok, n: int = 8) -> Group:
     """``n`` members of PROMPT, 6 tokens each (no stop token), seeds 10, 11, ..."""
     sp = SamplingParams(max_new_tokens=6)
-    g = new_group(Example("p0", PROMPT, "7"), n, build.encode_prompt(tok)(PROMPT), sp, 0)
+    g = new_group(Example("p0", PROMPT, "7"), n, build_rollout.encode_prompt(tok)(PROMPT), sp, 0)
     for r in g.rollouts:
         r.sampling.seed = 10 + r.index_in_group
     return g
@@ -44,8 +44,8 @@ def run_tree(model, tok, g: Group, **ctx_kw) -> dict[str, float]:
     async def main():
         core = TorchEngine(model, tok, max_batch=16)
         engine = EngineService(core)
-        ctx = EpisodeContext(engine=engine, scorer=Constant(), decode=build.decoder(tok),
-                             encode_observation=build.encode_observation(tok),
+        ctx = EpisodeContext(engine=engine, scorer=Constant(), decode=build_rollout.decoder(tok),
+                             encode_observation=build_rollout.encode_observation(tok),
                              max_new_tokens=6, **ctx_kw)
         await WORKFLOWS.get("tree")(ctx, g)
         await engine.close()
@@ -58,7 +58,7 @@ def run_tree_group(model, tok, scorer, n, max_new_tokens, rounds=(), **tree):
     """(group, engine stats) of a group of ``n`` grown by the tree workflow with the
     ``EpisodeContext`` fields ``tree``; ``rounds``: members added after each round."""
     sp = SamplingParams(max_new_tokens=max_new_tokens)
-    prompt = build.encode_prompt(tok)("3+4=")
+    prompt = build_rollout.encode_prompt(tok)("3+4=")
 
     async def main():
         core = TorchEngine(model, tok, max_batch=16)
@@ -71,8 +71,8 @@ def run_tree_group(model, tok, scorer, n, max_new_tokens, rounds=(), **tree):
                 r.sampling.seed = 10 + r.index_in_group
             return k
 
-        ctx = EpisodeContext(engine=engine, scorer=scorer, decode=build.decoder(tok),
-                             encode_observation=build.encode_observation(tok),
+        ctx = EpisodeContext(engine=engine, scorer=scorer, decode=build_rollout.decoder(tok),
+                             encode_observation=build_rollout.encode_observation(tok),
                              max_new_tokens=max_new_tokens, grow=grow if rounds else None,
                              **tree)
         g = new_group(Example("p0", "3+4=", "7"), n, prompt, sp, 0)
