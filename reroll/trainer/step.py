@@ -253,7 +253,7 @@ class Trainer:
                 sel = sel_all[ms]
                 sub = batch.slice(sel)
                 logp, ent = self._forward(self.model, sub, entropy=True)  # [b, T], [b, T]
-                # mean entropy over trained tokens, summed here, divided in step()
+                # mean entropy over the passed samples' tokens, summed here, divided in step()
                 metrics["_entropy_sum"] = metrics.get("_entropy_sum", 0.0) + float(
                     (ent * sub.mask).sum())
                 metrics["_entropy_tokens"] = metrics.get("_entropy_tokens", 0.0) + sub.n_tokens
