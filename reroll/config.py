@@ -435,9 +435,10 @@ class RuntimeConfig:
     so neither leaves a core idle), half of them each in an asynchronous one (both work at
     once; more would oversubscribe the cores)."""
     keep_freed_memory: bool = True
-    """glibc: keep freed heap memory in each process instead of handing it back to the OS
-    and faulting it in again on the next step (`reroll.memory`); the resident size stays
-    at its peak. Off: glibc's own adaptive thresholds."""
+    """glibc: keep freed heap memory in the processes that run models (the run's own, Ray's
+    trainer and engine actors) instead of handing it back to the OS and faulting it in
+    again on the next step (`reroll.memory`); the resident size stays at its peak. Off:
+    glibc's own adaptive thresholds."""
 
 
 @dataclass
