@@ -31,9 +31,11 @@ def _spawner():
         return started[-n:]
 
     go.many = many
-    yield go
-    for p in procs:
-        Served("", p).stop()
+    try:
+        yield go
+    finally:  # also when the generator is closed (`tiny_servers`), not only exhausted
+        for p in procs:
+            Served("", p).stop()
 
 
 spawn = pytest.fixture()(_spawner)
