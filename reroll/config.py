@@ -362,7 +362,15 @@ class TrainConfig:
     minibatches: int = 1
     """Optimiser updates per step (the batch is split; proximal log-probs fixed at the start)."""
     micro_batch: int = 64
-    """Sequences per forward/backward pass; does not change the gradient."""
+    """Sequences per forward/backward pass, at most; does not change the gradient. Each
+    micro-batch is padded to its own longest sequence."""
+    micro_batch_tokens: int = 0
+    """Token budget of a forward/backward pass (verl's dynamic batch size): > 0 sorts each
+    mini-batch's samples by length and cuts them into micro-batches of at most this many
+    padded positions (samples x the longest of them; a longer sample alone) and at most
+    micro_batch samples, so long-tail response lengths leave little padding and memory is
+    bounded by tokens, not rows. 0: micro_batch samples at a time, in order. Does not change
+    the gradient (up to float rounding); train/padding_share says what padding is left."""
     skip_zero_advantage: bool = True
     """Leave samples that cannot move the weights out of the loss's forward and backward
     passes: all advantages 0 (a group whose samples all scored the same, under GRPO) where

@@ -38,6 +38,18 @@ class Batch:
     def slice(self, idx: slice | torch.Tensor) -> Batch:
         return Batch(*(getattr(self, f)[idx] for f in self.__dataclass_fields__))
 
+    def trim(self) -> Batch:
+        """The batch cut to its longest sequence (right padding: the columns dropped hold
+        padding only, which a causal model's real positions never attend to); itself when
+        no column is all padding."""
+        width = self.input_ids.shape[1]
+        n = min(width, max(2, int(self.attention_mask.sum(-1).max()))) if len(self) else width
+        if n == width:
+            return self
+        return Batch(self.input_ids[:, :n], self.attention_mask[:, :n], self.targets[:, :n - 1],
+                     self.mask[:, :n - 1], self.behav_logprobs[:, :n - 1],
+                     self.versions[:, :n - 1])
+
     def to(self, device: torch.device | str) -> Batch:
         """Every tensor on ``device`` (collated on the CPU, then copied; no copy on the CPU)."""
         return Batch(*(getattr(self, f).to(device, non_blocking=True)
@@ -92,3 +104,26 @@ def token_logprobs_and_entropy(model: torch.nn.Module, batch: Batch, temperature
 def micro_slices(n: int, size: int) -> list[slice]:
     size = max(1, size)
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def plan_micro_batches(lengths: Sequence[int], rows: int, tokens: int = 0) -> list[list[int]]:
+    """Positions into ``lengths`` (sequence lengths), grouped into micro-batches.
+
+    ``tokens == 0``: consecutive runs of at most ``rows`` samples, in order. ``tokens > 0``
+    (a token budget, verl's dynamic batch size): the samples longest first (ties in order),
+    cut into consecutive runs of at most ``rows`` samples whose padded size, samples x the
+    run's longest, is at most ``tokens``; a sample longer than the budget gets a run of its
+    own. Each micro-batch is then padded to its own longest sequence only (`Batch.trim`),
+    so sorting leaves little padding where lengths vary (long-tail responses)."""
+    rows = max(1, rows)
+    if tokens <= 0:
+        return [list(range(i, min(i + rows, len(lengths)))) for i in range(0, len(lengths), rows)]
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    plan: list[list[int]] = []
+    for i in order:  # descending: a run's first sample is its longest
+        run = plan[-1] if plan else None
+        if run is not None and len(run) < rows and (len(run) + 1) * lengths[run[0]] <= tokens:
+            run.append(i)
+        else:
+            plan.append([i])
+    return plan

@@ -28,7 +28,7 @@ import torch
 from reroll.algo import LossInputs
 from reroll.rollout import Group, Rollout
 from reroll.trainer import checkpoint, credit, vcpo
-from reroll.trainer.batch import Batch, collate, micro_slices, token_logprobs_and_entropy
+from reroll.trainer.batch import Batch, collate, plan_micro_batches, token_logprobs_and_entropy
 from reroll.trainer.precision import autocast
 
 
@@ -112,11 +112,14 @@ class Trainer:
     ``skip_inert``: samples that cannot move the weights (all advantages 0 under an objective
     for which that means loss 0 and gradient 0, `Objective.zero_advantage_inert`; or no
     trainable token) are left out of the loss's forward and backward passes; they still
-    count in the global normalisers, so the update is the same up to float rounding."""
+    count in the global normalisers, so the update is the same up to float rounding.
+    Micro-batches (`plan_micro_batches`): ``micro_batch`` samples at a time in order, or with
+    ``micro_batch_tokens`` > 0 sorted by length under that token budget; each is padded to
+    its own longest sequence, not the batch's."""
 
     def __init__(self, model: torch.nn.Module, objective, *, pad_id: int, lr: float,
                  weight_decay: float = 0.0, warmup_steps: int = 0, grad_clip: float = 1.0, minibatches: int = 1,
-                 micro_batch: int = 64, temperature: float = 1.0,
+                 micro_batch: int = 64, micro_batch_tokens: int = 0, temperature: float = 1.0,
                  ref_model: torch.nn.Module | None = None, version: int = 0, tokenizer=None,
                  reuse_prox: bool = True, skip_inert: bool = True, logprob_chunk: int = 0,
                  autocast_dtype: torch.dtype | None = None,
@@ -130,6 +133,7 @@ class Trainer:
         self.tokenizer = tokenizer  # saved next to the weights in checkpoints
         self.pad_id, self.grad_clip, self.minibatches = pad_id, grad_clip, minibatches
         self.micro_batch, self.temperature, self.version = micro_batch, temperature, version
+        self.micro_batch_tokens = micro_batch_tokens
         self.opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay,
                                      betas=(0.9, 0.999))
         # counts updates, so it resumes with the optimiser state (LambdaLR's own counter does not)
@@ -148,9 +152,20 @@ class Trainer:
 
     @torch.no_grad()
     def _logprobs(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-        parts = [self._forward(model, batch.slice(s))[0]
-                 for s in micro_slices(len(batch), self.micro_batch)]
-        return torch.cat(parts)
+        """[N, T] log-probs of every sample (0 on padding), micro-batch by micro-batch."""
+        out = torch.zeros(batch.targets.shape, dtype=torch.float32, device=self.device)
+        lengths = batch.attention_mask.sum(-1).tolist()
+        for sel in self._plan(lengths, torch.arange(len(batch))):
+            sel = sel.to(self.device)
+            logp = self._forward(model, batch.slice(sel).trim())[0]  # [b, t]
+            out[sel, :logp.shape[1]] = logp.float()
+        return out
+
+    def _plan(self, lengths: list[int], run: torch.Tensor) -> list[torch.Tensor]:
+        """The samples ``run`` (indices [n] on the CPU) as micro-batches of indices."""
+        idx = run.tolist()
+        return [run[torch.tensor(p, dtype=torch.long)] for p in plan_micro_batches(
+            [lengths[i] for i in idx], self.micro_batch, self.micro_batch_tokens)]
 
     def step(self, groups: Sequence[Group]) -> dict[str, float]:
         rollouts, rewards, comps, gidx = flatten(groups)
@@ -207,6 +222,8 @@ class Trainer:
         metrics["adv/abs_mean"] = float(adv.abs().mean())
         metrics["train/tokens"] = batch.n_tokens
         metrics["train/skipped_share"] = 1.0 - float(live.float().mean())
+        positions, real = metrics.pop("_positions"), metrics.pop("_real_tokens")
+        metrics["train/padding_share"] = 1.0 - real / max(positions, 1.0)
         metrics.update(tree_m)
         ent_sum, ent_tokens = metrics.pop("_entropy_sum"), metrics.pop("_entropy_tokens")
         metrics["train/entropy"] = ent_sum / max(ent_tokens, 1.0)
@@ -233,7 +250,9 @@ class Trainer:
                      metrics) -> None:
         n = len(batch)
         order = torch.arange(n)
-        mbs = micro_slices(n, mb_size)
+        mbs = [slice(i, min(i + mb_size, n)) for i in range(0, n, mb_size)]
+        lengths = batch.attention_mask.sum(-1).tolist()  # [N] tokens of each sequence
+        metrics["_positions"] = metrics["_real_tokens"] = 0.0
         # the samples each mini-batch passes through the model; at least one (one with a
         # trainable token where there is one), so that an update whose samples are all inert
         # still makes its zero-gradient optimiser step with the same parameters holding
@@ -246,25 +265,28 @@ class Trainer:
             # global normalisers of this mini-batch (excluded samples, e.g. pivots, not counted)
             n_tok = max(float(batch.mask[mb].sum()), 1.0)
             n_seq = max(float(include[mb].sum()), 1.0)
-            sel_all = run.to(self.device)
             self.opt.zero_grad(set_to_none=True)
             log_w = []  # [b] per micro-batch: sequence IS weights for VCPO's ESS
-            for ms in micro_slices(len(run), self.micro_batch):
-                sel = sel_all[ms]
-                sub = batch.slice(sel)
-                logp, ent = self._forward(self.model, sub, entropy=True)  # [b, T], [b, T]
+            for sel in self._plan(lengths, run):
+                size = [lengths[i] for i in sel.tolist()]  # padded to the longest of these
+                metrics["_positions"] += float(len(size) * max(size))
+                metrics["_real_tokens"] += float(sum(size))
+                sel = sel.to(self.device)
+                sub = batch.slice(sel).trim()
+                t = sub.targets.shape[1]  # this micro-batch's positions [b, t]
+                logp, ent = self._forward(self.model, sub, entropy=True)  # [b, t], [b, t]
                 # mean entropy over the passed samples' tokens, summed here, divided in step()
                 metrics["_entropy_sum"] = metrics.get("_entropy_sum", 0.0) + float(
                     (ent * sub.mask).sum())
                 metrics["_entropy_tokens"] = metrics.get("_entropy_tokens", 0.0) + sub.n_tokens
-                prox_mb = logp.detach() if prox is None else prox[sel]  # [b, T]
+                prox_mb = logp.detach() if prox is None else prox[sel, :t]  # [b, t]
                 if self.objective.ess_lr:
                     log_w.append(self.objective.seq_log_weights(
                         prox_mb, sub.behav_logprobs, sub.mask, sample_w[sel]))
                 inp = LossInputs(logprobs=logp, prox_logprobs=prox_mb,
-                                 behav_logprobs=sub.behav_logprobs, advantages=adv_tok[sel],
+                                 behav_logprobs=sub.behav_logprobs, advantages=adv_tok[sel, :t],
                                  mask=sub.mask, n_tokens=n_tok, n_seqs=n_seq,
-                                 ref_logprobs=None if ref is None else ref[sel],
+                                 ref_logprobs=None if ref is None else ref[sel, :t],
                                  sample_weights=sample_w[sel])
                 loss, m = self.objective.loss(inp)
                 if not torch.isfinite(loss):
