@@ -33,6 +33,7 @@ REFUSED = [
     (["model.device=gpu"], r"model.device must be auto, cpu, cuda or cuda:N, got 'gpu'"),
     (["model.device=cuda:99"], r"model.device = 'cuda:99' but torch sees"),  # any machine
     (["train.logprob_chunk=-1"], r"train.logprob_chunk must be in \[0, inf\), got -1"),
+    (["train.micro_batch_tokens=-8"], r"train.micro_batch_tokens must be in \[0, inf\), got -8"),
     (['reward.verifiers=[{name="python", args={fn="nosuchmod:f"}}]'],
      r"cannot import module 'nosuchmod'"),
     (['reward.verifiers=[{name="python", args={fn="os.path:no_such_function"}}]'],

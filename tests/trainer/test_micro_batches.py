@@ -132,3 +132,13 @@ def test_micro_batches_are_padded_to_their_own_longest_sample(tiny):
     _, shapes, m = run(model, start, AlgoConfig(), steps=1, micro_batch=6, micro_batch_tokens=24)
     assert shapes == [(1, 17), (2, 12), (4, 5), (5, 4)]
     assert m[0]["train/padding_share"] == pytest.approx(1 - real / (17 + 24 + 20 + 20))
+
+
+def test_the_config_keys_reach_the_trainer(tiny_dir):
+    from reroll import build
+    from reroll.config import load_config
+
+    cfg = load_config(None, ["train.micro_batch=16", "train.micro_batch_tokens=512"])
+    t = build.build_trainer(cfg, tiny_dir)
+    assert (t.micro_batch, t.micro_batch_tokens) == (16, 512)
+    assert build.build_trainer(load_config(None, []), tiny_dir).micro_batch_tokens == 0
