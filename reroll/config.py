@@ -382,6 +382,13 @@ class TrainConfig:
     train/skipped_share says how many were not (excluded pivots included); a NaN in a
     skipped sample's log-probs is not seen. Mixture-of-experts models pass every sample
     (an expert reached only by skipped ones would get no optimiser step, not a zero one)."""
+    share_prompt: bool = False
+    """Forward the samples of a micro-batch that share a prompt (a GRPO group) as one packed
+    row holding the prompt once, each response attending to it and to itself (4D mask,
+    position ids restarting after the prompt): the same log-probs and gradients up to float
+    rounding, with (k - 1) x prompt tokens fewer positions per group of k. Pays when prompts
+    are long next to responses (attention runs over the packed row); keeps groups together
+    with train.micro_batch_tokens = 0 (in order). Needs sdpa or eager attention."""
     logprob_chunk: int = 0
     """Tokens (rows of batch x positions) whose logits exist at once when log-probabilities
     are computed: the [batch, length, vocab] logits are made and dropped chunk by chunk (each

@@ -27,6 +27,8 @@ class Batch:
     mask: torch.Tensor  # [B, L-1] float: 1 where the target token was sampled by the policy
     behav_logprobs: torch.Tensor  # [B, L-1] float: engine log-prob of each target token
     versions: torch.Tensor  # [B, L-1] long: policy version of each target token (-1 if none)
+    prompt_lens: torch.Tensor | None = None  # [B] long: tokens of each row's prompt
+    prompt_ids: torch.Tensor | None = None  # [B] long: rows with equal ids share the prompt
 
     @property
     def n_tokens(self) -> float:
@@ -36,7 +38,8 @@ class Batch:
         return self.input_ids.shape[0]
 
     def slice(self, idx: slice | torch.Tensor) -> Batch:
-        return Batch(*(getattr(self, f)[idx] for f in self.__dataclass_fields__))
+        return Batch(*(None if (v := getattr(self, f)) is None else v[idx]
+                       for f in self.__dataclass_fields__))
 
     def trim(self) -> Batch:
         """The batch cut to its longest sequence (right padding: the columns dropped hold
@@ -48,11 +51,11 @@ class Batch:
             return self
         return Batch(self.input_ids[:, :n], self.attention_mask[:, :n], self.targets[:, :n - 1],
                      self.mask[:, :n - 1], self.behav_logprobs[:, :n - 1],
-                     self.versions[:, :n - 1])
+                     self.versions[:, :n - 1], self.prompt_lens, self.prompt_ids)
 
     def to(self, device: torch.device | str) -> Batch:
         """Every tensor on ``device`` (collated on the CPU, then copied; no copy on the CPU)."""
-        return Batch(*(getattr(self, f).to(device, non_blocking=True)
+        return Batch(*(None if (v := getattr(self, f)) is None else v.to(device, non_blocking=True)
                        for f in self.__dataclass_fields__))
 
 
@@ -66,6 +69,8 @@ def collate(rollouts: Sequence[Rollout], pad_id: int, sample_mask: Sequence[bool
     if pad_to is not None:
         L = max(L, pad_to)
     ids, att, mask, behav, vers = [], [], [], [], []
+    prompts: dict[tuple[int, ...], int] = {}  # prompt tokens -> id (rows sharing a prompt)
+    pids = [prompts.setdefault(tuple(r.tokens[:r.prompt_len]), len(prompts)) for r in rollouts]
     for i, r in enumerate(rollouts):  # rows padded as Python lists: one tensor per field
         pad = L - len(r.tokens)
         keep = r.loss_exclusion is None and (sample_mask is None or sample_mask[i])
@@ -79,7 +84,9 @@ def collate(rollouts: Sequence[Rollout], pad_id: int, sample_mask: Sequence[bool
     mask = torch.tensor(mask, dtype=torch.float32)  # [B, L]
     behav = torch.tensor(behav, dtype=torch.float32)  # [B, L]
     vers = torch.tensor(vers, dtype=torch.long)  # [B, L]
-    return Batch(ids, att, ids[:, 1:], mask[:, 1:], behav[:, 1:], vers[:, 1:])
+    return Batch(ids, att, ids[:, 1:], mask[:, 1:], behav[:, 1:], vers[:, 1:],
+                 torch.tensor([r.prompt_len for r in rollouts], dtype=torch.long),
+                 torch.tensor(pids, dtype=torch.long))
 
 
 def token_logprobs(model: torch.nn.Module, batch: Batch, temperature: float = 1.0,

@@ -27,7 +27,7 @@ import torch
 
 from reroll.algo import LossInputs
 from reroll.rollout import Group, Rollout
-from reroll.trainer import checkpoint, credit, vcpo
+from reroll.trainer import checkpoint, credit, shared_prompt, vcpo
 from reroll.trainer.batch import Batch, collate, plan_micro_batches, token_logprobs_and_entropy
 from reroll.trainer.precision import autocast
 
@@ -115,13 +115,16 @@ class Trainer:
     count in the global normalisers, so the update is the same up to float rounding.
     Micro-batches (`plan_micro_batches`): ``micro_batch`` samples at a time in order, or with
     ``micro_batch_tokens`` > 0 sorted by length under that token budget; each is padded to
-    its own longest sequence, not the batch's."""
+    its own longest sequence, not the batch's. ``share_prompt``: the samples of a micro-batch
+    that share a prompt go through the model as one packed row with the prompt once
+    (`reroll.trainer.shared_prompt`); the same log-probs up to float rounding."""
 
     def __init__(self, model: torch.nn.Module, objective, *, pad_id: int, lr: float,
                  weight_decay: float = 0.0, warmup_steps: int = 0, grad_clip: float = 1.0, minibatches: int = 1,
                  micro_batch: int = 64, micro_batch_tokens: int = 0, temperature: float = 1.0,
                  ref_model: torch.nn.Module | None = None, version: int = 0, tokenizer=None,
                  reuse_prox: bool = True, skip_inert: bool = True, logprob_chunk: int = 0,
+                 share_prompt: bool = False,
                  autocast_dtype: torch.dtype | None = None,
                  publish_dtype: torch.dtype | None = None):
         self.model, self.objective, self.ref_model = model, objective, ref_model
@@ -130,6 +133,12 @@ class Trainer:
         self.publish_dtype = publish_dtype or autocast_dtype
         self.reuse_prox = reuse_prox  # False: always a separate proximal forward (textbook)
         self.skip_inert = skip_inert  # leave zero-advantage samples out of the passes (exact)
+        if share_prompt and not shared_prompt.supported(model):
+            raise ValueError("train.share_prompt needs a causal LM whose output embedding "
+                             "can be split off and whose attention takes a 4D mask (sdpa or "
+                             f"eager); this model's is "
+                             f"{getattr(model.config, '_attn_implementation', None)!r}")
+        self.share_prompt = share_prompt
         self.tokenizer = tokenizer  # saved next to the weights in checkpoints
         self.pad_id, self.grad_clip, self.minibatches = pad_id, grad_clip, minibatches
         self.micro_batch, self.temperature, self.version = micro_batch, temperature, version
@@ -147,6 +156,11 @@ class Trainer:
         """(log-probs [b, T], entropies [b, T] or None): the one function proximal, reference
         and current log-probs all come from (same chunking, same autocast)."""
         with autocast(self.device, self.autocast_dtype), checkpointed_layers_training(model):
+            if self.share_prompt and batch.prompt_ids is not None:
+                return shared_prompt.shared_prompt_logprobs(
+                    model, batch.input_ids, batch.attention_mask.sum(-1).tolist(),
+                    batch.prompt_lens.tolist(), batch.prompt_ids.tolist(),
+                    batch.targets.shape[1], self.temperature, self.logprob_chunk, entropy)
             return token_logprobs_and_entropy(model, batch, self.temperature,
                                               self.logprob_chunk, entropy)
 
@@ -252,6 +266,9 @@ class Trainer:
         order = torch.arange(n)
         mbs = [slice(i, min(i + mb_size, n)) for i in range(0, n, mb_size)]
         lengths = batch.attention_mask.sum(-1).tolist()  # [N] tokens of each sequence
+        share = self.share_prompt and batch.prompt_ids is not None
+        if share:
+            p_lens, p_ids = batch.prompt_lens.tolist(), batch.prompt_ids.tolist()
         metrics["_positions"] = metrics["_real_tokens"] = 0.0
         # the samples each mini-batch passes through the model; at least one (one with a
         # trainable token where there is one), so that an update whose samples are all inert
@@ -268,9 +285,13 @@ class Trainer:
             self.opt.zero_grad(set_to_none=True)
             log_w = []  # [b] per micro-batch: sequence IS weights for VCPO's ESS
             for sel in self._plan(lengths, run):
-                size = [lengths[i] for i in sel.tolist()]  # padded to the longest of these
-                metrics["_positions"] += float(len(size) * max(size))
-                metrics["_real_tokens"] += float(sum(size))
+                idx = sel.tolist()
+                size = [lengths[i] for i in idx]  # padded to the longest of these, or packed
+                pos, real = shared_prompt.packed_positions(
+                    size, [p_lens[i] for i in idx], [p_ids[i] for i in idx]) if share \
+                    else (len(size) * max(size), sum(size))
+                metrics["_positions"] += float(pos)
+                metrics["_real_tokens"] += float(real)
                 sel = sel.to(self.device)
                 sub = batch.slice(sel).trim()
                 t = sub.targets.shape[1]  # this micro-batch's positions [b, t]

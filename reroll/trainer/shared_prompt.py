@@ -1,0 +1,131 @@
+"""Each prompt computed once per micro-batch: a GRPO group's samples packed into one row.
+
+A group's k samples share their prompt, and a padded batch runs the prompt's tokens k times
+through the model. Packed, a row holds the prompt once and then each sample's response
+(``[prompt | response 1 | response 2 | ...]``); a 4D mask lets a response's tokens attend
+to the prompt and to their own earlier tokens only, and position ids restart after the
+prompt for every response, so every response token sees exactly the context it had in its
+own sequence: the same log-probabilities and gradients (up to float rounding), with
+(k - 1) x prompt tokens fewer positions per group. The last prompt position predicts the
+first token of every response.
+
+The cost is attention over the packed row: (prompt + k responses)^2 query-key pairs, most
+of them masked, where padded rows have k x (prompt + response)^2. So it pays when prompts
+are long next to responses; with long responses the dense mask costs more than it saves.
+Needs the model's attention to take a 4D mask (sdpa or eager; not flash-attention's
+varlen kernels) and a split head (`reroll.trainer.logprobs.split_head`). Must not know
+about losses or the trainer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from reroll.trainer.logprobs import chunked_logprobs, split_head
+
+
+@dataclass(frozen=True)
+class Packed:
+    input_ids: Tensor  # [G, W] long: one row per distinct prompt
+    position_ids: Tensor  # [G, W] long: restarting after the prompt for each response
+    allowed: Tensor  # [G, 1, W, W] bool: query i may attend to key j
+    src_row: Tensor  # [n] the packed row and column whose hidden state predicts target n
+    src_col: Tensor  # [n]
+    targets: Tensor  # [n] long: the response tokens
+    dst_row: Tensor  # [n] the sample and column of target n in the batch's [B, L-1] layout
+    dst_col: Tensor  # [n]
+
+    @property
+    def positions(self) -> int:
+        return self.input_ids.numel()
+
+
+def pack(rows: list[list[int]], lengths: list[int], prompt_lens: list[int],
+         prompt_ids: list[int]) -> Packed:
+    """Samples (token rows, their lengths, prompt lengths and prompt ids: equal ids, equal
+    prompts) -> one packed row per prompt id, in order of first appearance."""
+    groups: dict[int, list[int]] = {}
+    for i, p in enumerate(prompt_ids):
+        groups.setdefault(p, []).append(i)
+    ids_rows, pos_rows, seg_rows = [], [], []  # seg: -1 prompt, m member m, -2 padding
+    src_r, src_c, tgt, dst_r, dst_c = [], [], [], [], []
+    for g, members in enumerate(groups.values()):
+        p = prompt_lens[members[0]]
+        ids, pos, seg = list(rows[members[0]][:p]), list(range(p)), [-1] * p
+        for m, i in enumerate(members):
+            resp = rows[i][p:lengths[i]]
+            start = len(ids)
+            for j, tok in enumerate(resp):
+                if p + j == 0:  # a sequence's first token is never a target
+                    continue
+                src_r.append(g)
+                src_c.append(p - 1 if j == 0 else start + j - 1)
+                tgt.append(tok)
+                dst_r.append(i)
+                dst_c.append(p + j - 1)
+            ids += resp
+            pos += range(p, p + len(resp))
+            seg += [m] * len(resp)
+        ids_rows.append(ids)
+        pos_rows.append(pos)
+        seg_rows.append(seg)
+    width = max(len(x) for x in ids_rows)
+    fill = [width - len(x) for x in ids_rows]
+    ids = torch.tensor([x + [x[0] if x else 0] * f for x, f in zip(ids_rows, fill)])
+    pos = torch.tensor([x + [0] * f for x, f in zip(pos_rows, fill)])
+    seg = torch.tensor([x + [-2] * f for x, f in zip(seg_rows, fill)])  # [G, W]
+    ar = torch.arange(width)
+    causal = ar.view(1, width, 1) >= ar.view(1, 1, width)  # [1, q, k]
+    same = (seg.unsqueeze(1) == -1) | (seg.unsqueeze(1) == seg.unsqueeze(2))  # [G, q, k]
+    t = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
+    return Packed(ids, pos, (causal & same).unsqueeze(1), t(src_r), t(src_c), t(tgt),
+                  t(dst_r), t(dst_c))
+
+
+def packed_positions(lengths: list[int], prompt_lens: list[int],
+                     prompt_ids: list[int]) -> tuple[int, int]:
+    """(positions `pack` forwards for these samples: rows x the longest packed row, tokens
+    among them that are not padding)."""
+    width: dict[int, int] = {}
+    for n, p, g in zip(lengths, prompt_lens, prompt_ids):
+        width[g] = width.get(g, p) + n - p
+    return (len(width) * max(width.values()), sum(width.values())) if width else (0, 0)
+
+
+def supported(model: nn.Module) -> bool:
+    """Whether `shared_prompt_logprobs` can run on ``model``: a split head and an attention
+    that takes a 4D mask."""
+    impl = getattr(model.config, "_attn_implementation", None)
+    return split_head(model) is not None and impl in ("sdpa", "eager")
+
+
+def shared_prompt_logprobs(model: nn.Module, input_ids: Tensor, lengths: list[int],
+                           prompt_lens: list[int], prompt_ids: list[int], width: int,
+                           temperature: float = 1.0, chunk: int = 0, entropy: bool = False
+                           ) -> tuple[Tensor, Tensor | None]:
+    """(log-probs [B, width], entropies or None) of each sample's response tokens, in the
+    batch layout (column c predicts token c + 1; 0 at prompt and padding columns), from
+    one forward pass over the packed rows."""
+    head = split_head(model)
+    pk = pack(input_ids.tolist(), lengths, prompt_lens, prompt_ids)
+    dev = input_ids.device
+    allowed = pk.allowed.to(dev)
+    if model.config._attn_implementation == "eager":  # additive: 0 / most negative
+        dtype = next(model.parameters()).dtype
+        allowed = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill_(
+            ~allowed, torch.finfo(dtype).min)
+    hidden = head.decoder(input_ids=pk.input_ids.to(dev), position_ids=pk.position_ids.to(dev),
+                          attention_mask=allowed, use_cache=False)[0]  # [G, W, H]
+    src = hidden[pk.src_row.to(dev), pk.src_col.to(dev)]  # [n, H]
+    # chunked_logprobs takes [B, L, H] and the L-1 targets: one dummy position at the end
+    h = torch.cat([src, src.new_zeros(1, src.shape[-1])]).unsqueeze(0)  # [1, n + 1, H]
+    logp, ent = chunked_logprobs(h, head, pk.targets.to(dev).unsqueeze(0), temperature,
+                                 chunk, entropy)  # [1, n]
+    at = (pk.dst_row.to(dev), pk.dst_col.to(dev))
+    out = torch.zeros(len(lengths), width, dtype=logp.dtype, device=dev).index_put(at, logp[0])
+    if ent is not None:
+        ent = torch.zeros(len(lengths), width, dtype=ent.dtype, device=dev).index_put(at, ent[0])
+    return out, ent
