@@ -5,9 +5,9 @@ groups at several prompt/response lengths, and the main job end to end.
 responses of R tokens (uniform in [R/2, R]), GRPO advantages (both rewards in every group),
 PPO clip, token-mean, AdamW, on a random-init Qwen2 (``--hidden``, ``--layers``), one micro-
 batch. For each (P, R) of ``--shapes``: a hand-written loop (the padded batch, one forward and
-backward), reroll's `Trainer.step` with the padded batch, and with ``share_prompt``; median
-seconds per update over ``--steps`` updates, alternated ``--repeats`` times; the positions
-each forwards.
+backward), reroll's `Trainer.step` with the padded batch, and with ``share_prompt`` (which
+packs only where that costs fewer FLOPs, `shared_prompt.pays`); median seconds per update
+over ``--steps`` updates, alternated ``--repeats`` times; the positions each forwards.
 
 ``--part main``: ``reroll train configs/arithmetic.toml`` from one SFT warm start (``--init``
 or built once), ``--main-steps`` synchronous steps with and without the option, alternated;
@@ -112,13 +112,7 @@ def part_update(a) -> None:
                     t0 = time.perf_counter()
                     out = step()
                     times[name].append(time.perf_counter() - t0)
-                if name == "hand":
-                    positions[name] = out
-                else:
-                    real = sum(len(x.tokens) for g in groups for x in g.rollouts) \
-                        if name == "reroll" else sum(p + sum(x.response_len for x in g.rollouts)
-                                                     for g in groups)
-                    positions[name] = round(real / (1 - out["train/padding_share"]))
+                positions[name] = out if name == "hand" else round(out["train/positions"])
         med = {k: statistics.median(v) for k, v in times.items()}
         print(f"{p:>6} x {r:<5} {med['hand']:8.3f} {med['reroll']:9.3f} {med['shared']:9.3f} "
               f"{positions['hand']:>10} / {positions['shared']:<9} "

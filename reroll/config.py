@@ -386,9 +386,12 @@ class TrainConfig:
     """Forward the samples of a micro-batch that share a prompt (a GRPO group) as one packed
     row holding the prompt once, each response attending to it and to itself (4D mask,
     position ids restarting after the prompt): the same log-probs and gradients up to float
-    rounding, with (k - 1) x prompt tokens fewer positions per group of k. Pays when prompts
-    are long next to responses (attention runs over the packed row); keeps groups together
-    with train.micro_batch_tokens = 0 (in order). Needs sdpa or eager attention."""
+    rounding, with (k - 1) x prompt tokens fewer positions per group of k. The packed row's
+    dense attention grows with its square, so a micro-batch is packed only where that costs
+    fewer FLOPs than padding (long prompts next to responses; not a short prompt before long
+    responses). Groups stay together with train.micro_batch_tokens = 0 (in order). Needs
+    sdpa or eager attention and full-attention layers over rotary or learned positions
+    (Llama, Qwen2/3, Mistral without a window, Gemma, ...): other models are refused."""
     logprob_chunk: int = 0
     """Tokens (rows of batch x positions) whose logits exist at once when log-probabilities
     are computed: the [batch, length, vocab] logits are made and dropped chunk by chunk (each

@@ -12,9 +12,11 @@ first token of every response.
 The cost is attention over the packed row: (prompt + k responses)^2 query-key pairs, most
 of them masked, where padded rows have k x (prompt + response)^2. So it pays when prompts
 are long next to responses; with long responses the dense mask costs more than it saves.
-Needs the model's attention to take a 4D mask (sdpa or eager; not flash-attention's
-varlen kernels) and a split head (`reroll.trainer.logprobs.split_head`). Must not know
-about losses or the trainer.
+So the trainer packs a micro-batch only where it costs fewer FLOPs (`pays`). Needs every
+layer to be full attention over positions from ``position_ids`` (`refusal`: not
+sliding-window, ALiBi or state-space layers) taking a 4D mask (sdpa or eager; not
+flash-attention's varlen kernels), and a split head. Must not know about losses or the
+trainer.
 """
 
 from __future__ import annotations
@@ -95,11 +97,52 @@ def packed_positions(lengths: list[int], prompt_lens: list[int],
     return (len(width) * max(width.values()), sum(width.values())) if width else (0, 0)
 
 
-def supported(model: nn.Module) -> bool:
-    """Whether `shared_prompt_logprobs` can run on ``model``: a split head and an attention
-    that takes a 4D mask."""
+# Model types whose every layer is full attention over rotary (or learned) positions taken
+# from ``position_ids``, so a 4D mask and restarted positions reproduce each sample's context.
+# Not: ALiBi models (Bloom, MPT; positions from the mask), hybrids with convolution or state
+# space layers (LFM2, Jamba, Falcon-H1, Qwen3-Next: they ignore the mask), and sliding-window
+# layers (refused by `refusal` whatever the type: a 4D mask overrides the window).
+TYPES = {"llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mistral", "mixtral", "gemma",
+         "olmo", "olmo2", "granite", "phi3", "starcoder2"}
+
+
+def refusal(model: nn.Module) -> str | None:
+    """Why `shared_prompt_logprobs` cannot run on ``model``, or None."""
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") \
+        else model.config
     impl = getattr(model.config, "_attn_implementation", None)
-    return split_head(model) is not None and impl in ("sdpa", "eager")
+    if impl not in ("sdpa", "eager"):
+        return f"its attention ({impl!r}) does not take a 4D mask: use sdpa or eager"
+    if split_head(model) is None:
+        return "its output embedding cannot be split off (reroll.trainer.logprobs.split_head)"
+    kind = getattr(cfg, "model_type", "")
+    if kind not in TYPES:
+        return (f"model type {kind!r} is not one whose layers are all full attention over "
+                f"positions from position_ids ({', '.join(sorted(TYPES))})")
+    types = set(getattr(cfg, "layer_types", None) or ())
+    if types - {"full_attention"} or (not types and getattr(cfg, "sliding_window", None)
+                                      and getattr(cfg, "use_sliding_window", True)):
+        return "it has sliding-window layers, which a 4D mask would override"
+    return None
+
+
+def pays(lengths: list[int], prompt_lens: list[int], prompt_ids: list[int], hidden: int,
+         intermediate: int) -> bool:
+    """Whether packing costs fewer FLOPs than the padded batch: per layer, a position costs
+    ~2 x its linear weights (4 H^2 + 3 H I) and a query-key pair 4 H, and the packed rows'
+    dense attention spans (prompt + responses)^2 where padded rows span their own length^2.
+    So few long responses behind a short prompt go padded."""
+    if not lengths:
+        return False
+    per_pos, per_pair = 2 * (4 * hidden * hidden + 3 * hidden * intermediate), 4 * hidden
+    width: dict[int, int] = {}
+    for n, p, g in zip(lengths, prompt_lens, prompt_ids):
+        width[g] = width.get(g, p) + n - p
+    w = max(width.values())
+    packed = len(width) * w * per_pos + len(width) * w * w * per_pair
+    longest = max(lengths)
+    padded = len(lengths) * longest * per_pos + len(lengths) * longest * longest * per_pair
+    return packed < padded
 
 
 def shared_prompt_logprobs(model: nn.Module, input_ids: Tensor, lengths: list[int],

@@ -133,12 +133,14 @@ class Trainer:
         self.publish_dtype = publish_dtype or autocast_dtype
         self.reuse_prox = reuse_prox  # False: always a separate proximal forward (textbook)
         self.skip_inert = skip_inert  # leave zero-advantage samples out of the passes (exact)
-        if share_prompt and not shared_prompt.supported(model):
-            raise ValueError("train.share_prompt needs a causal LM whose output embedding "
-                             "can be split off and whose attention takes a 4D mask (sdpa or "
-                             f"eager); this model's is "
-                             f"{getattr(model.config, '_attn_implementation', None)!r}")
+        why = shared_prompt.refusal(model) if share_prompt else None
+        if why is not None:
+            raise ValueError(f"train.share_prompt cannot run on this model: {why}")
         self.share_prompt = share_prompt
+        text = model.config.get_text_config() if hasattr(model.config, "get_text_config") \
+            else model.config
+        self._widths = (getattr(text, "hidden_size", 0) or 0,
+                        getattr(text, "intermediate_size", 0) or 0)
         self.tokenizer = tokenizer  # saved next to the weights in checkpoints
         self.pad_id, self.grad_clip, self.minibatches = pad_id, grad_clip, minibatches
         self.micro_batch, self.temperature, self.version = micro_batch, temperature, version
@@ -156,13 +158,21 @@ class Trainer:
         """(log-probs [b, T], entropies [b, T] or None): the one function proximal, reference
         and current log-probs all come from (same chunking, same autocast)."""
         with autocast(self.device, self.autocast_dtype), checkpointed_layers_training(model):
-            if self.share_prompt and batch.prompt_ids is not None:
+            plan = self._packing(batch.attention_mask.sum(-1).tolist(), batch)
+            if plan is not None:
                 return shared_prompt.shared_prompt_logprobs(
-                    model, batch.input_ids, batch.attention_mask.sum(-1).tolist(),
-                    batch.prompt_lens.tolist(), batch.prompt_ids.tolist(),
-                    batch.targets.shape[1], self.temperature, self.logprob_chunk, entropy)
+                    model, batch.input_ids, *plan, batch.targets.shape[1], self.temperature,
+                    self.logprob_chunk, entropy)
             return token_logprobs_and_entropy(model, batch, self.temperature,
                                               self.logprob_chunk, entropy)
+
+    def _packing(self, lengths: list[int], batch: Batch):
+        """(lengths, prompt lengths, prompt ids) when this batch goes packed by prompt
+        (``share_prompt`` and it costs fewer FLOPs, `shared_prompt.pays`), else None."""
+        if not self.share_prompt or batch.prompt_ids is None:
+            return None
+        plan = (lengths, batch.prompt_lens.tolist(), batch.prompt_ids.tolist())
+        return plan if shared_prompt.pays(*plan, *self._widths) else None
 
     @torch.no_grad()
     def _logprobs(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
@@ -238,6 +248,7 @@ class Trainer:
         metrics["train/skipped_share"] = 1.0 - float(live.float().mean())
         positions, real = metrics.pop("_positions"), metrics.pop("_real_tokens")
         metrics["train/padding_share"] = 1.0 - real / max(positions, 1.0)
+        metrics["train/positions"] = positions  # token positions the loss passes forwarded
         metrics.update(tree_m)
         ent_sum, ent_tokens = metrics.pop("_entropy_sum"), metrics.pop("_entropy_tokens")
         metrics["train/entropy"] = ent_sum / max(ent_tokens, 1.0)
@@ -266,9 +277,6 @@ class Trainer:
         order = torch.arange(n)
         mbs = [slice(i, min(i + mb_size, n)) for i in range(0, n, mb_size)]
         lengths = batch.attention_mask.sum(-1).tolist()  # [N] tokens of each sequence
-        share = self.share_prompt and batch.prompt_ids is not None
-        if share:
-            p_lens, p_ids = batch.prompt_lens.tolist(), batch.prompt_ids.tolist()
         metrics["_positions"] = metrics["_real_tokens"] = 0.0
         # the samples each mini-batch passes through the model; at least one (one with a
         # trainable token where there is one), so that an update whose samples are all inert
@@ -285,15 +293,14 @@ class Trainer:
             self.opt.zero_grad(set_to_none=True)
             log_w = []  # [b] per micro-batch: sequence IS weights for VCPO's ESS
             for sel in self._plan(lengths, run):
-                idx = sel.tolist()
-                size = [lengths[i] for i in idx]  # padded to the longest of these, or packed
-                pos, real = shared_prompt.packed_positions(
-                    size, [p_lens[i] for i in idx], [p_ids[i] for i in idx]) if share \
+                size = [lengths[i] for i in sel.tolist()]  # padded to the longest, or packed
+                sel = sel.to(self.device)
+                sub = batch.slice(sel).trim()
+                packed = self._packing(size, sub)
+                pos, real = shared_prompt.packed_positions(*packed) if packed is not None \
                     else (len(size) * max(size), sum(size))
                 metrics["_positions"] += float(pos)
                 metrics["_real_tokens"] += float(real)
-                sel = sel.to(self.device)
-                sub = batch.slice(sel).trim()
                 t = sub.targets.shape[1]  # this micro-batch's positions [b, t]
                 logp, ent = self._forward(self.model, sub, entropy=True)  # [b, t], [b, t]
                 # mean entropy over the passed samples' tokens, summed here, divided in step()

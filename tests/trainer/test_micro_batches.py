@@ -127,11 +127,13 @@ def test_micro_batches_are_padded_to_their_own_longest_sample(tiny):
     assert shapes == [(3, 17), (3, 6), (3, 5), (3, 12)]  # not 4 x 17
     real = 4 + 5 + 17 + 4 + 6 + 5 + 5 + 4 + 4 + 12 + 5 + 4
     assert m[0]["train/padding_share"] == pytest.approx(1 - real / (3 * (17 + 6 + 5 + 12)))
+    assert m[0]["train/positions"] == 3 * (17 + 6 + 5 + 12)
     # a budget of 24 positions, at most 6 rows, longest first (17, 12, 6, 5 x 4, 4 x 5):
     # [17] | [12, 6] (2 x 12 = 24) | [5, 5, 5, 5] (20; a fifth 5 would pad 25) | [4 x 5] (20)
     _, shapes, m = run(model, start, AlgoConfig(), steps=1, micro_batch=6, micro_batch_tokens=24)
     assert shapes == [(1, 17), (2, 12), (4, 5), (5, 4)]
     assert m[0]["train/padding_share"] == pytest.approx(1 - real / (17 + 24 + 20 + 20))
+    assert m[0]["train/positions"] == 17 + 24 + 20 + 20
 
 
 def test_the_config_keys_reach_the_trainer(tiny_dir):

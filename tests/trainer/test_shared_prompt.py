@@ -12,7 +12,7 @@ from reroll.algo import build_objective
 from reroll.config import AlgoConfig
 from reroll.rollout import Example, SamplingParams, Score, new_group
 from reroll.trainer.batch import collate
-from reroll.trainer.shared_prompt import pack, packed_positions
+from reroll.trainer.shared_prompt import pack, packed_positions, pays
 from reroll.trainer.step import Trainer
 
 
@@ -122,15 +122,45 @@ def test_packing_forwards_fewer_positions(tiny):
     real = 6 * 4 + 10 + 3 * 3 + 8 + 8 * 2 + 4
     m = run(model, start, AlgoConfig(), steps=1)[1][0]
     assert m["train/padding_share"] == pytest.approx(1 - real / (9 * 11))
+    assert m["train/positions"] == 9 * 11
     m = run(model, start, AlgoConfig(), steps=1, share_prompt=True)[1][0]
     assert m["train/padding_share"] == pytest.approx(1 - (16 + 11 + 12) / (3 * 16))
+    assert m["train/positions"] == 3 * 16
 
 
-def test_an_attention_without_4d_masks_is_refused(tiny):
+def test_models_a_packed_row_would_misrepresent_are_refused(tiny):
+    """flash-attention's kernels take no 4D mask; a 4D mask would override sliding windows;
+    ALiBi models (Bloom) derive positions from the mask."""
+    from transformers import BloomConfig, BloomForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    def refused(model, why):
+        with pytest.raises(ValueError, match=r"share_prompt cannot run on this model: " + why):
+            Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=0.0, share_prompt=True)
+
     model, _ = tiny
     model.config._attn_implementation = "flash_attention_2"
-    with pytest.raises(ValueError, match=r"share_prompt needs .*4D mask.*'flash_attention_2'"):
-        Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=0.0, share_prompt=True)
+    refused(model, r"its attention \('flash_attention_2'\) does not take a 4D mask")
+    small = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=1)
+    window = Qwen2ForCausalLM(Qwen2Config(**small, use_sliding_window=True, sliding_window=4,
+                                          max_window_layers=0))
+    refused(window, "it has sliding-window layers")
+    bloom = BloomForCausalLM(BloomConfig(vocab_size=32, hidden_size=16, n_layer=1, n_head=2))
+    refused(bloom, "model type 'bloom' is not one whose layers are all full attention")
+
+
+def test_packing_is_used_only_where_it_costs_fewer_flops(tiny):
+    # hand-worked at H = 2, I = 2: a position costs 2 (4 H^2 + 3 H I) = 56, a pair 4 H = 8.
+    # two 5-token samples behind one 3-token prompt: packed 7 x 56 + 49 x 8 = 784 against
+    # padded 2 x 5 x 56 + 2 x 25 x 8 = 960; with 20-token responses 17,200 against 11,040
+    assert pays([5, 5], [3, 3], [0, 0], hidden=2, intermediate=2)
+    assert not pays([23, 23], [3, 3], [0, 0], hidden=2, intermediate=2)
+    model, _ = tiny
+    t = Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=0.0, share_prompt=True)
+    short = collate([r for g in batches() for r in g.rollouts], pad_id=0)
+    long = collate(group((2, 5, 6), [40, 40, 40, 40]).rollouts, pad_id=0)
+    assert t._packing(short.attention_mask.sum(-1).tolist(), short) is not None
+    assert t._packing(long.attention_mask.sum(-1).tolist(), long) is None  # goes padded
 
 
 def test_the_config_key_reaches_the_trainer(tiny_dir):
