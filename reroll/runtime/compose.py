@@ -86,14 +86,15 @@ def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_com
         def make() -> Rollouts:
             from reroll.engine import as_engine
 
-            ctx = build_rollout.episode_context(cfg, tok, as_engine(parts.engine_core), parts.scorer,
-                                        shaping)
+            ctx = build_rollout.episode_context(cfg, tok, as_engine(parts.engine_core),
+                                                parts.scorer, shaping)
             ctx.grow = sched.grow if control.adaptive else None
             return Rollouts(sched, workflow, ctx, partial_rollouts=cfg.runtime.partial_rollouts)
 
         source = RolloutSource(make, rerun)
         done.callback(source.close)
-        encode, test = build_rollout.encode_prompt(tok, cfg.task.chat), task.test[: cfg.eval.n_examples]
+        encode = build_rollout.encode_prompt(tok, cfg.task.chat)
+        test = task.test[: cfg.eval.n_examples]
 
         def evaluator() -> dict[str, float]:
             return evaluate(parts.trainer.policy(), tok, test, parts.scorer, encode, cfg, k=1)

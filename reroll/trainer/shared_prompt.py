@@ -87,14 +87,20 @@ def pack(rows: list[list[int]], lengths: list[int], prompt_lens: list[int],
                   t(dst_r), t(dst_c))
 
 
+def _row_widths(lengths: list[int], prompt_lens: list[int], prompt_ids: list[int]) -> list[int]:
+    """Tokens of each packed row: its prompt once plus its samples' responses."""
+    width: dict[int, int] = {}
+    for n, p, g in zip(lengths, prompt_lens, prompt_ids):
+        width[g] = width.get(g, p) + n - p
+    return list(width.values())
+
+
 def packed_positions(lengths: list[int], prompt_lens: list[int],
                      prompt_ids: list[int]) -> tuple[int, int]:
     """(positions `pack` forwards for these samples: rows x the longest packed row, tokens
     among them that are not padding)."""
-    width: dict[int, int] = {}
-    for n, p, g in zip(lengths, prompt_lens, prompt_ids):
-        width[g] = width.get(g, p) + n - p
-    return (len(width) * max(width.values()), sum(width.values())) if width else (0, 0)
+    rows = _row_widths(lengths, prompt_lens, prompt_ids)
+    return (len(rows) * max(rows), sum(rows)) if rows else (0, 0)
 
 
 # Model types whose every layer is full attention over rotary (or learned) positions taken
@@ -135,11 +141,9 @@ def pays(lengths: list[int], prompt_lens: list[int], prompt_ids: list[int], hidd
     if not lengths:
         return False
     per_pos, per_pair = 2 * (4 * hidden * hidden + 3 * hidden * intermediate), 4 * hidden
-    width: dict[int, int] = {}
-    for n, p, g in zip(lengths, prompt_lens, prompt_ids):
-        width[g] = width.get(g, p) + n - p
-    w = max(width.values())
-    packed = len(width) * w * per_pos + len(width) * w * w * per_pair
+    rows = _row_widths(lengths, prompt_lens, prompt_ids)
+    w = max(rows)
+    packed = len(rows) * w * per_pos + len(rows) * w * w * per_pair
     longest = max(lengths)
     padded = len(lengths) * longest * per_pos + len(lengths) * longest * longest * per_pair
     return packed < padded

@@ -158,7 +158,7 @@ class Trainer:
         """(log-probs [b, T], entropies [b, T] or None): the one function proximal, reference
         and current log-probs all come from (same chunking, same autocast)."""
         with autocast(self.device, self.autocast_dtype), checkpointed_layers_training(model):
-            plan = self._packing(batch.attention_mask.sum(-1).tolist(), batch)
+            plan = self._packing(batch)
             if plan is not None:
                 return shared_prompt.shared_prompt_logprobs(
                     model, batch.input_ids, *plan, batch.targets.shape[1], self.temperature,
@@ -166,11 +166,13 @@ class Trainer:
             return token_logprobs_and_entropy(model, batch, self.temperature,
                                               self.logprob_chunk, entropy)
 
-    def _packing(self, lengths: list[int], batch: Batch):
+    def _packing(self, batch: Batch, lengths: list[int] | None = None):
         """(lengths, prompt lengths, prompt ids) when this batch goes packed by prompt
         (``share_prompt`` and it costs fewer FLOPs, `shared_prompt.pays`), else None."""
         if not self.share_prompt or batch.prompt_ids is None:
             return None
+        if lengths is None:
+            lengths = batch.attention_mask.sum(-1).tolist()
         plan = (lengths, batch.prompt_lens.tolist(), batch.prompt_ids.tolist())
         return plan if shared_prompt.pays(*plan, *self._widths) else None
 
@@ -296,7 +298,7 @@ class Trainer:
                 size = [lengths[i] for i in sel.tolist()]  # padded to the longest, or packed
                 sel = sel.to(self.device)
                 sub = batch.slice(sel).trim()
-                packed = self._packing(size, sub)
+                packed = self._packing(sub, size)
                 pos, real = shared_prompt.packed_positions(*packed) if packed is not None \
                     else (len(size) * max(size), sum(size))
                 metrics["_positions"] += float(pos)
