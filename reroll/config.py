@@ -357,6 +357,9 @@ class TrainConfig:
     """AdamW weight decay."""
     warmup_steps: int = 0
     """Linear learning-rate warm-up over this many steps (Adam's first steps are large)."""
+    schedule: str = "constant"
+    """Learning rate after the warm-up: constant, or linear (decays to 0 at train.steps, as
+    TRL's and the HF Trainer's default does)."""
     grad_clip: float = 1.0
     """Global gradient-norm clip (0 disables)."""
     minibatches: int = 1

@@ -207,8 +207,9 @@ def _combinations(cfg: RunConfig) -> None:
                           f"{cfg.reward.inline!r}")
     if rt.kind not in ("local", "ray"):
         raise ConfigError(f"runtime.kind must be local or ray, got {rt.kind!r}")
-    if cfg.sft.schedule not in ("constant", "linear"):
-        raise ConfigError(f"sft.schedule must be constant or linear, got {cfg.sft.schedule!r}")
+    for key, value in (("sft.schedule", cfg.sft.schedule), ("train.schedule", cfg.train.schedule)):
+        if value not in ("constant", "linear"):
+            raise ConfigError(f"{key} must be constant or linear, got {value!r}")
     if rt.scoring_workers and rt.kind != "ray":
         raise ConfigError("runtime.scoring_workers places scoring actors on Ray: it needs "
                           f"runtime.kind = \"ray\" (got {rt.kind!r}); the local "

@@ -68,6 +68,8 @@ def test_parse_value_and_dump_round_trip():
 def test_sft_schedule_checked_at_load():
     with pytest.raises(ConfigError, match="sft.schedule must be constant or linear"):
         load_config(None, ["sft.schedule=cosine"])
+    with pytest.raises(ConfigError, match="train.schedule must be constant or linear, got 'cos'"):
+        load_config(None, ["train.schedule=cos"])
 
 
 def test_shaping_with_a_components_only_advantage_is_rejected():

@@ -30,6 +30,7 @@ from reroll.rollout import Group, Rollout
 from reroll.trainer import checkpoint, credit, shared_prompt, vcpo
 from reroll.trainer.batch import Batch, collate, plan_micro_batches, token_logprobs_and_entropy
 from reroll.trainer.precision import autocast
+from reroll.trainer.sft import lr_factor
 
 
 class TrainerHandle(Protocol):
@@ -124,7 +125,7 @@ class Trainer:
                  micro_batch: int = 64, micro_batch_tokens: int = 0, temperature: float = 1.0,
                  ref_model: torch.nn.Module | None = None, version: int = 0, tokenizer=None,
                  reuse_prox: bool = True, skip_inert: bool = True, logprob_chunk: int = 0,
-                 share_prompt: bool = False,
+                 share_prompt: bool = False, schedule: str = "constant", total_steps: int = 0,
                  autocast_dtype: torch.dtype | None = None,
                  publish_dtype: torch.dtype | None = None):
         self.model, self.objective, self.ref_model = model, objective, ref_model
@@ -147,9 +148,12 @@ class Trainer:
         self.micro_batch_tokens = micro_batch_tokens
         self.opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay,
                                      betas=(0.9, 0.999))
-        # counts updates, so it resumes with the optimiser state (LambdaLR's own counter does not)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda k: min(1.0, (k + 1) / warmup_steps) if warmup_steps > 0 else 1.0)
+        # counts updates, so it resumes with the optimiser state (LambdaLR's own counter does not);
+        # "linear" decays to 0 at total_steps (RL steps, not mini-batches)
+        lr_factor(0, steps=total_steps, warmup_steps=warmup_steps, schedule=schedule,
+                  key="train.schedule")  # an unknown schedule fails here, not at step 1
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda k: lr_factor(
+            k, steps=total_steps, warmup_steps=warmup_steps, schedule=schedule))
         if objective.needs_ref and ref_model is None:
             raise ValueError("the objective needs a reference model (kl_coef > 0)")
 
