@@ -212,7 +212,8 @@ def run_reroll(init, steps: int, every: int, seed: int, tmp: Path, extra: list[s
     out = tmp / ("reroll-" + "-".join(x.replace("=", "") for x in extra) if extra else "reroll")
     subprocess.run([sys.executable, "-m", "reroll.cli", "train", str(CONFIG), f"out_dir={out}",
                     f"init={init}", f"train.steps={steps}", f"eval.every={every}", "log_every=1",
-                    f"ckpt_every={steps}", "record_every=0", f"train.seed={seed}", *extra],
+                    f"ckpt_every={steps}", "record_every=0", f"train.seed={seed}",
+                    "train.schedule=constant", *extra],  # the main job decays; TRL here does not
                    check=True, cwd=REPO, stdout=subprocess.DEVNULL)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     start, evals = rows[0]["time"], 0.0  # row 0: after start-up and the first evaluation
