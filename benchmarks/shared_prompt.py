@@ -9,6 +9,11 @@ backward), reroll's `Trainer.step` with the padded batch, and with ``share_promp
 packs only where that costs fewer FLOPs, `shared_prompt.pays`); median seconds per update
 over ``--steps`` updates, alternated ``--repeats`` times; the positions each forwards.
 
+``--part budget``: the same update under a token budget (``train.micro_batch_tokens`` =
+``--budget``), ``--budget-groups`` groups at ``--budget-shape``: padded micro-batches; packed
+by prompt with the samples sorted one by one (the plan before prompts were kept together);
+and packed with each prompt's samples kept together (`plan_micro_batches`' ``units``).
+
 ``--part main``: ``reroll train configs/arithmetic.toml`` from one SFT warm start (``--init``
 or built once), ``--main-steps`` synchronous steps with and without the option, alternated;
 median update time (``time/train_s``), whole step, held-out greedy accuracy at the end.
@@ -120,6 +125,56 @@ def part_update(a) -> None:
               flush=True)
 
 
+def part_budget(a) -> None:
+    import torch
+
+    from reroll.algo import build_objective
+    from reroll.config import AlgoConfig, ModelConfig
+    from reroll.models import build_tiny, load
+    from reroll.trainer.step import Trainer
+
+    class BySample(Trainer):  # the plan before units: samples sorted one by one
+        def _plan(self, lengths, run, prompt_ids):
+            return super()._plan(lengths, run, None)
+
+    torch.set_num_threads(a.threads)
+    p, r = (int(x) for x in a.budget_shape.split("x"))
+    model_dir = build_tiny(ModelConfig(hidden_size=a.hidden, num_layers=a.layers,
+                                       intermediate_size=2 * a.hidden, max_position=p + r + 8),
+                           Path(tempfile.mkdtemp(prefix="reroll-spb-")), seed=0)
+    model, tok = load(model_dir)
+    model.eval()
+    groups = groups_for(a.budget_groups, p, r, len(tok), a.seed)
+    kinds = {"padded": (Trainer, False), "shared, by sample": (BySample, True),
+             "shared, by prompt": (Trainer, True)}
+    times: dict[str, list[float]] = {k: [] for k in kinds}
+    out = {}
+    for rep in range(a.repeats):
+        for name in (list(kinds) if rep % 2 == 0 else list(kinds)[::-1]):
+            cls, share = kinds[name]
+            torch.manual_seed(0)
+            tr = cls(model, build_objective(AlgoConfig()), pad_id=tok.pad_token_id, lr=1e-6,
+                     micro_batch=10**6, micro_batch_tokens=a.budget, share_prompt=share)
+            passes = []
+            real = tr._forward
+            tr._forward = lambda m, b, entropy=False, real=real, passes=passes: passes.append(1) or \
+                real(m, b, entropy)
+            tr.step(groups)  # warm-up
+            for _ in range(a.steps):
+                passes.clear()
+                t0 = time.perf_counter()
+                out[name] = tr.step(groups)
+                times[name].append(time.perf_counter() - t0)
+            out[name]["passes"] = len(passes)
+    print(f"{a.budget_groups} groups x 8, prompt {p}, responses {r // 2}-{r} tokens, budget "
+          f"{a.budget} padded positions, hidden {a.hidden}, {a.layers} layers")
+    base = statistics.median(times["padded"])
+    for name in kinds:
+        med = statistics.median(times[name])
+        print(f"{name:>18}: {med:7.3f} s/update  x{base / med:4.2f}  passes {out[name]['passes']:>3}"
+              f"  positions {round(out[name]['train/positions']):>6}", flush=True)
+
+
 def part_main(a) -> None:
     out = Path(tempfile.mkdtemp(prefix="reroll-spm-"))
     config = REPO / "configs" / "arithmetic.toml"
@@ -170,11 +225,16 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--budget", type=int, default=4096)
+    ap.add_argument("--budget-shape", default="256x128")
+    ap.add_argument("--budget-groups", type=int, default=8)
     ap.add_argument("--main-steps", type=int, default=150)
     ap.add_argument("--init", type=Path, default=None, help="an SFT checkpoint of the main job")
     a = ap.parse_args()
     if "update" in a.part:
         part_update(a)
+    if "budget" in a.part:
+        part_budget(a)
     if "main" in a.part:
         part_main(a)
 

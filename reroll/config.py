@@ -392,7 +392,8 @@ class TrainConfig:
     rounding, with (k - 1) x prompt tokens fewer positions per group of k. The packed row's
     dense attention grows with its square, so a micro-batch is packed only where that costs
     fewer FLOPs than padding (long prompts next to responses; not a short prompt before long
-    responses). Groups stay together with train.micro_batch_tokens = 0 (in order). Needs
+    responses). A token budget (train.micro_batch_tokens) then sorts prompts, not samples,
+    by length, so that a prompt's samples stay in one micro-batch where they fit. Needs
     sdpa or eager attention and full-attention layers over rotary or learned positions
     (Llama, Qwen2/3, Mistral without a window, Gemma, ...): other models are refused."""
     logprob_chunk: int = 0

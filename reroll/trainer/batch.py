@@ -113,7 +113,8 @@ def micro_slices(n: int, size: int) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
-def plan_micro_batches(lengths: Sequence[int], rows: int, tokens: int = 0) -> list[list[int]]:
+def plan_micro_batches(lengths: Sequence[int], rows: int, tokens: int = 0,
+                       units: Sequence | None = None) -> list[list[int]]:
     """Positions into ``lengths`` (sequence lengths), grouped into micro-batches.
 
     ``tokens == 0``: consecutive runs of at most ``rows`` samples, in order. ``tokens > 0``
@@ -121,16 +122,35 @@ def plan_micro_batches(lengths: Sequence[int], rows: int, tokens: int = 0) -> li
     cut into consecutive runs of at most ``rows`` samples whose padded size, samples x the
     run's longest, is at most ``tokens``; a sample longer than the budget gets a run of its
     own. Each micro-batch is then padded to its own longest sequence only (`Batch.trim`),
-    so sorting leaves little padding where lengths vary (long-tail responses)."""
+    so sorting leaves little padding where lengths vary (long-tail responses).
+
+    ``units`` (with a budget; one key per sample, e.g. its prompt id under
+    ``train.share_prompt``): the samples of a unit stay next to each other, so that they
+    land in one micro-batch unless it fills up. Units go longest member first (ties in
+    order of first appearance), their members longest first; the budget bounds each run's
+    padded size as before (a run that starts inside a unit may meet a longer sample of the
+    next unit: its longest is tracked)."""
     rows = max(1, rows)
     if tokens <= 0:
         return [list(range(i, min(i + rows, len(lengths)))) for i in range(0, len(lengths), rows)]
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    if units is None:
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    else:
+        longest: dict = {}
+        first: dict = {}
+        for i, u in enumerate(units):
+            longest[u] = max(longest.get(u, 0), lengths[i])
+            first.setdefault(u, i)
+        order = sorted(range(len(lengths)),
+                       key=lambda i: (-longest[units[i]], first[units[i]], -lengths[i], i))
     plan: list[list[int]] = []
-    for i in order:  # descending: a run's first sample is its longest
-        run = plan[-1] if plan else None
-        if run is not None and len(run) < rows and (len(run) + 1) * lengths[run[0]] <= tokens:
-            run.append(i)
+    widest = 0  # the last run's longest sample
+    for i in order:
+        w = max(widest, lengths[i])
+        if plan and len(plan[-1]) < rows and (len(plan[-1]) + 1) * w <= tokens:
+            plan[-1].append(i)
+            widest = w
         else:
             plan.append([i])
+            widest = lengths[i]
     return plan

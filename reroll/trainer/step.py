@@ -118,7 +118,8 @@ class Trainer:
     ``micro_batch_tokens`` > 0 sorted by length under that token budget; each is padded to
     its own longest sequence, not the batch's. ``share_prompt``: the samples of a micro-batch
     that share a prompt go through the model as one packed row with the prompt once
-    (`reroll.trainer.shared_prompt`); the same log-probs up to float rounding."""
+    (`reroll.trainer.shared_prompt`); the same log-probs up to float rounding. With both,
+    the budget sorts by prompt, so that a prompt's samples stay in one micro-batch."""
 
     def __init__(self, model: torch.nn.Module, objective, *, pad_id: int, lr: float,
                  weight_decay: float = 0.0, warmup_steps: int = 0, grad_clip: float = 1.0, minibatches: int = 1,
@@ -185,17 +186,20 @@ class Trainer:
         """[N, T] log-probs of every sample (0 on padding), micro-batch by micro-batch."""
         out = torch.zeros(batch.targets.shape, dtype=torch.float32, device=self.device)
         lengths = batch.attention_mask.sum(-1).tolist()
-        for sel in self._plan(lengths, torch.arange(len(batch))):
+        for sel in self._plan(lengths, torch.arange(len(batch)), _ids(batch)):
             sel = sel.to(self.device)
             logp = self._forward(model, batch.slice(sel).trim())[0]  # [b, t]
             out[sel, :logp.shape[1]] = logp.float()
         return out
 
-    def _plan(self, lengths: list[int], run: torch.Tensor) -> list[torch.Tensor]:
-        """The samples ``run`` (indices [n] on the CPU) as micro-batches of indices."""
+    def _plan(self, lengths: list[int], run: torch.Tensor,
+              prompt_ids: list[int] | None) -> list[torch.Tensor]:
+        """The samples ``run`` (indices [n] on the CPU) as micro-batches of indices; under
+        ``share_prompt`` a token budget keeps the samples of a prompt together."""
         idx = run.tolist()
+        units = [prompt_ids[i] for i in idx] if self.share_prompt and prompt_ids else None
         return [run[torch.tensor(p, dtype=torch.long)] for p in plan_micro_batches(
-            [lengths[i] for i in idx], self.micro_batch, self.micro_batch_tokens)]
+            [lengths[i] for i in idx], self.micro_batch, self.micro_batch_tokens, units)]
 
     def step(self, groups: Sequence[Group]) -> dict[str, float]:
         rollouts, rewards, comps, gidx = flatten(groups)
@@ -283,6 +287,7 @@ class Trainer:
         order = torch.arange(n)
         mbs = [slice(i, min(i + mb_size, n)) for i in range(0, n, mb_size)]
         lengths = batch.attention_mask.sum(-1).tolist()  # [N] tokens of each sequence
+        prompt_ids = _ids(batch)
         metrics["_positions"] = metrics["_real_tokens"] = 0.0
         # the samples each mini-batch passes through the model; at least one (one with a
         # trainable token where there is one), so that an update whose samples are all inert
@@ -298,7 +303,7 @@ class Trainer:
             n_seq = max(float(include[mb].sum()), 1.0)
             self.opt.zero_grad(set_to_none=True)
             log_w = []  # [b] per micro-batch: sequence IS weights for VCPO's ESS
-            for sel in self._plan(lengths, run):
+            for sel in self._plan(lengths, run, prompt_ids):
                 size = [lengths[i] for i in sel.tolist()]  # padded to the longest, or packed
                 sel = sel.to(self.device)
                 sub = batch.slice(sel).trim()
@@ -376,3 +381,8 @@ class Trainer:
 
     def close(self) -> None:
         pass
+
+
+def _ids(batch: Batch) -> list[int] | None:
+    """Each sample's prompt id (`collate`), or None."""
+    return None if batch.prompt_ids is None else batch.prompt_ids.tolist()

@@ -36,6 +36,25 @@ def test_a_token_budget_sorts_by_length_and_fills_runs_up_to_it():
     assert all(len(r) * max(lengths[i] for i in r) <= 40 or len(r) == 1 for r in plan)
 
 
+def test_units_keep_a_prompts_samples_together_under_a_budget():
+    # prompt P: samples 0-3 (10, 2, 2, 2 tokens); prompt Q: samples 4-7 (9 tokens each)
+    lengths, units = [10, 2, 2, 2, 9, 9, 9, 9], ["P"] * 4 + ["Q"] * 4
+    # sorted by sample, both prompts are split: [0, 4, 5, 6] (4 x 10), [7, 1, 2, 3] (4 x 9)
+    assert plan_micro_batches(lengths, rows=64, tokens=40) == [[0, 4, 5, 6], [7, 1, 2, 3]]
+    # by unit (P's longest, 10, before Q's 9): [0, 1, 2, 3] (4 x 10), [4, 5, 6, 7] (4 x 9)
+    assert plan_micro_batches(lengths, rows=64, tokens=40, units=units) == \
+        [[0, 1, 2, 3], [4, 5, 6, 7]]
+    # members longest first inside a unit; a run that starts inside one (sample 4, 2 tokens)
+    # meets longer samples of the next: 2 x 9, 3 x 9, 4 x 9 = 36 fit, a fifth (45) does not
+    lengths, units = [10, 2, 2, 2, 2, 9, 9, 9, 9, 9], ["P"] * 5 + ["Q"] * 5
+    plan = plan_micro_batches(lengths, rows=64, tokens=40, units=units)
+    assert plan == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert all(len(r) * max(lengths[i] for i in r) <= 40 for r in plan)
+    # units go longest member first, ties in order of first appearance; rows still cap
+    assert plan_micro_batches([3, 5, 5, 1], rows=2, tokens=100, units=["a", "b", "a", "b"]) == \
+        [[2, 0], [1, 3]]
+
+
 def rollouts(lengths, prompt=(2, 5, 6)):
     """One group with one sample per entry: ``lengths[j]`` response tokens."""
     g = new_group(Example("p", "1+1=", "2"), len(lengths), list(prompt), SamplingParams(), 0)

@@ -99,6 +99,7 @@ def run(model, start, algo, steps=2, **kw):
     (AlgoConfig(), {"micro_batch": 3}),  # groups split across micro-batches
     (AlgoConfig(correction="tis_token"), {"reuse_prox": False}),  # a separate proximal pass
     (AlgoConfig(kl_coef=0.05), {"minibatches": 2}),  # reference and proximal passes
+    (AlgoConfig(), {"micro_batch_tokens": 24}),  # a token budget: packed by prompt unit
 ])
 def test_the_update_is_the_padded_batchs(tiny, algo, kw):
     model, _ = tiny
@@ -170,3 +171,18 @@ def test_the_config_key_reaches_the_trainer(tiny_dir):
     assert build.build_trainer(load_config(None, ["train.share_prompt=true"]),
                                tiny_dir).share_prompt
     assert not build.build_trainer(load_config(None, []), tiny_dir).share_prompt
+
+
+def test_a_token_budget_keeps_each_prompts_samples_in_one_packed_row(tiny):
+    """Sequences 6 + [3, 1, 4, 2] (prompt A), 3 + [2, 5, 1] (B), 8 + [1, 3] (C), budget 40.
+    Units by their longest member, C (11), A (10), B (8); members longest first:
+    C 11 9 | A 10 9 8 7 | B 8 5 4. Runs under 40 padded positions: [C 11, C 9, A 10]
+    (3 x 11 = 33), [A 9, A 8, A 7, B 8] (4 x 9 = 36), [B 5, B 4] (2 x 5). Packed, each run
+    forwards one row per prompt, prompt then responses: [C: 8 + 3 + 1 | A: 6 + 4] -> 2 rows
+    x 12; [A: 6 + 1 + 3 + 2 | B: 3 + 5] -> 2 x 12; [B: 3 + 2 + 1] -> 1 x 6. Sorted by sample
+    instead, the runs would be [C 11, A 10, A 9], [C 9, A 8, B 8, A 7], [B 5, B 4]: A and C
+    split over two runs each, 2 x 13 + 3 x 9 + 6 = 59 positions."""
+    model, _ = tiny
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    m = run(model, start, AlgoConfig(), steps=1, share_prompt=True, micro_batch_tokens=40)
+    assert m[1][0]["train/positions"] == 2 * 12 + 2 * 12 + 6
