@@ -163,7 +163,7 @@ def build_trainer(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
                       weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
                       grad_clip=t.grad_clip, minibatches=t.minibatches, micro_batch=t.micro_batch,
                       micro_batch_tokens=t.micro_batch_tokens, share_prompt=t.share_prompt,
-                      schedule=t.schedule, total_steps=t.steps,
+                      schedule=t.schedule, total_steps=t.schedule_steps or t.steps,
                       temperature=cfg.rollout.temperature, ref_model=ref, tokenizer=tok,
                       logprob_chunk=t.logprob_chunk,
                       skip_inert=t.skip_zero_advantage and experts <= 1,

@@ -358,8 +358,11 @@ class TrainConfig:
     warmup_steps: int = 0
     """Linear learning-rate warm-up over this many steps (Adam's first steps are large)."""
     schedule: str = "constant"
-    """Learning rate after the warm-up: constant, or linear (decays to 0 at train.steps, as
-    TRL's and the HF Trainer's default does)."""
+    """Learning rate: constant after the warm-up, or linear: decays to 0 at the last update
+    (TRL's default; here the warm-up ramp multiplies the decay instead of preceding it)."""
+    schedule_steps: int = 0
+    """Updates a linear decay spans; 0: train.steps. A resume that changes train.steps must
+    keep the run's (set this to its train.steps); `reroll replay` keeps it by itself."""
     grad_clip: float = 1.0
     """Global gradient-norm clip (0 disables)."""
     minibatches: int = 1

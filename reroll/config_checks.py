@@ -32,6 +32,7 @@ RANGES = {
     "algo.overlong_penalty": "[0, inf)", "algo.ess_base_ratio": "(0, 1]",
     "algo.ess_is_cap": "[0, inf)",
     "train.lr": "(0, inf)", "train.weight_decay": "[0, inf)", "train.warmup_steps": "[0, inf)",
+    "train.schedule_steps": "[0, inf)",
     "train.grad_clip": "[0, inf)", "train.minibatches": "[1, inf)",
     "train.micro_batch": "[1, inf)", "train.micro_batch_tokens": "[0, inf)",
     "train.logprob_chunk": "[0, inf)",

@@ -26,8 +26,9 @@ from typing import Any
 
 from reroll.config import ConfigError, RunConfig, build, dump_toml, read_toml, to_dict
 
-# Keys that may change between a run and its resume (they do not change what is learned).
-RESUMABLE = {"train.steps", "log_every", "ckpt_every", "record_every", "eval", "out_dir",
+# Keys that may change between a run and its resume (they do not change what is learned;
+# train.steps and train.schedule_steps only where they keep a linear lr decay's end, below).
+RESUMABLE = {"train.steps", "train.schedule_steps", "log_every", "ckpt_every", "record_every", "eval", "out_dir",
              "runtime.threads", "runtime.kind", "runtime.engine_workers",
              "runtime.scoring_workers", "log",  # local and Ray runs are bitwise equal
              # where the engine servers are and how to reach them (a served run equals the
@@ -54,7 +55,18 @@ def config_diff(old: dict, new: dict) -> list[str]:
             continue
         if a.get(k) != b.get(k):
             diff.append(f"{k}: {a.get(k)!r} -> {b.get(k)!r}")
+    was, now = _decay_horizon(a), _decay_horizon(b)
+    if was != now and not diff:  # train.steps moved the end of a linear lr decay
+        diff.append(f"the linear lr decay's end (train.schedule_steps, else train.steps): "
+                    f"{was} -> {now}; set train.schedule_steps={was} to keep the run's")
     return diff
+
+
+def _decay_horizon(flat: dict[str, Any]) -> int | None:
+    """The update at which a linear learning-rate decay reaches 0; None: constant lr."""
+    if flat.get("train.schedule") != "linear":
+        return None
+    return flat.get("train.schedule_steps") or flat.get("train.steps")
 
 
 def without_secrets(cfg: RunConfig) -> RunConfig:

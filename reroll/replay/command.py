@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from reroll import build
-    from reroll.config import ConfigError, read_toml
+    from reroll.config import ConfigError, TrainConfig, read_toml
     from reroll.loop import run as run_loop
     from reroll.replay.store import RolloutStore
     from reroll.runlog import RunDir
@@ -194,8 +194,14 @@ def run(args: argparse.Namespace) -> int:
     cfg = replay_config(src, list(args.overrides), notes)
     store = RolloutStore(src)
     steps_set = any(x.split("=", 1)[0].strip() == "train.steps" for x in args.overrides)
+    recorded = read_toml(src / "config.toml")
+    if cfg.train.schedule == "linear" and not cfg.train.schedule_steps:
+        # the run's own decay, however many of its steps are replayed
+        run_train = recorded.get("train", {})
+        cfg.train.schedule_steps = run_train.get("schedule_steps") or run_train.get(
+            "steps", TrainConfig.steps)
     cfg.train.steps = recorded_steps(store, src, cfg.train.steps if steps_set else None,
-                                     read_toml(src / "config.toml").get("record_every", 1))
+                                     recorded.get("record_every", 1))
     init_dir = initial_weights(src)
     for n in notes:
         print(f"reroll replay: {n}", file=sys.stderr)

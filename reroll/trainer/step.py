@@ -153,6 +153,9 @@ class Trainer:
         # "linear" decays to 0 at total_steps (RL steps, not mini-batches)
         lr_factor(0, steps=total_steps, warmup_steps=warmup_steps, schedule=schedule,
                   key="train.schedule")  # an unknown schedule fails here, not at step 1
+        if schedule == "linear" and total_steps <= 0:
+            raise ValueError(f"train.schedule = \"linear\" needs the number of updates it "
+                             f"decays over (total_steps), got {total_steps}")
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda k: lr_factor(
             k, steps=total_steps, warmup_steps=warmup_steps, schedule=schedule))
         if objective.needs_ref and ref_model is None:

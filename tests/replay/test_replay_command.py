@@ -85,9 +85,13 @@ def test_replay_under_another_preset_trains_differently_on_the_same_batches(
     assert any(not torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_a_stopped_replay_resumes_to_the_runs_weights(tmp_path, small_run):
+@pytest.mark.parametrize("schedule", ["constant", "linear"])
+def test_a_stopped_replay_resumes_to_the_runs_weights(tmp_path, small_run, schedule):
+    """Under a linear lr decay the replay of 3 of the run's 4 steps keeps the run's decay
+    (over 4 updates), not one over the 3 it replays."""
     run = tmp_path / "run"
-    train(small_run(run, "train.steps=4", "ckpt_every=2"), progress=False)
+    train(small_run(run, "train.steps=4", "ckpt_every=2", f"train.schedule={schedule}"),
+          progress=False)
     out = f"out_dir={tmp_path / 'again'}"
     assert replay(run, out, "train.steps=3", "ckpt_every=2") == 0
     # as if killed after step 3's row: the resume starts at the checkpoint of step 2

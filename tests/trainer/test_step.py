@@ -215,3 +215,26 @@ def test_an_unknown_train_schedule_fails_when_the_trainer_is_built_naming_the_ke
     model, _ = tiny
     with pytest.raises(ValueError, match="train.schedule must be one of"):
         Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=1e-3, schedule="cosine")
+    with pytest.raises(ValueError, match="needs the number of updates it decays over"):
+        Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=1e-3, schedule="linear")
+
+
+def test_a_resume_that_moves_the_end_of_a_linear_decay_is_refused(tmp_path, small_run):
+    """train.steps may change on resume (the run goes on longer), except where it is the
+    end of a linear lr decay: that would change every later update's lr."""
+    from reroll.config import ConfigError
+    from reroll.runlog import RunDir
+
+    out = tmp_path / "run"
+    rd = RunDir(small_run(out, "train.steps=4", "train.schedule=linear"))
+    rd.commit()
+    rd.close()
+    with pytest.raises(ConfigError, match=r"linear lr decay's end .*: 4 -> 6; set "
+                                          r"train.schedule_steps=4 to keep the run's"):
+        RunDir(small_run(out, "train.steps=6", "train.schedule=linear"), resume=True)
+    RunDir(small_run(out, "train.steps=6", "train.schedule=linear", "train.schedule_steps=4"),
+           resume=True).close()
+    RunDir(small_run(out, "train.steps=4", "train.schedule=linear"), resume=True).close()
+    const = tmp_path / "const"
+    RunDir(small_run(const, "train.steps=4")).commit()
+    RunDir(small_run(const, "train.steps=6"), resume=True).close()  # constant lr: free
