@@ -28,8 +28,8 @@ from reroll.config import ConfigError, RunConfig, build, dump_toml, read_toml, t
 
 # Keys that may change between a run and its resume (they do not change what is learned;
 # train.steps and train.schedule_steps only where they keep a linear lr decay's end, below).
-RESUMABLE = {"train.steps", "train.schedule_steps", "log_every", "ckpt_every", "record_every", "eval", "out_dir",
-             "runtime.threads", "runtime.kind", "runtime.engine_workers",
+RESUMABLE = {"train.steps", "train.schedule_steps", "log_every", "ckpt_every", "record_every",
+             "eval", "out_dir", "runtime.threads", "runtime.kind", "runtime.engine_workers",
              "runtime.scoring_workers", "log",  # local and Ray runs are bitwise equal
              # where the engine servers are and how to reach them (a served run equals the
              # in-process one; servers move between a stop and a resume)
