@@ -28,7 +28,13 @@ import torch
 from reroll.algo import LossInputs
 from reroll.rollout import Group, Rollout
 from reroll.trainer import checkpoint, credit, shared_prompt, vcpo
-from reroll.trainer.batch import Batch, collate, plan_micro_batches, token_logprobs_and_entropy
+from reroll.trainer.batch import (
+    Batch,
+    collate,
+    micro_slices,
+    plan_micro_batches,
+    token_logprobs_and_entropy,
+)
 from reroll.trainer.precision import autocast
 from reroll.trainer.sft import lr_factor
 
@@ -288,7 +294,7 @@ class Trainer:
                      metrics) -> None:
         n = len(batch)
         order = torch.arange(n)
-        mbs = [slice(i, min(i + mb_size, n)) for i in range(0, n, mb_size)]
+        mbs = micro_slices(n, mb_size)
         lengths = batch.attention_mask.sum(-1).tolist()  # [N] tokens of each sequence
         prompt_ids = _ids(batch)
         metrics["_positions"] = metrics["_real_tokens"] = 0.0
