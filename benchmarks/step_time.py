@@ -43,10 +43,10 @@ def sft_once(out: Path, steps: int) -> Path:
     return out
 
 
-def run(checkout: Path, out: Path, init: Path, steps: int) -> list[float]:
+def run(checkout: Path, out: Path, init: Path, steps: int, extra: list[str]) -> list[float]:
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     args = [f"out_dir={out}", f"init={init}", f"train.steps={steps}", "eval.every=0",
-            "log_every=1", f"ckpt_every={steps}", "record_every=0"]
+            "log_every=1", f"ckpt_every={steps}", "record_every=0", *extra]
     subprocess.run([sys.executable, "-c", RUN, str(CONFIG), *args], check=True, env=env,
                    cwd=checkout)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
@@ -63,24 +63,28 @@ def main() -> None:
     ap.add_argument("--skip", type=int, default=10, help="warm-up steps left out")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sft-steps", type=int, default=525)
+    ap.add_argument("--init", type=Path, default=None,
+                    help="an SFT checkpoint to start from (default: built once, here)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="config overrides for both sides, e.g. runtime.max_staleness=1")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="reroll-steptime-"))
     base = tmp / "base"
     subprocess.run(["git", "worktree", "add", "--detach", str(base), a.base], check=True,
                    cwd=REPO, capture_output=True)
     try:
-        init = sft_once(tmp / "sft", a.sft_steps)
+        init = a.init.resolve() if a.init else sft_once(tmp / "sft", a.sft_steps)
         times: dict[str, list[float]] = {"base": [], "this": []}
         for i in range(a.repeats):
             for side, checkout in (("base", base), ("this", REPO))[:: 1 if i % 2 == 0 else -1]:
-                t = run(checkout, tmp / f"{side}{i}", init, a.steps)[a.skip:]
+                t = run(checkout, tmp / f"{side}{i}", init, a.steps, a.set)[a.skip:]
                 times[side] += t
                 print(f"repeat {i} {side}: median {statistics.median(t):.4f} s/step", flush=True)
         mb, mt = statistics.median(times["base"]), statistics.median(times["this"])
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, cwd=REPO).stdout.strip()
         print(f"base {a.base}: {mb:.4f} s/step; this checkout ({head}): {mt:.4f} s/step; "
-              f"this / base = {mt / mb:.3f}")
+              f"this / base = {mt / mb:.3f}" + (f"  (with {' '.join(a.set)})" if a.set else ""))
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=REPO,
                        capture_output=True)
