@@ -17,9 +17,13 @@ Measured, same model, same run, 2 threads:
    with per-request ``max_new_tokens``, ``max_requests_per_batch = B``), when it runs.
 4. Engine overhead: decode tokens/s of the engine with B requests all running, vs a raw loop
    of ``model(...)`` forwards with a DynamicCache + argmax at the same batch and lengths.
-5. Memory: RSS and KV-cache bytes while 10,000 requests (``--quick``: 1,000) pass through.
+5. Memory: RSS and KV-cache bytes while 10,000 requests (``--quick``: 1,000) pass through
+   (on CUDA also the CUDA memory allocated).
 
-    .venv/bin/python benchmarks/engine_throughput.py [--quick] [--models 0.4M,3M]
+``--device cuda``: the model, and every baseline, on the GPU; clocks are read after
+``torch.cuda.synchronize``.
+
+    .venv/bin/python benchmarks/engine_throughput.py [--quick] [--models 0.4M,3M] [--device cuda]
 """
 
 from __future__ import annotations
@@ -43,6 +47,12 @@ MODELS = {
     "3M": ModelConfig(hidden_size=256, num_layers=4, intermediate_size=768, max_position=512),
 }
 LIMIT = 256
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work before a clock is read (CUDA runs asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def workload(n: int, tok, seed: int = 0) -> list[tuple[list[int], int]]:
@@ -72,10 +82,12 @@ def rollouts(work, seed0: int = 0) -> list[Rollout]:
 def run_engine(model, tok, work, batch: int) -> tuple[float, dict]:
     eng = TorchEngine(model, tok, max_batch=batch, max_seq_len=LIMIT + 32)
     rs = rollouts(work)
+    sync(model.device)
     t0 = time.perf_counter()
     eng.add(rs)
     while eng.pending():
         eng.step()
+    sync(model.device)
     dt = time.perf_counter() - t0
     assert [r.response_len for r in rs] == [n for _, n in work]
     return dt, eng.stats()
@@ -86,16 +98,20 @@ def run_static(model, tok, work, batch: int) -> float:
 
     model.generation_config.eos_token_id = None
     pad = tok.pad_token_id
+    dev = model.device
+    sync(dev)
     t0 = time.perf_counter()
     for i in range(0, len(work), batch):
         chunk = work[i:i + batch]
         width = max(len(p) for p, _ in chunk)
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in chunk])
-        att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in chunk])
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in chunk], device=dev)
+        att = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in chunk],
+                           device=dev)
         gc = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
                               max_new_tokens=max(n for _, n in chunk), pad_token_id=pad)
         with torch.inference_mode():
             model.generate(ids, attention_mask=att, generation_config=gc)
+    sync(dev)
     return time.perf_counter() - t0
 
 
@@ -110,10 +126,12 @@ def run_hf_continuous(model, tok, work, batch: int) -> tuple[float, float] | str
                           max_new_tokens=LIMIT, eos_token_id=-1, pad_token_id=tok.pad_token_id)
     cb = ContinuousBatchingConfig(max_requests_per_batch=batch)
     try:
+        sync(model.device)
         t0 = time.perf_counter()
         with model.continuous_batching_context_manager(
                 generation_config=gc, continuous_batching_config=cb, block=True,
                 timeout=30) as mgr:
+            sync(model.device)
             t1 = time.perf_counter()
             ids = [mgr.add_request(list(p), max_new_tokens=n, eos_token_id=-1) for p, n in work]
             got = {}
@@ -123,6 +141,7 @@ def run_hf_continuous(model, tok, work, batch: int) -> tuple[float, float] | str
                     return "manager stopped before finishing"
                 if r is not None and r.is_finished():
                     got[r.request_id] = r
+            sync(model.device)
             t2 = time.perf_counter()
     except Exception as e:  # report, do not hide: the row says why there is no number
         return f"failed: {type(e).__name__}: {e}"[:160]
@@ -136,29 +155,36 @@ def decode_overhead(model, tok, batch: int, steps: int) -> tuple[float, float]:
     from transformers import DynamicCache
 
     prompt = tok.encode("12345+678=")
+    dev = model.device
     eng = TorchEngine(model, tok, max_batch=batch, max_seq_len=LIMIT + 32)
     eng.add(rollouts([(prompt, steps + 2)] * batch))
     eng.step()
+    sync(dev)
     t0 = time.perf_counter()
     for _ in range(steps):
         eng.step()
+    sync(dev)
     t_eng = time.perf_counter() - t0
     with torch.inference_mode():
         cache = DynamicCache(config=model.config)
-        out = model(input_ids=torch.tensor([prompt] * batch), past_key_values=cache,
+        out = model(input_ids=torch.tensor([prompt] * batch, device=dev), past_key_values=cache,
                     use_cache=True)
         nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        sync(dev)
         t0 = time.perf_counter()
         for _ in range(steps):
             out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
             nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        sync(dev)
         t_raw = time.perf_counter() - t0
     return batch * steps / t_eng, batch * steps / t_raw
 
 
-def memory_run(model, tok, n: int, batch: int) -> list[tuple[int, float, float]]:
-    """(requests done, RSS MiB, KV MiB) every n/10 finished requests; records are dropped
-    as they finish, as a caller that scores and stores them elsewhere would."""
+def memory_run(model, tok, n: int, batch: int) -> list[tuple]:
+    """(requests done, RSS MiB, KV MiB[, CUDA MiB allocated on a GPU]) every n/10 finished
+    requests; records are dropped as they finish, as a caller that scores and stores them
+    elsewhere would."""
+    dev = model.device
     eng = TorchEngine(model, tok, max_batch=batch, max_seq_len=LIMIT + 32)
     work = workload(n, tok, seed=1)
     marks, done, nxt = [], 0, 0
@@ -168,7 +194,10 @@ def memory_run(model, tok, n: int, batch: int) -> list[tuple[int, float, float]]
             nxt += batch
         done += len(eng.step())
         if done >= (len(marks) + 1) * n // 10:
-            marks.append((done, rss_bytes() / 2**20, eng.stats()["kv_cache_bytes"] / 2**20))
+            mark = (done, rss_bytes() / 2**20, eng.stats()["kv_cache_bytes"] / 2**20)
+            if dev.type == "cuda":
+                mark += (torch.cuda.memory_allocated(dev) / 2**20,)
+            marks.append(mark)
     return marks
 
 
@@ -178,6 +207,7 @@ def main() -> None:
     ap.add_argument("--models", default="0.4M,3M")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (every system on it)")
     ap.add_argument("--skip-hf-cb", action="store_true", help="skip transformers' CB manager")
     ap.add_argument("--repeats", type=int, default=None,
                     help="runs per system, best kept (default 1 with --quick, else 2)")
@@ -185,6 +215,7 @@ def main() -> None:
                     help="requests of the memory run (default 10,000; 1,000 with --quick; 0 skips)")
     args = ap.parse_args()
     args.repeats = args.repeats or (1 if args.quick else 2)
+    dev = torch.device(args.device)
     torch.set_num_threads(args.threads)
     n = 128 if args.quick else 512
     n_mem = args.mem_requests if args.mem_requests is not None else (
@@ -192,11 +223,13 @@ def main() -> None:
     B = args.batch
     print(f"# engine_throughput  python {platform.python_version()}  torch {torch.__version__}"
           f"  threads {args.threads}  batch {B}  requests {n}  cpu {os.cpu_count()}"
-          f"  load average {os.getloadavg()[0]:.1f}  best of {args.repeats}")
+          f"  load average {os.getloadavg()[0]:.1f}  best of {args.repeats}"
+          + ("" if dev.type == "cpu" else
+             f"  device {dev} ({torch.cuda.get_device_name(dev)})"))
     tmp = tempfile.mkdtemp(prefix="reroll_bench_")
     for name in args.models.split(","):
         model, tok = load(build_tiny(MODELS[name], os.path.join(tmp, name), seed=0))
-        model.eval()
+        model = model.to(dev).eval()
         params = sum(p.numel() for p in model.parameters())
         work = workload(n, tok)
         useful = sum(k for _, k in work)
@@ -238,12 +271,18 @@ def main() -> None:
     if n_mem <= 0:
         return
     model, tok = load(os.path.join(tmp, args.models.split(",")[0]))
-    marks = memory_run(model.eval(), tok, n_mem, B)
+    marks = memory_run(model.to(dev).eval(), tok, n_mem, B)
     print(f"\n## memory over {n_mem} requests ({args.models.split(',')[0]}, max_batch {B})")
-    print("| requests done | RSS MiB | KV cache MiB |")
-    print("|---|---|---|")
-    for d, rss, kv in marks:
-        print(f"| {d} | {rss:.1f} | {kv:.2f} |")
+    if dev.type == "cuda":
+        print("| requests done | RSS MiB | KV cache MiB | CUDA allocated MiB |")
+        print("|---|---|---|---|")
+        for d, rss, kv, cu in marks:
+            print(f"| {d} | {rss:.1f} | {kv:.2f} | {cu:.1f} |")
+    else:
+        print("| requests done | RSS MiB | KV cache MiB |")
+        print("|---|---|---|")
+        for d, rss, kv in marks:
+            print(f"| {d} | {rss:.1f} | {kv:.2f} |")
     rss = [m[1] for m in marks]
     print(f"load average at the end {os.getloadavg()[0]:.1f}")
     print(f"RSS from the first mark to the last: {rss[-1] - rss[0]:+.1f} MiB "

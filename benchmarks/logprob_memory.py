@@ -13,12 +13,16 @@ random tokens, and measures one ``loss = -logp.mean(); loss.backward()``:
 
 Peak memory is the process's high-water RSS (``ru_maxrss``) after the call minus its RSS
 just before it (a warm-up on 1 x 8 tokens runs first, so kernels and thread pools exist
-without raising the high-water mark). Time is wall time of the first measured call and the
-best of ``--repeats`` more. Each child saves its log-probs and gradients; the parent prints
-the largest differences from ``full``.
+without raising the high-water mark). With ``--device cuda`` the model and tokens are on the
+GPU and peak memory is CUDA's: ``max_memory_allocated`` over the call (peak statistics reset
+after the warm-up) minus ``memory_allocated`` just before it. Time is wall time (on CUDA
+after ``torch.cuda.synchronize``) of the first measured call and the best of ``--repeats``
+more. Each child saves its log-probs and gradients; the parent prints the largest
+differences from ``full``.
 
     python benchmarks/logprob_memory.py                        # 4 x 1,024 tokens
     python benchmarks/logprob_memory.py --batch 2 --length 256 # a quick look
+    python benchmarks/logprob_memory.py --device cuda          # peak CUDA memory
 """
 
 from __future__ import annotations
@@ -72,16 +76,17 @@ def full_logprobs(model, batch):
     return logp.gather(-1, batch.targets.unsqueeze(-1)).squeeze(-1)  # [B, L-1]
 
 
-def make_batch(args, b: int, n: int):
+def make_batch(args, b: int, n: int, device="cpu"):
+    """Seeded random tokens (drawn on the CPU: the same on every device), on ``device``."""
     import torch
 
     from reroll.trainer.batch import Batch
 
     g = torch.Generator().manual_seed(args.seed + 1)
-    ids = torch.randint(0, args.vocab, (b, n), generator=g)
-    ones = torch.ones(b, n - 1)
+    ids = torch.randint(0, args.vocab, (b, n), generator=g).to(device)
+    ones = torch.ones(b, n - 1, device=device)
     return Batch(ids, torch.ones_like(ids), ids[:, 1:], ones, ones * 0,
-                 torch.zeros(b, n - 1, dtype=torch.long))
+                 torch.zeros(b, n - 1, dtype=torch.long, device=device))
 
 
 def child(args) -> None:
@@ -94,7 +99,14 @@ def child(args) -> None:
     from reroll.trainer.batch import token_logprobs
 
     torch.set_num_threads(args.threads)
-    model = build_model(args)
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+
+    def sync() -> None:  # before reading a clock or a memory counter: CUDA runs async
+        if cuda:
+            torch.cuda.synchronize(dev)
+
+    model = build_model(args).to(dev)  # initialised on the CPU: the same weights everywhere
     if args.variant == "full":
         def fn(batch):
             return full_logprobs(model, batch)
@@ -110,22 +122,29 @@ def child(args) -> None:
         (-logp.mean()).backward()
         return logp.detach()
 
-    step(make_batch(args, 1, 8))  # warm-up: kernels, thread pool, grads allocated
-    big = make_batch(args, args.batch, args.length)
+    step(make_batch(args, 1, 8, dev))  # warm-up: kernels, thread pool, grads allocated
+    big = make_batch(args, args.batch, args.length, dev)
     gc.collect()
-    before, high_before = rss_bytes(), maxrss_bytes()
+    sync()
+    if cuda:  # CUDA's allocator: peak since the reset, over what is allocated now
+        torch.cuda.reset_peak_memory_stats(dev)
+        before = high_before = torch.cuda.memory_allocated(dev)
+    else:
+        before, high_before = rss_bytes(), maxrss_bytes()
     t0 = time.perf_counter()
     logp = step(big)
+    sync()
     first = time.perf_counter() - t0
-    peak = maxrss_bytes()
+    peak = torch.cuda.max_memory_allocated(dev) if cuda else maxrss_bytes()
     times = []
     for _ in range(args.repeats):
         t0 = time.perf_counter()
         step(big)
+        sync()
         times.append(time.perf_counter() - t0)
     grads = torch.cat([p.grad.flatten() for p in model.parameters()])
     out = Path(args.out)
-    torch.save({"logp": logp, "grads": grads}, out / f"{args.variant}.pt")
+    torch.save({"logp": logp.cpu(), "grads": grads.cpu()}, out / f"{args.variant}.pt")
     (out / f"{args.variant}.json").write_text(json.dumps({
         "variant": args.variant, "rss_before_mib": before / MiB,
         "high_water_before_mib": high_before / MiB, "peak_mib": (peak - before) / MiB,
@@ -145,6 +164,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="timed calls after the measured one")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu",
+                    help="cpu, cuda or cuda:N; on CUDA the peak is CUDA memory, not RSS")
     ap.add_argument("--variant", help=argparse.SUPPRESS)  # set in the child processes
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -160,23 +181,25 @@ def main() -> None:
     print(f"Qwen2 random init: vocab {args.vocab:,}, hidden {args.hidden}, {args.layers} layers; "
           f"batch {args.batch} x {args.length} tokens = {n_tok:,} positions; full logits "
           f"{n_tok * args.vocab * 4 / MiB:,.0f} MiB in fp32; torch {torch.__version__}, "
-          f"{args.threads} threads", flush=True)
+          f"{args.threads} threads" + ("" if args.device == "cpu" else
+                                        f"; device {args.device}"), flush=True)
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for v in variants:
             cmd = [sys.executable, __file__, "--variant", v, "--out", tmp]
             for k in ("vocab", "hidden", "layers", "batch", "length", "repeats", "threads",
-                      "seed"):
+                      "seed", "device"):
                 cmd += [f"--{k}", str(getattr(args, k))]
             subprocess.run(cmd, check=True, cwd=REPO)
             rows[v] = json.loads((Path(tmp) / f"{v}.json").read_text())
-            saved = torch.load(Path(tmp) / f"{v}.pt")
+            saved = torch.load(Path(tmp) / f"{v}.pt", map_location="cpu")
             rows[v]["logp"], rows[v]["grads"] = saved["logp"], saved["grads"]
             print(f"  {v}: peak +{rows[v]['peak_mib']:,.0f} MiB, {rows[v]['first_s']:.2f} s "
                   f"(best {rows[v]['best_s']:.2f} s)", flush=True)
     full = rows["full"]
     print()
-    print("| variant | rows per chunk | peak RSS over start (MiB) | x of full | first call (s) "
+    measure = "peak RSS" if args.device == "cpu" else "peak CUDA memory"
+    print(f"| variant | rows per chunk | {measure} over start (MiB) | x of full | first call (s) "
           "| best of repeats (s) | x of full | max abs diff log-prob | max abs diff grad |")
     print("|---|---|---|---|---|---|---|---|---|")
     for v, r in rows.items():

@@ -1,7 +1,46 @@
+import os
+
 import pytest
 import torch
 
 torch.set_num_threads(1)
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--device", default=os.environ.get("REROLL_TEST_DEVICE", "cpu"),
+        help="torch device the engine, trainer and run tests put their models on: cpu (the "
+             "default), cuda or cuda:N (also REROLL_TEST_DEVICE)")
+
+
+def pytest_configure(config):
+    name = config.getoption("device")
+    try:
+        dev = torch.device(name)
+    except RuntimeError as e:
+        raise pytest.UsageError(f"--device {name!r}: {e}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise pytest.UsageError(f"--device must be cpu, cuda or cuda:N, got {name!r}")
+    if dev.type == "cpu":
+        # hidden from this process and its children, so that runs left at model.device=auto
+        # stay on the CPU too (CUDA reads this when first used, after this hook)
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    if dev.type == "cuda":
+        if not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count():
+            raise pytest.UsageError(f"--device {name!r}: torch sees "
+                                    f"{torch.cuda.device_count()} CUDA device(s)")
+        # the tests compare against float32 references and equal runs bitwise: no TF32, and
+        # the deterministic kernels where CUDA has them (embedding backward, index_add_)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+@pytest.fixture(scope="session")
+def device(pytestconfig) -> torch.device:
+    """The device of ``--device`` (cpu unless asked): models under test go there."""
+    return torch.device(pytestconfig.getoption("device"))
 
 
 @pytest.fixture(scope="session")
@@ -21,10 +60,11 @@ def tiny(tiny_dir):
 
 
 @pytest.fixture()
-def small_run():
+def small_run(device):
     """``small_run(out_dir, *overrides)``: the config of a tiny RL run (1-digit sums, 4 groups
     of 4 samples, 4 new tokens) that trains a step in well under a second. The reward is "a
-    digit anywhere in the completion", so an untrained model gets a gradient every step."""
+    digit anywhere in the completion", so an untrained model gets a gradient every step.
+    The run's models go on ``--device``."""
     from reroll.config import load_config
 
     base = ["model.max_position=32", "task.args.digits=1", "task.args.n_train=80",
@@ -32,4 +72,5 @@ def small_run():
             "rollout.max_new_tokens=4", "reward.workers=0", "log_every=1", "train.lr=3e-4",
             "runtime.threads=1",
             'reward.verifiers=[{name="format", args={pattern="[0-9]", fullmatch=false}}]']
-    return lambda out, *extra: load_config(None, base + [f"out_dir={out}", *extra])
+    return lambda out, *extra: load_config(None, base + [f"out_dir={out}",
+                                                         f"model.device={device}", *extra])

@@ -18,7 +18,7 @@ N = 12
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
+def run_dir(tmp_path_factory, device):
     from reroll.config import load_config
 
     out = tmp_path_factory.mktemp("export") / "run"
@@ -27,6 +27,7 @@ def run_dir(tmp_path_factory):
                              "rollout.group_size=4", "rollout.batch_groups=2",
                              "rollout.max_new_tokens=4", "reward.workers=0", "train.lr=1e-2",
                              "runtime.threads=1", "train.steps=2", f"out_dir={out}",
+                             f"model.device={device}",
                              'reward.verifiers=[{name="format", args={pattern="[0-9]", '
                              'fullmatch=false}}]'])
     train(cfg, progress=False)

@@ -21,10 +21,16 @@ SMALL = ["model.max_position=32", "task.args.digits=1", "task.args.n_train=80",
 # weights would never move, so equivalence tests would compare two idle runs. This reward
 # ("a digit anywhere in the completion") gives every step a gradient.
 SIGNAL = ['reward.verifiers=[{name="format", args={pattern="[0-9]", fullmatch=false}}]']
+DEVICE = ["model.device=cpu"]  # the runs' models go on --device (set by _on_device)
+
+
+@pytest.fixture(scope="module", autouse=True)  # before the module-scoped runs
+def _on_device(device):
+    DEVICE[:] = [f"model.device={device}"]
 
 
 def small_cfg(out, *extra):
-    return load_config(None, SMALL + [f"out_dir={out}", *extra])
+    return load_config(None, SMALL + DEVICE + [f"out_dir={out}", *extra])
 
 
 def weights(run_dir, step):
@@ -98,7 +104,7 @@ def test_staleness_zero_equals_a_plain_synchronous_loop(tmp_path):
     got = weights(tmp_path / "loop", 3)
     for k, v in model.state_dict().items():
         if k in got:
-            assert torch.equal(got[k], v), k
+            assert torch.equal(got[k], v.cpu()), k
 
 
 def test_reward_rises_after_brief_warm_start(tmp_path):
@@ -148,7 +154,7 @@ def test_checkpoint_that_does_not_match_is_refused_with_exit_2(tmp_path, capsys)
 
     write_manifest(ck)  # a whole checkpoint, just of another model (damage is another test)
     files = {p: p.read_bytes() for p in [*ck.rglob("*"), out / "metrics.jsonl"] if p.is_file()}
-    code = main(["train", "-", *SMALL, f"out_dir={out}", "train.steps=2", "--resume",
+    code = main(["train", "-", *SMALL, *DEVICE, f"out_dir={out}", "train.steps=2", "--resume",
                  "--no-progress"])
     assert code == 2
     assert "does not match the model/optimiser" in capsys.readouterr().err

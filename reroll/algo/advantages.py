@@ -31,8 +31,9 @@ from reroll.registry import Registry
 ADVANTAGES = Registry("advantage")
 
 
-def _all(n: int) -> Tensor:
-    return torch.ones(n, dtype=torch.bool)
+def _all(rewards: Tensor) -> Tensor:
+    """include [N]: every sample, on the rewards' device."""
+    return torch.ones(rewards.shape[0], dtype=torch.bool, device=rewards.device)
 
 
 def _group_normalise(x: Tensor, ids: Tensor, n_groups: int, norm_by_std: bool,
@@ -56,7 +57,7 @@ def grpo(rewards: Tensor, components: Tensor, group_index: Tensor, *,
     """
     check_inputs(rewards, components, group_index, "advantage 'grpo'")
     ids, g = dense_ids(group_index)
-    return _group_normalise(rewards, ids, g, norm_by_std, eps), _all(rewards.shape[0])
+    return _group_normalise(rewards, ids, g, norm_by_std, eps), _all(rewards)
 
 
 @ADVANTAGES.register("rloo")
@@ -71,7 +72,7 @@ def rloo(rewards: Tensor, components: Tensor, group_index: Tensor) -> tuple[Tens
     k = torch.bincount(ids, minlength=g).to(rewards.dtype)[ids]  # [N]
     centred = rewards - group_mean(rewards, ids, g)  # [N]
     adv = torch.where(k > 1, centred * k / (k - 1).clamp(min=1), torch.zeros_like(rewards))
-    return adv, _all(rewards.shape[0])
+    return adv, _all(rewards)
 
 
 @ADVANTAGES.register("reinforce_pp", ranges={"eps": "[0, 1]"})
@@ -93,7 +94,7 @@ def reinforce_pp(rewards: Tensor, components: Tensor, group_index: Tensor,
         mean = torch.where(singleton(ids, g), torch.zeros_like(rewards),
                            group_mean(rewards, ids, g))
         x = rewards - mean
-    return whiten(x, eps, token_counts), _all(rewards.shape[0])
+    return whiten(x, eps, token_counts), _all(rewards)
 
 
 @ADVANTAGES.register("mc_grpo", ranges={"mad_eps": "[0, 1]"})
@@ -137,7 +138,8 @@ def gdpo(rewards: Tensor, components: Tensor, group_index: Tensor, *,
     """
     check_inputs(rewards, components, group_index, "advantage 'gdpo'")
     k = components.shape[1]
-    w = torch.ones(k) if component_weights is None else torch.tensor(component_weights)
+    w = torch.ones(k, device=components.device) if component_weights is None \
+        else torch.tensor(component_weights, device=components.device)
     if w.shape != (k,):
         raise ValueError(f"advantage 'gdpo': component_weights has {w.numel()} entries "
                          f"but the batch has K={k} reward components")
@@ -145,7 +147,7 @@ def gdpo(rewards: Tensor, components: Tensor, group_index: Tensor, *,
     normed = torch.stack([_group_normalise(components[:, j], ids, g, True, eps)
                           for j in range(k)], dim=1)  # [N, K]
     summed = normed @ w.to(normed.dtype)  # [N]
-    return whiten(summed, eps), _all(rewards.shape[0])
+    return whiten(summed, eps), _all(rewards)
 
 
 gdpo.uses_scalar_reward = False  # read by config_checks.validate: reward shaping cannot reach it

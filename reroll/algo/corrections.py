@@ -60,7 +60,7 @@ def _metrics(log_rho: Tensor, weights: Tensor, m: Tensor, dropped: Tensor) -> di
     log_rho = log_rho.clamp(-LOG_CLAMP, LOG_CLAMP)  # diagnostics: finite whatever the gap
     rho = log_rho.exp()
     has = n > 0
-    zero = torch.zeros((), dtype=log_rho.dtype)
+    zero = torch.zeros((), dtype=log_rho.dtype, device=log_rho.device)
     w = weights * fm
     ess = w.sum() ** 2 / (denom * (w * w).sum()).clamp(min=1e-30)
     return {

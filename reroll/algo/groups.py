@@ -48,7 +48,8 @@ def group_sizes(ids: Tensor, n_groups: int) -> Tensor:
 def group_mean(x: Tensor, ids: Tensor, n_groups: int) -> Tensor:
     """Mean of x [N] within each group, gathered back per sample [N]."""
     x64 = x.to(torch.float64)
-    sums = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, ids, x64)  # [G]
+    sums = torch.zeros(n_groups, dtype=torch.float64, device=x.device).index_add_(
+        0, ids, x64)  # [G]
     return (sums / group_sizes(ids, n_groups))[ids].to(x.dtype)
 
 
@@ -56,7 +57,8 @@ def group_std(x: Tensor, ids: Tensor, n_groups: int) -> Tensor:
     """Unbiased (n-1) std of x [N] within each group, per sample [N]; 0 for singletons."""
     x64 = x.to(torch.float64)
     mean = group_mean(x64, ids, n_groups)  # [N]
-    sq = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, ids, (x64 - mean) ** 2)  # [G]
+    sq = torch.zeros(n_groups, dtype=torch.float64, device=x.device).index_add_(
+        0, ids, (x64 - mean) ** 2)  # [G]
     dof = (group_sizes(ids, n_groups) - 1.0).clamp(min=1.0)  # [G]
     return (sq / dof).sqrt()[ids].to(x.dtype)
 
@@ -81,7 +83,7 @@ def group_median(x: Tensor, ids: Tensor, n_groups: int) -> tuple[Tensor, Tensor]
     pivot_pos = starts + (sizes - 1) // 2  # [G]
     pivot_sample = order[pivot_pos]  # [G] batch index of each group's median member
     median = x[pivot_sample][ids]  # [N]
-    is_pivot = torch.zeros(n, dtype=torch.bool)
+    is_pivot = torch.zeros(n, dtype=torch.bool, device=x.device)
     is_pivot[pivot_sample] = True
     return median, is_pivot
 

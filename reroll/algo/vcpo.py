@@ -115,17 +115,18 @@ def opob_baseline(values: Tensor, log_w: Tensor, grad_sq_norms: Tensor, scope: T
         log_u = torch.where(L > 0, log_u - 2.0 * L.clamp(min=1.0).log(),
                             torch.full_like(log_u, -math.inf))
     log_u = torch.nan_to_num(log_u, nan=-math.inf)
-    top = torch.full((n,), -math.inf, dtype=torch.float64).scatter_reduce(
+    f64 = dict(dtype=torch.float64, device=v.device)
+    top = torch.full((n,), -math.inf, **f64).scatter_reduce(
         0, ids, log_u, "amax")  # [S]
     u = torch.where(torch.isfinite(top[ids]), (log_u - top[ids]).exp(),
                     torch.zeros_like(log_u))  # [N], the largest of each scope is 1
-    den = torch.zeros(n, dtype=torch.float64).index_add_(0, ids, u)  # [S]
-    num = torch.zeros(n, dtype=torch.float64).index_add_(0, ids, u * v)  # [S]
-    size = torch.zeros(n, dtype=torch.float64).index_add_(0, ids, torch.ones_like(v))  # [S]
-    mean = torch.zeros(n, dtype=torch.float64).index_add_(0, ids, v) / size  # [S]
+    den = torch.zeros(n, **f64).index_add_(0, ids, u)  # [S]
+    num = torch.zeros(n, **f64).index_add_(0, ids, u * v)  # [S]
+    size = torch.zeros(n, **f64).index_add_(0, ids, torch.ones_like(v))  # [S]
+    mean = torch.zeros(n, **f64).index_add_(0, ids, v) / size  # [S]
     b = torch.where(den > 0, num / den.clamp(min=1e-300), mean)  # [S]
-    lo = torch.full((n,), math.inf, dtype=torch.float64).scatter_reduce(0, ids, v, "amin")
-    hi = torch.full((n,), -math.inf, dtype=torch.float64).scatter_reduce(0, ids, v, "amax")
+    lo = torch.full((n,), math.inf, **f64).scatter_reduce(0, ids, v, "amin")
+    hi = torch.full((n,), -math.inf, **f64).scatter_reduce(0, ids, v, "amax")
     return torch.minimum(torch.maximum(b, lo), hi)[ids]
 
 
@@ -175,7 +176,8 @@ def opob(rewards: Tensor, components: Tensor, group_index: Tensor,
     if norm_by_std:
         dense, n = dense_ids(ids)
         adv = adv / (group_std(rewards.double(), dense, n) + eps)
-    return adv.to(rewards.dtype), torch.ones(rewards.shape[0], dtype=torch.bool)
+    return adv.to(rewards.dtype), torch.ones(rewards.shape[0], dtype=torch.bool,
+                                             device=rewards.device)
 
 
 opob.group_normalised = True  # its default scope's baseline is the group's own samples

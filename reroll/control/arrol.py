@@ -194,12 +194,14 @@ class QualityHead(nn.Module):
             nn.init.zeros_(self.net.bias)
 
     def forward(self, h: Tensor, k: Tensor, lp: Tensor) -> Tensor:
-        """logits [N] from h [N, H] (any float dtype), positions k [N], lp [N, 2]."""
-        h = h.float()
+        """logits [N] from h [N, H] (any float dtype), positions k [N], lp [N, 2], on the
+        head's device (the features are moved there: no-ops when they already are)."""
+        dev = next(self.parameters()).device
+        h = h.to(dev).float()
         h = h / h.norm(dim=-1, keepdim=True).clamp_min(1e-6)  # [N, H], unit length
-        parts = [h, k.to(torch.float32)[:, None] / self.at]  # [N, H], [N, 1]
+        parts = [h, k.to(dev, torch.float32)[:, None] / self.at]  # [N, H], [N, 1]
         if self.confidence:
-            parts.append(lp.to(torch.float32))  # [N, 2]
+            parts.append(lp.to(dev, torch.float32))  # [N, 2]
         return self.net(torch.cat(parts, dim=-1)).squeeze(-1)
 
     def predict(self, h: Tensor, k: Tensor, lp: Tensor) -> Tensor:
@@ -213,8 +215,8 @@ def head_step(head: QualityHead, opt: torch.optim.Optimizer, h: Tensor, k: Tenso
     """One step of mean BCE on (h [N, H], k [N], lp [N, 2], y [N] in {0, 1}); returns the
     head's accuracy (p >= 1/2 vs y), Brier score mean (p - y)^2 and BCE on these samples
     before the step, and the BCE after it."""
-    y = y.to(torch.float32)
     logits = head(h.detach(), k, lp)
+    y = y.to(logits.device, torch.float32)
     loss = nn.functional.binary_cross_entropy_with_logits(logits, y)
     p = torch.sigmoid(logits.detach())
     out = {"arrol/head_accuracy": float(((p >= 0.5).float() == y).float().mean()),

@@ -157,11 +157,14 @@ class SlotCache(Cache):
                 for t in (layer.keys, layer.values)]
 
 
-def prefill_mask(lengths: list[int], dtype: torch.dtype, additive: bool) -> Tensor:
-    """Block-diagonal causal mask ``[1, 1, T, T]`` for sequences packed back to back."""
+def prefill_mask(lengths: list[int], dtype: torch.dtype, additive: bool,
+                 device: torch.device | None = None) -> Tensor:
+    """Block-diagonal causal mask ``[1, 1, T, T]`` for sequences packed back to back, built
+    on ``device`` (default the CPU): no ``T x T`` host tensor to copy over per prefill."""
     total = sum(lengths)
-    seq = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))  # [T]
-    ar = torch.arange(total)
+    seq = torch.repeat_interleave(torch.arange(len(lengths), device=device),
+                                  torch.tensor(lengths, device=device), output_size=total)  # [T]
+    ar = torch.arange(total, device=device)
     allowed = (seq.unsqueeze(1) == seq.unsqueeze(0)) & (ar.unsqueeze(1) >= ar.unsqueeze(0))
     return _as_mask(allowed.view(1, 1, total, total), dtype, additive)
 

@@ -260,7 +260,7 @@ class TorchEngine(Forking, Branching, Drafting, Redrafting, Pruning):
         last = starts + torch.tensor(lens) - 1  # [U]
         if any(nd):  # a draft of D tokens needs the D + 1 rows from its prompt's last on
             last = torch.cat([torch.arange(e - d, e + 1) for e, d in zip(last.tolist(), nd)])
-        mask = prefill_mask(lens, self.dtype, self.additive).to(self.device)
+        mask = prefill_mask(lens, self.dtype, self.additive, self.device)
         logits = self._forward(ids[None], posn[None], mask, last.to(self.device))  # [R, V]
         self._place(n0, [(q, lens[u]) for q, u in chosen])
         self.counts["prefill_forwards"] += 1

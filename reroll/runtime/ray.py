@@ -52,7 +52,8 @@ def _as_ref(state_dict):
 @ray.remote
 class EngineActor:
     def __init__(self, model_dir: str, dtype: str, max_batch: int, threads: int,
-                 engine_name: str, keep_memory: bool, version: int, state_dict=None):
+                 engine_name: str, keep_memory: bool, version: int, state_dict=None,
+                 device: str = "cpu"):
         import torch
 
         from reroll.engine import ENGINES
@@ -65,6 +66,7 @@ class EngineActor:
         model, tok = load(model_dir, dtype)
         if state_dict is not None:
             model.load_state_dict(state_dict)
+        model = model.to(device)  # `model.device`, as resolved in the driver
         self.engine = ENGINES.get(engine_name)(model, tok, max_batch=max_batch, version=version)
 
     def add(self, rollouts: list[Rollout], turns=None) -> None:
@@ -93,9 +95,10 @@ class RayEnginePool:
 
     def __init__(self, model_dir: str | Path, *, workers: int = 1, dtype: str = "float32",
                  max_batch: int = 64, threads: int = 1, version: int = 0, state_dict=None,
-                 engine: str = "torch", keep_memory: bool = True):
+                 engine: str = "torch", keep_memory: bool = True, device: str = "cpu"):
         init_ray(workers)
         self.args = (str(model_dir), dtype, max_batch, threads, engine, keep_memory)
+        self.device = str(device)
         self.version = version
         self._weights = _as_ref(state_dict) if state_dict is not None else None
         self.actors = [self._spawn() for _ in range(workers)]
@@ -106,7 +109,7 @@ class RayEnginePool:
         self._stats: dict[str, float] = {}
 
     def _spawn(self):
-        return EngineActor.remote(*self.args, self.version, self._weights)
+        return EngineActor.remote(*self.args, self.version, self._weights, self.device)
 
     # ---- EngineCore interface ----------------------------------------------------------
     def add(self, rollouts: list[Rollout], turns=None) -> None:
@@ -236,8 +239,10 @@ class TrainerActor:
     @ray.method(num_returns=2)
     def weights(self):
         """(version, state dict): stored as returned, before any later update (no clone);
-        the caller checks the small version, never fetching the weights."""
-        sd = {k: v.detach() for k, v in self.trainer.model.state_dict().items()}
+        the caller checks the small version, never fetching the weights. On the CPU (copied
+        there from a GPU): the engine actors and the driver load them onto their own device,
+        and none has to unpickle CUDA tensors."""
+        sd = {k: v.detach().cpu() for k, v in self.trainer.model.state_dict().items()}
         return self.trainer.version, sd
 
     def save_checkpoint(self, run_dir: str, step: int, state: dict, groups: list[Group]) -> str:
@@ -321,6 +326,7 @@ def components(cfg: RunConfig, init_dir: Path, ckpt: Path | None):
     """Trainer actor, engine actors (started with the trainer's weights, by reference) and
     scorer (scoring actors with `runtime.scoring_workers`, else a local process pool)."""
     from reroll import build, build_rollout
+    from reroll.config_checks import resolve_device
     from reroll.runtime.compose import Components
 
     init_ray(max(1, cfg.runtime.engine_workers))
@@ -330,7 +336,8 @@ def components(cfg: RunConfig, init_dir: Path, ckpt: Path | None):
                          max_batch=-(-build.engine_slots(cfg) // workers),
                          version=trainer.version, threads=build.torch_threads(cfg),
                          state_dict=trainer.weights(), engine=cfg.engine.name,
-                         keep_memory=cfg.runtime.keep_freed_memory)
+                         keep_memory=cfg.runtime.keep_freed_memory,
+                         device=resolve_device(cfg.model.device))
     task = build.build_task(cfg)
     if cfg.runtime.scoring_workers > 0 and build_rollout.uses_verifiers(cfg):
         from reroll.runtime.ray_scoring import RayScoringPool

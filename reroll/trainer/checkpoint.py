@@ -34,14 +34,22 @@ from reroll.rollout import Group
 
 
 def rng_state() -> dict[str, Any]:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-            "python": random.getstate()}
+    """The CPU, numpy and Python generators' states, and each CUDA device's where this
+    process has used CUDA (a CPU-only process never initialises it just to save nothing)."""
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+             "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()  # CPU byte tensors, one per device
+    return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
+    if state.get("cuda") and torch.cuda.is_available():  # the devices this process sees
+        for i, s in enumerate(state["cuda"][:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(s, i)
 
 
 class CheckpointWriteError(OSError):
@@ -180,7 +188,9 @@ def check_optimizer_state(ckpt: Path, optimizer, saved: dict[str, Any]) -> None:
 
 def load_trainer_state(ckpt: Path, optimizer, lr_scheduler=None) -> None:
     """Restore optimiser, LR schedule and RNG (in the process that trains)."""
-    opt = torch.load(ckpt / "optimizer.pt", weights_only=False)
+    # on the CPU, so that a GPU run's checkpoint loads anywhere: load_state_dict moves each
+    # state tensor onto its parameter's device
+    opt = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=False)
     check_optimizer_state(ckpt, optimizer, opt["optimizer"])
     try:
         optimizer.load_state_dict(opt["optimizer"])
@@ -189,7 +199,7 @@ def load_trainer_state(ckpt: Path, optimizer, lr_scheduler=None) -> None:
                               f"config builds: {e}") from None
     if lr_scheduler is not None and opt.get("lr_scheduler"):
         lr_scheduler.load_state_dict(opt["lr_scheduler"])
-    set_rng_state(torch.load(ckpt / "rng.pt", weights_only=False))
+    set_rng_state(torch.load(ckpt / "rng.pt", map_location="cpu", weights_only=False))
 
 
 def read_state(ckpt: Path) -> dict[str, Any]:
@@ -198,12 +208,13 @@ def read_state(ckpt: Path) -> dict[str, Any]:
 
 
 def read_extra(ckpt: Path, name: str) -> Any:
-    """A file ``save`` wrote from ``extras`` (a CheckpointError when it is missing)."""
+    """A file ``save`` wrote from ``extras`` (a CheckpointError when it is missing), its
+    tensors on the CPU (``load_state_dict`` copies them onto the caller's device)."""
     path = ckpt / name
     if not path.is_file():
         raise CheckpointError(f"checkpoint {ckpt} has no {name}: it was written by a run "
                               f"configured differently")
-    return torch.load(path, weights_only=False)
+    return torch.load(path, map_location="cpu", weights_only=False)
 
 
 def read_groups(ckpt: Path) -> list[Group]:

@@ -10,7 +10,8 @@ PRESETS = ["grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp", "mc_grpo",
 
 
 @pytest.mark.parametrize("name", PRESETS)
-def test_preset_loads_builds_and_gives_finite_loss_and_gradient(name):
+def test_preset_loads_builds_and_gives_finite_loss_and_gradient(name, device):
+    """Advantages on the CPU (as the trainer computes them), the loss on ``device``."""
     cfg = load_config(None, [f"preset={name}"])
     obj = build_objective(cfg.algo)
     G, n_groups, T, V = cfg.rollout.group_size, 3, 6, 7
@@ -22,15 +23,19 @@ def test_preset_loads_builds_and_gives_finite_loss_and_gradient(name):
     adv, include = obj.advantages(rewards, comps, gidx)
     assert adv.shape == (N,) and torch.isfinite(adv).all()
 
-    logits = torch.randn(N, T, V, generator=gen).requires_grad_()
-    tokens = torch.randint(0, V, (N, T), generator=gen)
+    def noise(*shape):  # drawn on the CPU (the same numbers whatever the device), moved
+        return torch.randn(*shape, generator=gen).to(device)
+
+    logits = noise(N, T, V).requires_grad_()
+    tokens = torch.randint(0, V, (N, T), generator=gen).to(device)
     logp = logits.log_softmax(-1).gather(-1, tokens[..., None]).squeeze(-1)  # [N, T]
-    prox = logp.detach() + 0.01 * torch.randn(N, T, generator=gen)
-    behav = prox + 0.05 * torch.randn(N, T, generator=gen)
+    prox = logp.detach() + 0.01 * noise(N, T)
+    behav = prox + 0.05 * noise(N, T)
     lengths = torch.randint(1, T + 1, (N,), generator=gen)
-    mask = (torch.arange(T)[None] < lengths[:, None]).float() * include.float()[:, None]
-    ref = prox + 0.1 * torch.randn(N, T, generator=gen) if obj.needs_ref else None
-    inp = LossInputs(logp, prox, behav, adv[:, None].expand(N, T), mask,
+    mask = ((torch.arange(T)[None] < lengths[:, None]).float()
+            * include.float()[:, None]).to(device)
+    ref = prox + 0.1 * noise(N, T) if obj.needs_ref else None
+    inp = LossInputs(logp, prox, behav, adv.to(device)[:, None].expand(N, T), mask,
                      float(mask.sum()), float(N), ref)
     loss, metrics = obj.loss(inp)
     loss.backward()

@@ -94,7 +94,8 @@ def test_a_run_with_the_pruner_logs_and_records_what_it_did(tmp_path, small_run)
             else:
                 assert d["correct"] == (r["reward"] >= 1.0)
                 seen += 1
-    ck = torch.load(tmp_path / "checkpoints" / "step_000003" / "arrol_head.pt")
+    ck = torch.load(tmp_path / "checkpoints" / "step_000003" / "arrol_head.pt",
+                    map_location="cpu")
     assert ck["seen"] == seen  # every trained (not pruned) sample taught the head once
     assert ck["head"]["net.weight"].abs().sum() > 0  # it moved from its zero init
 
@@ -116,7 +117,7 @@ def test_a_resumed_run_makes_the_same_decisions_bitwise(tmp_path, small_run):
     ck = [tmp_path / x / "checkpoints" / "step_000004" for x in "ab"]
     wa, wb = (load_file(str(c / "model" / "model.safetensors")) for c in ck)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
-    ha, hb = (torch.load(c / "arrol_head.pt") for c in ck)
+    ha, hb = (torch.load(c / "arrol_head.pt", map_location="cpu") for c in ck)
     assert ha["seen"] == hb["seen"]
     assert all(torch.equal(ha["head"][k], hb["head"][k]) for k in ha["head"])
 

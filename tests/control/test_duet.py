@@ -99,8 +99,9 @@ def greedy(model, tok, rule=None, n=12):
     return r
 
 
-def test_the_engine_stops_where_the_rule_says_on_a_real_model(tiny):
+def test_the_engine_stops_where_the_rule_says_on_a_real_model(tiny, device):
     model, tok = tiny
+    model = model.to(device)
     g = torch.Generator().manual_seed(7)
     with torch.no_grad():  # spread weights: a long, varied greedy output
         for p in model.parameters():

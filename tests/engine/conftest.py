@@ -1,5 +1,5 @@
 """Tiny 4-layer Llama and Qwen2 models for the engine tests (weights spread out, see
-engine_helpers.spread)."""
+engine_helpers.spread), on ``--device``."""
 
 import pytest
 from engine_helpers import spread
@@ -16,8 +16,9 @@ def arch_dir(request, tmp_path_factory):
 
 
 @pytest.fixture()
-def lm(arch_dir):
-    """(model, tokenizer) with spread-out weights, fresh for each test."""
+def lm(arch_dir, device):
+    """(model, tokenizer) with spread-out weights (drawn on the CPU, so the same on every
+    device), on ``device``, fresh for each test."""
     model, tok = load(arch_dir)
     spread(model, seed=7)
-    return model.eval(), tok
+    return model.to(device).eval(), tok

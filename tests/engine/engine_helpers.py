@@ -24,11 +24,13 @@ def make(tok, text: str, gid: str = "", **sampling) -> Rollout:
 
 
 def full_logprobs(model, tokens: list[int], temperature: float = 1.0) -> torch.Tensor:
-    """log_softmax(logits / T) of each token given its prefix, one full forward: [len-1]."""
+    """log_softmax(logits / T) of each token given its prefix, one full forward on the
+    model's device: [len-1], on the CPU."""
+    ids = torch.tensor([tokens], device=model.device)
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([tokens])).logits[0, :-1].float()
+        logits = model(input_ids=ids).logits[0, :-1].float()
     logp = torch.log_softmax(logits / temperature, dim=-1)
-    return logp.gather(-1, torch.tensor(tokens[1:]).unsqueeze(-1)).squeeze(-1)
+    return logp.gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1).cpu()
 
 
 def assert_sampled_as(r: Rollout, plain: Rollout) -> None:

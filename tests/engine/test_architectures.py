@@ -25,12 +25,13 @@ CONFIGS = {
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("arch", sorted(CONFIGS))
-def test_greedy_equals_generate_for_other_architectures(arch, attn):
+def test_greedy_equals_generate_for_other_architectures(arch, attn, device):
     tok = build_tokenizer()
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(CONFIGS[arch](len(tok)),
                                              attn_implementation=attn).eval()
     spread(model, seed=3)
+    model.to(device)
     prompts = ["12+34=", "hello world ", "abc"]
     rs = [make(tok, p, temperature=0.0, max_new_tokens=30) for p in prompts]
     eng = TorchEngine(model, tok, max_batch=2)
@@ -42,7 +43,7 @@ def test_greedy_equals_generate_for_other_architectures(arch, attn):
     model.generation_config.eos_token_id = None  # run the full 30 tokens like the engine
     gc = GenerationConfig(do_sample=False, max_new_tokens=30, pad_token_id=0)
     for r, p in zip(rs, prompts, strict=True):
-        ids = torch.tensor([tok.encode(p)])
+        ids = torch.tensor([tok.encode(p)], device=device)
         ref = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gc)
         assert r.response_tokens == ref[0, ids.shape[1]:].tolist()
     assert len(set(rs[0].response_tokens)) > 5  # a varied sequence, not one repeated token

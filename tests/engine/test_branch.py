@@ -27,7 +27,7 @@ def _run(engine: TorchEngine) -> None:
         engine.step()
 
 
-def test_the_rule_by_hand():
+def test_the_rule_by_hand(device):
     rows = [  # probabilities (padded with zeros to 7 tokens), sampled token, thresholds
         ([0.40, 0.30, 0.20, 0.10], 0, 0.15, 0.25),  # fires: 0.30 > 0.15, 0.10 < 0.25
         ([0.40, 0.30, 0.20, 0.10], 1, 0.15, 0.25),  # the parent took j: the child takes top
@@ -41,10 +41,11 @@ def test_the_rule_by_hand():
         ([0.14, 0.31, 0.55], 0, 0.15, 0.25),  # sampled neither -> j = 1
         ([0.40, 0.30, 0.20, 0.10], 0, 0.35, 0.25),  # a stricter tau_abs on this row: 0.30
     ]
-    probs = torch.tensor([p + [0.0] * (7 - len(p)) for p, *_ in rows])
-    got = branch_tokens(probs.log(), torch.tensor([s for _, s, _, _ in rows]),
-                        torch.tensor([a for *_, a, _ in rows]),
-                        torch.tensor([r for *_, r in rows]))
+    z = dict(device=device)  # the engine applies the rule on the model's device
+    probs = torch.tensor([p + [0.0] * (7 - len(p)) for p, *_ in rows], **z)
+    got = branch_tokens(probs.log(), torch.tensor([s for _, s, _, _ in rows], **z),
+                        torch.tensor([a for *_, a, _ in rows], **z),
+                        torch.tensor([r for *_, r in rows], **z))
     assert got.tolist() == [1, 0, 1, 1, -1, 1, -1, 1, 2, 1, -1]
 
 
@@ -92,8 +93,8 @@ def test_children_equal_independent_requests_of_the_prefix_and_forced_token(lm):
         assert c.tokens[:t] == root.tokens[:t] and c.tokens[t] != root.tokens[t]
         # the forced token is the top-2 candidate the root did not sample, with its log-prob
         # under the distribution the root sampled from (temperature 1: the full softmax)
-        logp = torch.log_softmax(model(input_ids=torch.tensor([root.tokens[:t]])).logits[
-            0, -1].float().detach(), -1)
+        ids = torch.tensor([root.tokens[:t]], device=model.device)
+        logp = torch.log_softmax(model(input_ids=ids).logits[0, -1].float().detach(), -1)
         top2 = logp.topk(2).indices.tolist()
         assert c.tokens[t] == (top2[0] if root.tokens[t] == top2[1] else top2[1])
         assert abs(c.logprobs[t] - float(full_logprobs(model, c.tokens[:t + 1])[-1])) < 1e-5

@@ -38,20 +38,21 @@ def test_first_rejection_is_the_first_uniform_at_or_above_its_acceptance():
     assert first_rejection(a, torch.tensor([0.5, 0.0, 0.0])) == 0  # u == a rejects
 
 
-def test_the_residual_draw_leaves_the_banned_token_out_and_records_the_full_logprob():
-    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]]))
-    one, k0, p1 = torch.ones(1), torch.zeros(1, dtype=torch.long), torch.ones(1)
+def test_the_residual_draw_leaves_the_banned_token_out_and_records_the_full_logprob(device):
+    z = dict(device=device)  # the engine draws on the model's device
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]])).to(device)
+    one, k0, p1 = torch.ones(1, **z), torch.zeros(1, dtype=torch.long, **z), torch.ones(1, **z)
     # without token 0 the residual is (0, 0.6, 0.4): cdf (0, 0.6, 1.0), u = 0.5 -> token 1
-    tok, lp = sample(logits, one, k0, p1, torch.tensor([0.5]), ban=torch.tensor([0]))
+    tok, lp = sample(logits, one, k0, p1, torch.tensor([0.5], **z), ban=torch.tensor([0], **z))
     assert int(tok) == 1 and abs(float(lp) - math.log(0.3)) < 1e-6  # log p, not log 0.6
     # no ban (-1): cdf (0.5, 0.8, 1.0), u = 0.5 -> token 1 as well, u = 0.4 -> token 0
-    tok, _ = sample(logits, one, k0, p1, torch.tensor([0.4]), ban=torch.tensor([-1]))
+    tok, _ = sample(logits, one, k0, p1, torch.tensor([0.4], **z), ban=torch.tensor([-1], **z))
     assert int(tok) == 0
     # banning a token top-k already removed changes nothing, bit for bit
-    k2 = torch.tensor([2])
-    u = torch.tensor([0.7])
+    k2 = torch.tensor([2], **z)
+    u = torch.tensor([0.7], **z)
     plain = sample(logits, one, k2, p1, u)
-    banned = sample(logits, one, k2, p1, u, ban=torch.tensor([2]))
+    banned = sample(logits, one, k2, p1, u, ban=torch.tensor([2], **z))
     assert torch.equal(plain[0], banned[0]) and torch.equal(plain[1], banned[1])
 
 
@@ -143,7 +144,8 @@ def test_a_draft_rejected_at_its_first_token_equals_plain_sampling_with_the_seed
     plain = make(tok, "sort: 9 1 5 3 -> ", **kw)
     TorchEngine(model, tok).generate([plain])
     with torch.no_grad():
-        first = model(input_ids=torch.tensor([plain.prompt_tokens])).logits[0, -1]
+        first = model(input_ids=torch.tensor([plain.prompt_tokens], device=model.device)
+                      ).logits[0, -1]
     outside = int(first.argsort()[0])  # the least likely token: outside the top 5, p = 0
     r = make(tok, "sort: 9 1 5 3 -> ", **kw)
     r.sampling.draft = Draft((outside,) + tuple(plain.response_tokens[1:]))
@@ -171,7 +173,8 @@ def top(model, prefix: list[int]) -> dict[int, float]:
     """The top-3 tokens after ``prefix`` at temperature 0.7 and their renormalised
     probabilities, from a plain forward."""
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prefix])).logits[0, -1].float() / TEMP
+        ids = torch.tensor([prefix], device=model.device)
+        logits = model(input_ids=ids).logits[0, -1].float() / TEMP
     vals, idx = logits.topk(TOPK)
     return dict(zip(idx.tolist(), torch.softmax(vals, -1).tolist(), strict=True))
 
@@ -200,13 +203,13 @@ def _chi2(counts: dict, probs: dict) -> float:
 
 
 @pytest.fixture(scope="module")
-def qwen(tmp_path_factory):
-    """The distribution tests run on one architecture (the Qwen2 of conftest)."""
+def qwen(tmp_path_factory, device):
+    """The distribution tests run on one architecture (the Qwen2 of conftest), on ``device``."""
     cfg = ModelConfig(arch="qwen2", hidden_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
                       intermediate_size=128)
     model, tok = load(build_tiny(cfg, tmp_path_factory.mktemp("qwen2"), seed=0))
     spread(model, seed=7)
-    return model.eval(), tok
+    return model.to(device).eval(), tok
 
 
 def test_lenience_one_keeps_the_policys_distribution_whatever_the_drafts(qwen):

@@ -10,7 +10,7 @@ N = 40
 
 
 def reference(model, tok, text: str, n: int, eos: int | None = None) -> list[int]:
-    ids = torch.tensor([tok.encode(text)])
+    ids = torch.tensor([tok.encode(text)], device=model.device)
     gc = GenerationConfig(do_sample=False, max_new_tokens=n, eos_token_id=eos, pad_token_id=0)
     out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gc)
     return out[0, ids.shape[1]:].tolist()

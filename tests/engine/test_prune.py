@@ -18,14 +18,15 @@ AT, PROMPT = 3, "12+34="
 
 
 def hidden_of(model, tokens: list[int]) -> torch.Tensor:
-    """The input of the output embedding at every position of one plain forward: [L, H]."""
+    """The input of the output embedding at every position of one plain forward on the
+    model's device: [L, H], on the CPU."""
     got = []
     hook = model.get_output_embeddings().register_forward_pre_hook(
         lambda mod, args: got.append(args[0]))
     with torch.no_grad():
-        model(input_ids=torch.tensor([tokens]))
+        model(input_ids=torch.tensor([tokens], device=model.device))
     hook.remove()
-    return got[0][0].float()
+    return got[0][0].float().cpu()
 
 
 def members(tok, seeds, rule=None, limits=None, gid="g"):
@@ -67,7 +68,7 @@ class Scripted:
 
     def predict(self, h, k, lp):
         out = []
-        for row, kk, conf in zip(h.float(), k.tolist(), lp.tolist()):
+        for row, kk, conf in zip(h.float().cpu(), k.tolist(), lp.tolist()):
             dist = {p: float((row - v).abs().max()) for p, (v, _) in self.refs.items()
                     if len(p) == kk}
             prefix = min(dist, key=dist.get)
@@ -134,7 +135,7 @@ def test_before_the_warm_up_ends_the_cut_follows_the_members_own_draws(lm):
     assert all(r.response_len == AT for r in rs if r.finish == "pruned")
 
 
-def test_a_real_heads_predictions_are_its_values_on_the_checkpoint_hidden_states(lm,
+def test_a_real_heads_predictions_are_its_values_on_the_checkpoint_hidden_states(lm, device,
                                                                               monkeypatch):
     from reroll.trainer import arrol
     from reroll.trainer.arrol import prefix_hidden
@@ -158,11 +159,11 @@ def test_a_real_heads_predictions_are_its_values_on_the_checkpoint_hidden_states
                                        abs=1e-5)
     # the trainer's features of the finished samples are these hidden states too
     done = [r for r in rs if r.finish != "pruned"]
-    h, k, lp = prefix_hidden(model, done, AT, tok.pad_token_id, torch.device("cpu"))
-    p = head.predict(h, k, lp).tolist()
+    h, k, lp = prefix_hidden(model, done, AT, tok.pad_token_id, device)
+    p = head.predict(h.cpu(), k.cpu(), lp.cpu()).tolist()
     assert p == pytest.approx([r.control["arrol"]["p"] for r in done], abs=1e-5)
     monkeypatch.setattr(arrol, "split_head", lambda m: None)  # a model it cannot split
-    h2, k2, lp2 = prefix_hidden(model, done, AT, tok.pad_token_id, torch.device("cpu"))
+    h2, k2, lp2 = prefix_hidden(model, done, AT, tok.pad_token_id, device)
     assert torch.allclose(h2, h, atol=1e-5) and torch.equal(k2, k) and torch.equal(lp2, lp)
 
 

@@ -31,8 +31,9 @@ def test_top_k_logprobs_are_renormalised_over_the_kept_tokens(lm):
     model, tok = lm
     r = make(tok, "12+34=", temperature=1.0, top_k=5, max_new_tokens=12, seed=3)
     TorchEngine(model, tok, max_batch=2).generate([r])
+    ids = torch.tensor([r.tokens], device=model.device)
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([r.tokens])).logits[0, r.prompt_len - 1:-1]
+        logits = model(input_ids=ids).logits[0, r.prompt_len - 1:-1]
     top = logits.topk(5, dim=-1)
     for t, (vals, idx) in enumerate(zip(top.values, top.indices, strict=True)):
         tok_t = r.tokens[r.prompt_len + t]
@@ -62,7 +63,7 @@ def test_seeded_request_samples_the_same_tokens_whatever_its_batch_companions(lm
     assert other.response_tokens != alone.response_tokens
 
 
-def test_abort_then_resume_under_new_weights_gives_one_consistent_record(lm):
+def test_abort_then_resume_under_new_weights_gives_one_consistent_record(lm, device):
     model, tok = lm
     eng = TorchEngine(model, tok, max_batch=4)
     r = make(tok, "hello world ", temperature=1.0, max_new_tokens=20, seed=5)
@@ -76,6 +77,7 @@ def test_abort_then_resume_under_new_weights_gives_one_consistent_record(lm):
     old_state = {k: v.clone() for k, v in model.state_dict().items()}
     new_model = type(model)(model.config)
     spread(new_model, seed=11)
+    new_model.to(device)
     eng.update_weights(new_model.state_dict(), version=1)
     eng.add([r])
     assert r.finish == "running" and r.resume_count == 0
@@ -91,7 +93,7 @@ def test_abort_then_resume_under_new_weights_gives_one_consistent_record(lm):
         (0, P, "prompt", -1), (P, P + 4, "sampled", 0), (P + 4, P + 20, "sampled", 1)]
     new_lp = full_logprobs(new_model, r.tokens)[P + 3:]  # targets P+4 .. P+19
     assert (torch.tensor(r.logprobs[P + 4:]) - new_lp).abs().max() < 1e-4
-    old_model = type(model)(model.config)
+    old_model = type(model)(model.config).to(device)
     old_model.load_state_dict(old_state)
     old_lp = full_logprobs(old_model, r.tokens)[P - 1:P + 3]  # targets P .. P+3
     assert (torch.tensor(r.logprobs[P:P + 4]) - old_lp).abs().max() < 1e-4

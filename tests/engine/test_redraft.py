@@ -14,13 +14,13 @@ from reroll.engine.kv_cache import extend_mask
 from reroll.rollout import BranchRule, Rollout, StopRule, SuffixSource
 
 
-def test_extend_mask_lets_query_j_of_a_row_see_its_positions_up_to_pos_plus_j():
-    pos = torch.tensor([1, 3])
-    m = extend_mask(pos, 2, 5, torch.arange(8), torch.float32, False)  # [2, 1, 2, 5]
+def test_extend_mask_lets_query_j_of_a_row_see_its_positions_up_to_pos_plus_j(device):
+    pos, ar = torch.tensor([1, 3], device=device), torch.arange(8, device=device)
+    m = extend_mask(pos, 2, 5, ar, torch.float32, False)  # [2, 1, 2, 5]
     assert m.shape == (2, 1, 2, 5)
     assert m[0, 0].int().tolist() == [[1, 1, 0, 0, 0], [1, 1, 1, 0, 0]]
     assert m[1, 0].int().tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
-    add = extend_mask(pos, 2, 5, torch.arange(8), torch.float32, True)
+    add = extend_mask(pos, 2, 5, ar, torch.float32, True)
     assert add[0, 0, 0, 2] == torch.finfo(torch.float32).min and add[0, 0, 0, 1] == 0
 
 
@@ -79,7 +79,8 @@ def test_a_proposal_rejected_at_its_first_token_equals_plain_sampling_with_the_s
     # the bigram (a, b) occurs only at the start of the response: the one step proposing
     assert all(tuple(resp[j:j + 2]) != (a, b) for j in range(1, len(resp) - 1))
     with torch.no_grad():
-        nxt = model(input_ids=torch.tensor([plain.prompt_tokens + [a, b]])).logits[0, -1]
+        ids = torch.tensor([plain.prompt_tokens + [a, b]], device=model.device)
+        nxt = model(input_ids=ids).logits[0, -1]
     outside = int(nxt.argsort()[0])  # the least likely token: outside the top 5, p = 0
     r = make(tok, prompt, **kw)
     r.sampling.redraft = SuffixSource(((a, b, outside),), min_match=2, max_match=2)

@@ -30,11 +30,13 @@ def test_concurrent_generate_equals_the_synchronous_core_bitwise(lm):
         assert a.tokens == b.tokens and a.logprobs == b.logprobs and a.finish == b.finish
 
 
-def test_interrupt_resumes_under_new_weights_with_versions_and_logprobs_to_match(lm):
+def test_interrupt_resumes_under_new_weights_with_versions_and_logprobs_to_match(lm,
+                                                                                device):
     model, tok = lm
     old = {k: v.clone() for k, v in model.state_dict().items()}
     new_model = type(model)(model.config)
     spread(new_model, seed=11)
+    new_model.to(device)
     r = make(tok, "hello world ", temperature=1.0, max_new_tokens=20, seed=5)
 
     async def main():
@@ -54,7 +56,7 @@ def test_interrupt_resumes_under_new_weights_with_versions_and_logprobs_to_match
     assert r.resume_count == 1
     new_lp = full_logprobs(new_model, r.tokens)[P + k - 1:]
     assert (torch.tensor(r.logprobs[P + k:]) - new_lp).abs().max() < 1e-4
-    old_model = type(model)(model.config)
+    old_model = type(model)(model.config).to(device)
     old_model.load_state_dict(old)
     old_lp = full_logprobs(old_model, r.tokens)[P - 1:P + k - 1]
     assert (torch.tensor(r.logprobs[P:P + k]) - old_lp).abs().max() < 1e-4

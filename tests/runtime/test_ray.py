@@ -27,10 +27,10 @@ def ray_session(tmp_path_factory):
     ray.shutdown()
 
 
-def test_killed_engine_worker_requests_are_requeued(ray_session, tiny_dir):
+def test_killed_engine_worker_requests_are_requeued(ray_session, tiny_dir, device):
     from reroll.runtime.ray import RayEnginePool
 
-    pool = RayEnginePool(tiny_dir, workers=2, max_batch=16)
+    pool = RayEnginePool(tiny_dir, workers=2, max_batch=16, device=str(device))
     sp = SamplingParams(temperature=1.0, max_new_tokens=12, stop_token_ids=[])
     groups = [new_group(Example(f"p{i}", "", ""), 4, [2, 5 + i, 6], sp, 0) for i in range(4)]
     rollouts = [r for g in groups for r in g.rollouts]
@@ -50,7 +50,7 @@ def test_killed_engine_worker_requests_are_requeued(ray_session, tiny_dir):
     pool.shutdown()
 
 
-def test_train_runs_on_ray_engine_workers(ray_session, tmp_path):
+def test_train_runs_on_ray_engine_workers(ray_session, tmp_path, device):
     from reroll.runlog import read_metrics
     from reroll.runtime import train
 
@@ -60,7 +60,7 @@ def test_train_runs_on_ray_engine_workers(ray_session, tmp_path):
                              "rollout.max_new_tokens=4", "reward.workers=0",
                              "runtime.kind=ray", "runtime.engine_workers=2",
                              "runtime.max_staleness=1", "train.steps=3", "runtime.threads=1", "log_every=1",
-                             f"out_dir={tmp_path}"])
+                             f"out_dir={tmp_path}", f"model.device={device}"])
     train(cfg, progress=False)
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["pipeline/consumed"] == 12
@@ -99,8 +99,16 @@ EQUIV = ['reward.verifiers=[{name="format", args={pattern="[0-9]", fullmatch=fal
          "ckpt_every=1"]
 
 
+DEVICE = ["model.device=cpu"]  # the runs' models go on --device (set by _on_device)
+
+
+@pytest.fixture(scope="module", autouse=True)  # before the module-scoped runs
+def _on_device(device):
+    DEVICE[:] = [f"model.device={device}"]
+
+
 def equiv_cfg(out, *extra):
-    return load_config(None, EQUIV + [f"out_dir={out}", *extra])
+    return load_config(None, EQUIV + DEVICE + [f"out_dir={out}", *extra])
 
 
 def final_weights(run_dir, step=3):
@@ -127,7 +135,7 @@ def ray_run(ray_session, tmp_path_factory):
     seen, real = {}, loop.evaluate
 
     def spy(model, *args, **kwargs):
-        seen.update({k: v.clone() for k, v in model.state_dict().items()})
+        seen.update({k: v.cpu().clone() for k, v in model.state_dict().items()})
         return real(model, *args, **kwargs)
 
     loop.evaluate = spy

@@ -30,19 +30,24 @@ def test_collate_shifts_fields_by_one_and_pads():
     assert batch.n_tokens == 2.0
 
 
-def test_token_logprobs_match_manual_forward(tiny):
+def test_token_logprobs_match_manual_forward(tiny, device):
     model, _ = tiny
+    model.to(device)
     a = rollout([2, 5, 6, 7, 8], 3, [0, 0], [0, 0])
     b = rollout([2, 9, 10], 2, [0], [0])
-    batch = collate([a, b], pad_id=0)
+    batch = collate([a, b], pad_id=0).to(device)
+
+    def t(x):
+        return torch.tensor(x, device=device)
+
     with torch.no_grad():
         got = token_logprobs(model, batch, temperature=0.5)
-        logits = model(torch.tensor([[2, 5, 6, 7, 8]])).logits[0]  # [5, V]
-        want = torch.log_softmax(logits[:-1] / 0.5, -1)[torch.arange(4), torch.tensor([5, 6, 7, 8])]
+        logits = model(t([[2, 5, 6, 7, 8]])).logits[0]  # [5, V]
+        want = torch.log_softmax(logits[:-1] / 0.5, -1)[t([0, 1, 2, 3]), t([5, 6, 7, 8])]
     assert torch.allclose(got[0], want, atol=1e-5)
     with torch.no_grad():
-        logits_b = model(torch.tensor([[2, 9, 10]])).logits[0]
-        want_b = torch.log_softmax(logits_b[:-1] / 0.5, -1)[torch.arange(2), torch.tensor([9, 10])]
+        logits_b = model(t([[2, 9, 10]])).logits[0]
+        want_b = torch.log_softmax(logits_b[:-1] / 0.5, -1)[t([0, 1]), t([9, 10])]
     assert torch.allclose(got[1, :2], want_b, atol=1e-5)  # right padding does not leak
 
 

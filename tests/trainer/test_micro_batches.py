@@ -65,8 +65,9 @@ def rollouts(lengths, prompt=(2, 5, 6)):
     return g
 
 
-def test_trim_cuts_a_batch_to_its_longest_sequence(tiny):
+def test_trim_cuts_a_batch_to_its_longest_sequence(tiny, device):
     model, _ = tiny
+    model.to(device)
     rs = rollouts([1, 4, 2]).rollouts  # sequences of 4, 7 and 5 tokens
     full = collate(rs, pad_id=0, pad_to=12)
     assert full.input_ids.shape == (3, 12)
@@ -82,6 +83,7 @@ def test_trim_cuts_a_batch_to_its_longest_sequence(tiny):
     assert cut.trim() is cut
     # right padding: the real positions' log-probs do not depend on the padding cut away
     tr = Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=0.0)
+    full, cut = full.to(device), cut.to(device)
     with torch.no_grad():
         a = tr._forward(model, full)[0][:, :6] * full.mask[:, :6]
         b = tr._forward(model, cut)[0] * cut.mask
@@ -127,8 +129,9 @@ def assert_same_gradients(a, b):
     (AlgoConfig(kl_coef=0.05), {"minibatches": 2}),  # reference and proximal passes
     (AlgoConfig(kl_coef=0.05, kl_in_reward=True), {}),
 ])
-def test_the_update_does_not_depend_on_how_the_batch_is_cut(tiny, algo, kw):
+def test_the_update_does_not_depend_on_how_the_batch_is_cut(tiny, algo, kw, device):
     model, _ = tiny
+    model.to(device)
     start = {k: v.clone() for k, v in model.state_dict().items()}
     whole = run(model, start, algo, micro_batch=64, **kw)
     in_order = run(model, start, algo, micro_batch=3, **kw)
@@ -138,9 +141,10 @@ def test_the_update_does_not_depend_on_how_the_batch_is_cut(tiny, algo, kw):
     assert len(whole[0]) == 2 * kw.get("minibatches", 1)
 
 
-def test_micro_batches_are_padded_to_their_own_longest_sample(tiny):
+def test_micro_batches_are_padded_to_their_own_longest_sample(tiny, device):
     """Sequences are 3 + the response lengths: [4, 5, 17, 4, 6, 5] and [5, 4, 4, 12, 5, 4]."""
     model, _ = tiny
+    model.to(device)
     start = {k: v.clone() for k, v in model.state_dict().items()}
     _, shapes, m = run(model, start, AlgoConfig(), steps=1, micro_batch=3)
     assert shapes == [(3, 17), (3, 6), (3, 5), (3, 12)]  # not 4 x 17
@@ -155,11 +159,12 @@ def test_micro_batches_are_padded_to_their_own_longest_sample(tiny):
     assert m[0]["train/positions"] == 17 + 24 + 20 + 20
 
 
-def test_the_config_keys_reach_the_trainer(tiny_dir):
+def test_the_config_keys_reach_the_trainer(tiny_dir, device):
     from reroll import build
     from reroll.config import load_config
 
-    cfg = load_config(None, ["train.micro_batch=16", "train.micro_batch_tokens=512"])
+    on = f"model.device={device}"
+    cfg = load_config(None, ["train.micro_batch=16", "train.micro_batch_tokens=512", on])
     t = build.build_trainer(cfg, tiny_dir)
     assert (t.micro_batch, t.micro_batch_tokens) == (16, 512)
-    assert build.build_trainer(load_config(None, []), tiny_dir).micro_batch_tokens == 0
+    assert build.build_trainer(load_config(None, [on]), tiny_dir).micro_batch_tokens == 0

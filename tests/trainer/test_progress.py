@@ -56,10 +56,11 @@ SMALL = ["model.max_position=32", "task.args.digits=1", "task.args.n_train=80",
          'reward.verifiers=[{name="format", args={pattern="[0-9]", fullmatch=false}}]']
 
 
-def test_a_piped_run_logs_progress_on_stderr_while_it_runs(tmp_path):
+def test_a_piped_run_logs_progress_on_stderr_while_it_runs(tmp_path, device):
     steps = 60
-    cmd = [sys.executable, "-m", "reroll.cli", "train", "-", *SMALL, "log_every=10",
-           f"train.steps={steps}", "ckpt_every=1000", f"out_dir={tmp_path / 'run'}"]
+    cmd = [sys.executable, "-m", "reroll.cli", "train", "-", *SMALL, f"model.device={device}",
+           "log_every=10", f"train.steps={steps}", "ckpt_every=1000",
+           f"out_dir={tmp_path / 'run'}"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen, running_at_first = [], None
     for line in proc.stderr:  # read as the lines come

@@ -1,6 +1,6 @@
-"""Training at real sizes, on the CPU: bf16 autocast keeps float32 master weights and AdamW
-state and publishes bf16 weights; a bf16 run trains end to end; activation checkpointing
-changes no gradient; the trainer reports the policy's entropy; `model.device` places the
+"""Training at real sizes, on the test device (``--device``, the CPU unless asked): bf16
+autocast keeps float32 master weights and AdamW state and publishes bf16 weights; a bf16 run
+trains end to end; activation checkpointing changes no gradient; the trainer reports the policy's entropy; `model.device` places the
 trainer and the engine, and a GPU asked for where there is none is refused naming the key."""
 
 import math
@@ -32,10 +32,11 @@ def groups_of(rewards_per_group, tokens=(7, 8, 9)):
 GROUPS = [[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]]
 
 
-def test_bf16_trainer_keeps_fp32_weights_and_adam_state_and_publishes_bf16(tiny):
+def test_bf16_trainer_keeps_fp32_weights_and_adam_state_and_publishes_bf16(tiny, device):
     model, _ = tiny
+    model.to(device)
     fp32 = Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=1e-3)
-    batch = collate([r for g in groups_of(GROUPS) for r in g.rollouts], pad_id=0)
+    batch = collate([r for g in groups_of(GROUPS) for r in g.rollouts], pad_id=0).to(device)
     with torch.no_grad():
         want = fp32._forward(model, batch)[0]  # [N, T]
     t = Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=1e-3,
@@ -62,7 +63,7 @@ def test_bf16_trainer_keeps_fp32_weights_and_adam_state_and_publishes_bf16(tiny)
     assert torch.equal(published[k], model.state_dict()[k].to(torch.bfloat16))
 
 
-def test_a_bf16_run_with_activation_checkpointing_trains_on_the_cpu(tmp_path):
+def test_a_bf16_run_with_activation_checkpointing_trains(tmp_path, device):
     from safetensors.torch import load_file
 
     from reroll.runlog import read_metrics
@@ -70,7 +71,7 @@ def test_a_bf16_run_with_activation_checkpointing_trains_on_the_cpu(tmp_path):
 
     out = tmp_path / "bf16"
     cfg = load_config(None, [
-        f"out_dir={out}", "model.dtype=bfloat16", "model.device=cpu", "train.steps=2",
+        f"out_dir={out}", "model.dtype=bfloat16", f"model.device={device}", "train.steps=2",
         "train.gradient_checkpointing=true",
         "model.max_position=32", "task.args.digits=1", "task.args.n_train=40",
         "task.args.n_test=10", "rollout.group_size=4", "rollout.batch_groups=2",
@@ -88,21 +89,23 @@ def test_a_bf16_run_with_activation_checkpointing_trains_on_the_cpu(tmp_path):
     assert any(not torch.equal(w0[k], w[k]) for k in w)
 
 
-def test_the_engine_gets_the_model_dtype_on_the_trainers_device(tiny_dir):
-    cfg = load_config(None, ["model.dtype=bfloat16", "model.device=cpu"])
+def test_the_engine_gets_the_model_dtype_on_the_trainers_device(tiny_dir, device):
+    cfg = load_config(None, ["model.dtype=bfloat16", f"model.device={device}"])
     trainer = build.build_trainer(cfg, tiny_dir)
-    assert trainer.device == torch.device("cpu")
+    want = torch.empty(0, device=device).device  # "cuda" as tensors report it: cuda:0
+    assert trainer.device == want
     assert {p.dtype for p in trainer.model.parameters()} == {torch.float32}
     engine = build.build_engine(trainer.policy(), build.load_tokenizer(tiny_dir), cfg)
-    assert engine.dtype == torch.bfloat16 and engine.device == torch.device("cpu")
+    assert engine.dtype == torch.bfloat16 and engine.device == want
     engine.update_weights(trainer.weights(), 1)  # bf16 weights load into the bf16 engine
 
 
-def test_gradient_checkpointing_gives_the_same_gradients(tiny_dir):
-    batch = collate([r for g in groups_of(GROUPS) for r in g.rollouts], pad_id=0)
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_dir, device):
+    batch = collate([r for g in groups_of(GROUPS) for r in g.rollouts], pad_id=0).to(device)
 
     def grads(on: bool):
-        cfg = load_config(None, [f"train.gradient_checkpointing={str(on).lower()}"])
+        cfg = load_config(None, [f"train.gradient_checkpointing={str(on).lower()}",
+                                 f"model.device={device}"])
         t = build.build_trainer(cfg, tiny_dir)
         t.model.eval()  # as Trainer.step runs it
         calls = []  # a checkpointed layer's attention runs again in the backward pass
@@ -119,21 +122,23 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_dir):
         torch.testing.assert_close(ckpt[k], plain[k], rtol=0, atol=1e-6, msg=k)
 
 
-def test_gradient_checkpointing_is_refused_for_a_model_with_dropout(tiny, tmp_path):
+def test_gradient_checkpointing_is_refused_for_a_model_with_dropout(tiny, tmp_path, device):
     model, tok = tiny
     model.config.attention_dropout = 0.1  # a checkpointed layer might apply it itself
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
-    cfg = load_config(None, ["train.gradient_checkpointing=true"])
+    on = f"model.device={device}"
+    cfg = load_config(None, ["train.gradient_checkpointing=true", on])
     with pytest.raises(ConfigError, match=r"without dropout .*'attention_dropout': 0.1"):
         build.build_trainer(cfg, tmp_path)
-    build.build_trainer(load_config(None, []), tmp_path)  # without checkpointing: eval mode
+    build.build_trainer(load_config(None, [on]), tmp_path)  # without checkpointing: eval mode
 
 
-def test_the_trainer_reports_the_mean_entropy_of_trained_tokens(tiny):
+def test_the_trainer_reports_the_mean_entropy_of_trained_tokens(tiny, device):
     model, _ = tiny
+    model.to(device)
     groups = groups_of(GROUPS)
-    batch = collate([r for g in groups for r in g.rollouts], pad_id=0)
+    batch = collate([r for g in groups for r in g.rollouts], pad_id=0).to(device)
     t = Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=0.0, micro_batch=2)
     with torch.no_grad():
         _, ent = t._forward(model, batch, entropy=True)  # [N, T]

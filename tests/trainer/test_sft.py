@@ -25,12 +25,13 @@ def test_no_warmup_and_unknown_schedule():
         lr_factor(0, steps=10, warmup_steps=0, schedule="cosine")
 
 
-def test_sft_loss_falls_on_demonstrations(tiny):
+def test_sft_loss_falls_on_demonstrations(tiny, device):
     from reroll import build, build_rollout
     from reroll.config import load_config
     from reroll.trainer.sft import sft
 
     model, tok = tiny
+    model.to(device)
     cfg = load_config(None, ["task.args.digits=1", "task.args.n_train=64", "task.args.n_test=8"])
     task = build.build_task(cfg)
     losses = sft(model, tok, task.train, build_rollout.encode_prompt(tok), steps=30, lr=3e-3,
@@ -58,7 +59,8 @@ def test_a_multi_turn_demo_has_loss_on_policy_turns_and_eos_only(tiny):
     assert r.tokens[-1] == tok.eos_token_id
 
 
-def test_bf16_sft_keeps_fp32_weights_and_adam_state_and_its_loss_falls(tiny, monkeypatch):
+def test_bf16_sft_keeps_fp32_weights_and_adam_state_and_its_loss_falls(tiny, monkeypatch,
+                                                                       device):
     import torch
 
     from reroll import build, build_rollout
@@ -74,6 +76,7 @@ def test_bf16_sft_keeps_fp32_weights_and_adam_state_and_its_loss_falls(tiny, mon
 
     monkeypatch.setattr(torch.optim, "AdamW", AdamW)
     model, tok = tiny
+    model.to(device)
     cfg = load_config(None, ["task.args.digits=1", "task.args.n_train=64", "task.args.n_test=8"])
     task = build.build_task(cfg)
     kw = dict(steps=12, lr=3e-3, batch_size=32, warmup_steps=2)
@@ -105,6 +108,7 @@ def test_reroll_sft_bf16_on_an_explicit_cpu_device_saves_in_model_dtype(tmp_path
     from reroll.runlog import read_metrics
 
     out = tmp_path / "sft"
+    # on the CPU whatever --device says: an explicit model.device=cpu is what this test checks
     assert main(["sft", "-", f"out_dir={out}", "model.device=cpu", "model.dtype=bfloat16",
                  "model.max_position=32", "task.args.digits=1", "task.args.n_train=40",
                  "task.args.n_test=8", "sft.steps=20", "sft.batch_size=16",

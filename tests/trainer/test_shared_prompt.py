@@ -64,10 +64,11 @@ def batches():
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_log_probs_and_entropies_equal_the_padded_batch(tiny, attn):
+def test_log_probs_and_entropies_equal_the_padded_batch(tiny, attn, device):
     model, _ = tiny
+    model.to(device)
     model.config._attn_implementation = attn
-    b = collate([r for g in batches() for r in g.rollouts], pad_id=0)
+    b = collate([r for g in batches() for r in g.rollouts], pad_id=0).to(device)
     plain = Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=0.0)
     shared = Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=0.0, share_prompt=True)
     with torch.no_grad():
@@ -101,8 +102,9 @@ def run(model, start, algo, steps=2, **kw):
     (AlgoConfig(kl_coef=0.05), {"minibatches": 2}),  # reference and proximal passes
     (AlgoConfig(), {"micro_batch_tokens": 24}),  # a token budget: packed by prompt unit
 ])
-def test_the_update_is_the_padded_batchs(tiny, algo, kw):
+def test_the_update_is_the_padded_batchs(tiny, algo, kw, device):
     model, _ = tiny
+    model.to(device)
     start = {k: v.clone() for k, v in model.state_dict().items()}
     plain = run(model, start, algo, **kw)
     shared = run(model, start, algo, share_prompt=True, **kw)
@@ -115,10 +117,11 @@ def test_the_update_is_the_padded_batchs(tiny, algo, kw):
         assert m_b["loss/policy"] == pytest.approx(m_a["loss/policy"], abs=1e-6)
 
 
-def test_packing_forwards_fewer_positions(tiny):
+def test_packing_forwards_fewer_positions(tiny, device):
     """Sequences of 6 + [3, 1, 4, 2], 3 + [2, 5, 1], 8 + [1, 3] tokens: padded, 9 rows x 11;
     packed, one row per prompt: 6 + 10, 3 + 8, 8 + 4 -> 3 rows x 16."""
     model, _ = tiny
+    model.to(device)
     start = {k: v.clone() for k, v in model.state_dict().items()}
     real = 6 * 4 + 10 + 3 * 3 + 8 + 8 * 2 + 4
     m = run(model, start, AlgoConfig(), steps=1)[1][0]
@@ -150,30 +153,32 @@ def test_models_a_packed_row_would_misrepresent_are_refused(tiny):
     refused(bloom, "model type 'bloom' is not one whose layers are all full attention")
 
 
-def test_packing_is_used_only_where_it_costs_fewer_flops(tiny):
+def test_packing_is_used_only_where_it_costs_fewer_flops(tiny, device):
     # hand-worked at H = 2, I = 2: a position costs 2 (4 H^2 + 3 H I) = 56, a pair 4 H = 8.
     # two 5-token samples behind one 3-token prompt: packed 7 x 56 + 49 x 8 = 784 against
     # padded 2 x 5 x 56 + 2 x 25 x 8 = 960; with 20-token responses 17,200 against 11,040
     assert pays([5, 5], [3, 3], [0, 0], hidden=2, intermediate=2)
     assert not pays([23, 23], [3, 3], [0, 0], hidden=2, intermediate=2)
     model, _ = tiny
+    model.to(device)
     t = Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=0.0, share_prompt=True)
-    short = collate([r for g in batches() for r in g.rollouts], pad_id=0)
-    long = collate(group((2, 5, 6), [40, 40, 40, 40]).rollouts, pad_id=0)
+    short = collate([r for g in batches() for r in g.rollouts], pad_id=0).to(device)
+    long = collate(group((2, 5, 6), [40, 40, 40, 40]).rollouts, pad_id=0).to(device)
     assert t._packing(short) is not None
     assert t._packing(long) is None  # goes padded
 
 
-def test_the_config_key_reaches_the_trainer(tiny_dir):
+def test_the_config_key_reaches_the_trainer(tiny_dir, device):
     from reroll import build
     from reroll.config import load_config
 
-    assert build.build_trainer(load_config(None, ["train.share_prompt=true"]),
+    on = f"model.device={device}"
+    assert build.build_trainer(load_config(None, ["train.share_prompt=true", on]),
                                tiny_dir).share_prompt
-    assert not build.build_trainer(load_config(None, []), tiny_dir).share_prompt
+    assert not build.build_trainer(load_config(None, [on]), tiny_dir).share_prompt
 
 
-def test_a_token_budget_keeps_each_prompts_samples_in_one_packed_row(tiny):
+def test_a_token_budget_keeps_each_prompts_samples_in_one_packed_row(tiny, device):
     """Sequences 6 + [3, 1, 4, 2] (prompt A), 3 + [2, 5, 1] (B), 8 + [1, 3] (C), budget 40.
     Units by their longest member, C (11), A (10), B (8); members longest first:
     C 11 9 | A 10 9 8 7 | B 8 5 4. Runs under 40 padded positions: [C 11, C 9, A 10]
@@ -183,6 +188,7 @@ def test_a_token_budget_keeps_each_prompts_samples_in_one_packed_row(tiny):
     instead, the runs would be [C 11, A 10, A 9], [C 9, A 8, B 8, A 7], [B 5, B 4]: A and C
     split over two runs each, 2 x 13 + 3 x 9 + 6 = 59 positions."""
     model, _ = tiny
+    model.to(device)
     start = {k: v.clone() for k, v in model.state_dict().items()}
     m = run(model, start, AlgoConfig(), steps=1, share_prompt=True, micro_batch_tokens=40)
     assert m[1][0]["train/positions"] == 2 * 12 + 2 * 12 + 6

@@ -52,7 +52,7 @@ def run(model, start, algo, batches, skip, weights=None, **kw):
             r.sample_weight = w
         metrics.append(t.step(groups))
     passed = rows
-    probe = collate([r for g in groups_of(MIXED) for r in g.rollouts], pad_id=0)
+    probe = collate([r for g in groups_of(MIXED) for r in g.rollouts], pad_id=0).to(t.device)
     with torch.no_grad():
         logp = t._forward(model, probe)[0] * probe.mask
     return grads, logp, metrics, passed
@@ -78,15 +78,16 @@ def assert_same_update(a, b):
      {"minibatches": 2, "micro_batch": 3}),
     (AlgoConfig(kl_coef=0.05, kl_in_reward=True), {}),
 ])
-def test_skipping_zero_advantage_samples_gives_the_full_passes_update(tiny, algo, kw):
+def test_skipping_zero_advantage_samples_gives_the_full_passes_update(tiny, algo, kw, device):
     model, _ = tiny
+    model.to(device)
     start = {k: v.clone() for k, v in model.state_dict().items()}
     batches = [MIXED, [[0.0, 1.0], [1.0, 1.0, 1.0, 1.0]], MIXED]
     full = run(model, start, algo, batches, skip=False, **kw)
     skip = run(model, start, algo, batches, skip=True, **kw)
     assert_same_update(full, skip)
     model.load_state_dict(start)  # the steps moved the policy
-    probe = collate([r for g in groups_of(MIXED) for r in g.rollouts], pad_id=0)
+    probe = collate([r for g in groups_of(MIXED) for r in g.rollouts], pad_id=0).to(device)
     with torch.no_grad():
         before = Trainer(model, build_objective(AlgoConfig()), pad_id=0,
                          lr=0.0)._forward(model, probe)[0]
@@ -117,8 +118,10 @@ def test_skipping_zero_advantage_samples_gives_the_full_passes_update(tiny, algo
     (AlgoConfig(correction="tis_token", surrogate_args={"dual_clip": 3.0}),
      {"reuse_prox": False, "micro_batch": 4}, None, 5),
 ])
-def test_pivots_zero_weights_and_other_objectives_skip_exactly(tiny, algo, kw, weights, passed):
+def test_pivots_zero_weights_and_other_objectives_skip_exactly(tiny, algo, kw, weights, passed,
+                                                              device):
     model, _ = tiny
+    model.to(device)
     start = {k: v.clone() for k, v in model.state_dict().items()}
     full = run(model, start, algo, [MIXED, MIXED], skip=False, weights=weights, **kw)
     skip = run(model, start, algo, [MIXED, MIXED], skip=True, weights=weights, **kw)
@@ -126,11 +129,12 @@ def test_pivots_zero_weights_and_other_objectives_skip_exactly(tiny, algo, kw, w
     assert sum(full[3]) == 22 and sum(skip[3]) == 2 * passed
 
 
-def test_a_step_whose_samples_are_all_inert_still_makes_adams_momentum_step(tiny):
+def test_a_step_whose_samples_are_all_inert_still_makes_adams_momentum_step(tiny, device):
     """After an informative step, a batch of uniform groups has zero gradient, yet AdamW's
     momentum moves the weights: one sample is passed per mini-batch so that the step (with
     the same parameters holding gradients) happens exactly as with the full pass."""
     model, _ = tiny
+    model.to(device)
     start = {k: v.clone() for k, v in model.state_dict().items()}
     batches = [MIXED, [[1.0, 1.0], [0.0, 0.0, 0.0]]]
     full = run(model, start, AlgoConfig(), batches, skip=False, minibatches=2, micro_batch=2)
@@ -142,8 +146,9 @@ def test_a_step_whose_samples_are_all_inert_still_makes_adams_momentum_step(tiny
 
 @pytest.mark.parametrize("algo", [AlgoConfig(kl_coef=0.05),  # the KL term has A-free gradient
                                   AlgoConfig(ess_lr=True)])  # the ESS needs every sample
-def test_objectives_where_zero_advantage_is_not_inert_pass_every_sample(tiny, algo):
+def test_objectives_where_zero_advantage_is_not_inert_pass_every_sample(tiny, algo, device):
     model, _ = tiny
+    model.to(device)
     assert not build_objective(algo).zero_advantage_inert
     start = {k: v.clone() for k, v in model.state_dict().items()}
     _, _, metrics, rows = run(model, start, algo, [MIXED], skip=True)
@@ -158,10 +163,11 @@ def test_which_objectives_are_inert_at_zero_advantage():
     assert [build_objective(a).zero_advantage_inert for a in no] == [False] * 2
 
 
-def test_the_logged_loss_does_not_depend_on_the_micro_batch_size(tiny):
+def test_the_logged_loss_does_not_depend_on_the_micro_batch_size(tiny, device):
     """loss/* metrics add up the micro-batches' shares (the mini-batch's loss), so how the
     batch is split, or how many samples are skipped, does not change the number logged."""
     model, _ = tiny
+    model.to(device)
     start = {k: v.clone() for k, v in model.state_dict().items()}
     got = [run(model, start, AlgoConfig(), [MIXED], skip=skip, micro_batch=mb)[2][0]
            ["loss/policy"] for skip in (False, True) for mb in (64, 2)]
@@ -169,7 +175,7 @@ def test_the_logged_loss_does_not_depend_on_the_micro_batch_size(tiny):
     assert got[0] != 0.0
 
 
-def test_mixture_of_experts_models_pass_every_sample(tiny_dir, tmp_path):
+def test_mixture_of_experts_models_pass_every_sample(tiny_dir, tmp_path, device):
     """An expert that only skipped samples reach would get no gradient at all (no AdamW step)
     instead of a zero one, so `build_trainer` turns the skip off for such models."""
     from transformers import MixtralConfig, MixtralForCausalLM
@@ -185,6 +191,6 @@ def test_mixture_of_experts_models_pass_every_sample(tiny_dir, tmp_path):
                                            num_local_experts=4, num_experts_per_tok=2))
     moe.save_pretrained(tmp_path / "moe")
     tok.save_pretrained(tmp_path / "moe")
-    cfg = load_config(None, [])
+    cfg = load_config(None, [f"model.device={device}"])
     assert build.build_trainer(cfg, tiny_dir).skip_inert
     assert not build.build_trainer(cfg, tmp_path / "moe").skip_inert

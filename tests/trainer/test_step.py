@@ -37,8 +37,9 @@ def test_groups_of_different_sizes_flatten_in_order_with_their_own_baselines():
     assert torch.allclose(adv, expect, atol=1e-4)
 
 
-def test_a_zero_sample_weight_removes_that_samples_gradient(tiny):
+def test_a_zero_sample_weight_removes_that_samples_gradient(tiny, device):
     model, tok = tiny
+    model.to(device)
     state = {k: v.clone() for k, v in model.state_dict().items()}
 
     def grad_after(weights):
@@ -86,8 +87,10 @@ def test_env_metrics_average_per_episode_sums_of_step_info():
     assert env_metrics([Rollout(prompt_id="p", group_id="g", tokens=[1], prompt_len=1)]) == {}
 
 
-def test_a_non_finite_loss_after_some_minibatches_stepped_restores_weights_and_optimiser(tiny):
+def test_a_non_finite_loss_after_some_minibatches_stepped_restores_weights_and_optimiser(
+        tiny, device):
     model, _ = tiny
+    model.to(device)
     t = Trainer(model, build_objective(AlgoConfig(correction="none")), pad_id=0, lr=1e-2,
                 minibatches=2, micro_batch=2, grad_clip=0.0)
     t.step(groups_of([[1.0, 0.0], [1.0, 0.0]]))  # optimiser state exists now
@@ -111,7 +114,8 @@ def test_a_non_finite_loss_after_some_minibatches_stepped_restores_weights_and_o
     assert all(torch.equal(opt_before[k], opt_after[k]) for k in opt_before)
 
 
-def test_groups_of_different_sizes_collate_log_and_checkpoint_as_they_are(tiny, tmp_path):
+def test_groups_of_different_sizes_collate_log_and_checkpoint_as_they_are(tiny, tmp_path,
+                                                                           device):
     """Variable-size groups end to end: collation keeps one row per sample, the step's
     metrics count samples (not groups x a fixed size), and a checkpoint gives back each
     unconsumed group with its own size and target."""
@@ -140,6 +144,7 @@ def test_groups_of_different_sizes_collate_log_and_checkpoint_as_they_are(tiny, 
     assert (m["engine/failovers"], m["engine/server_failures"], m["engine/servers_alive"]) == \
         (8.0, 1.0, 1.0)
 
+    model.to(device)
     t = Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=1e-3, tokenizer=tok)
     partial = groups_of([[1.0], [0.0, 1.0, 1.0]])
     partial[1].rollouts[2].finish = "running"  # still generating when the checkpoint came
@@ -153,11 +158,13 @@ def test_groups_of_different_sizes_collate_log_and_checkpoint_as_they_are(tiny, 
 
 
 @pytest.mark.parametrize("correction", ["tis_token", "mis_seq"])
-def test_one_minibatch_reuses_the_loss_forward_as_pi_prox_with_the_same_update(tiny, correction):
+def test_one_minibatch_reuses_the_loss_forward_as_pi_prox_with_the_same_update(tiny, correction,
+                                                                               device):
     """With one mini-batch, pi_prox (the policy at the start of the update) is what the
     loss's own forward computes: skipping the separate proximal pass gives bitwise the same
     weights, optimiser state and metrics as the textbook order (a forward pass fewer)."""
     model, tok = tiny
+    model.to(device)
     start = {k: v.clone() for k, v in model.state_dict().items()}
     out = []
     for reuse in (True, False):
@@ -180,13 +187,14 @@ def test_one_minibatch_reuses_the_loss_forward_as_pi_prox_with_the_same_update(t
 
 
 def test_a_linear_schedule_warms_up_then_decays_to_zero_at_the_last_step_and_resumes(
-        tiny, tmp_path):
+        tiny, tmp_path, device):
     """train.schedule = "linear": lr x min(1, (k + 1) / warmup) x (1 - k / steps) at update k
     (0-based), worked out by hand for lr 1e-3, 2 warm-up steps, 5 steps; a trainer restored
     from a checkpoint after 3 updates continues the same sequence."""
     from reroll.trainer import checkpoint
 
     model, tok = tiny
+    model.to(device)
     state = {k: v.clone() for k, v in model.state_dict().items()}
 
     def trainer():
@@ -209,6 +217,21 @@ def test_a_linear_schedule_warms_up_then_decays_to_zero_at_the_last_step_and_res
     checkpoint.load_trainer_state(ck, back.opt, back.sched)
     assert back.opt.param_groups[0]["lr"] == pytest.approx(4e-4, abs=1e-12)
     assert back.step(groups_of([[1.0, 0.0], [0.0, 1.0]]))["lr"] == pytest.approx(2e-4, abs=1e-12)
+
+
+def test_a_checkpoint_restores_the_random_state_of_the_trainers_device(tiny, tmp_path, device):
+    """rng.pt holds the CPU generators' states and, where the trainer runs on a GPU, the CUDA
+    generators' too: a resumed run draws the same numbers on its device."""
+    from reroll.trainer import checkpoint
+
+    model, tok = tiny
+    model.to(device)
+    t = Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=1e-3, tokenizer=tok)
+    ck = t.save_checkpoint(tmp_path, 1, {"version": 0}, [])
+    first = [torch.randn(8), torch.randn(8, device=device)]
+    checkpoint.load_trainer_state(ck, t.opt, t.sched)
+    again = [torch.randn(8), torch.randn(8, device=device)]
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
 def test_an_unknown_train_schedule_fails_when_the_trainer_is_built_naming_the_key(tiny):

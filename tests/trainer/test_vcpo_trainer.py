@@ -39,7 +39,7 @@ def set_behaviour(groups, model, shift=None):
     """Behaviour log-probs = the model's own (on-policy, w_i = 1 exactly), or minus
     ``shift[i]`` on sample i's first response token (log w_i = shift[i])."""
     rollouts = flatten(groups)[0]
-    batch = collate(rollouts, pad_id=0)
+    batch = collate(rollouts, pad_id=0).to(next(model.parameters()).device)
     with torch.no_grad():
         lp = token_logprobs(model, batch)  # [N, T]
     for i, r in enumerate(rollouts):
@@ -54,18 +54,19 @@ def params_of(model):
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def test_per_sample_gradient_norms_equal_separate_single_sample_backward_passes(tiny):
+def test_per_sample_gradient_norms_equal_separate_single_sample_backward_passes(tiny, device):
     model, _ = tiny
+    model.to(device)
     rollouts = flatten(make_groups())[0]
     t = Trainer(model, build_objective(AlgoConfig(advantage="opob")), pad_id=0, lr=1e-3)
-    batch = collate(rollouts, pad_id=0)
+    batch = collate(rollouts, pad_id=0).to(device)
     model.zero_grad(set_to_none=True)
     sq, logp = vcpo.score_grad_sq_norms(lambda b: t._forward(model, b)[0], params_of(model),
                                         batch)
     assert all(p.grad is None for p in params_of(model))  # .grad untouched
     for i, r in enumerate(rollouts):  # each sample alone, backward into .grad
         model.zero_grad(set_to_none=True)
-        alone = collate([r], pad_id=0)
+        alone = collate([r], pad_id=0).to(device)
         lp = token_logprobs(model, alone)
         (lp * alone.mask).sum().backward()
         expect = sum(float(p.grad.double().pow(2).sum()) for p in params_of(model)
@@ -77,16 +78,17 @@ def test_per_sample_gradient_norms_equal_separate_single_sample_backward_passes(
     rollouts[1].loss_exclusion = "pruned"
     calls = []
     sq2, _ = vcpo.score_grad_sq_norms(lambda b: calls.append(1) or token_logprobs(model, b),
-                                      params_of(model), collate(rollouts, pad_id=0))
+                                      params_of(model), collate(rollouts, pad_id=0).to(device))
     assert sq2[1] == 0.0 and len(calls) == len(rollouts) - 1
     assert torch.allclose(sq2[[0, 2, 3, 4]], sq[[0, 2, 3, 4]], rtol=1e-6)
 
 
-def test_the_trainer_feeds_opob_the_norms_and_weights_of_each_sample(tiny):
+def test_the_trainer_feeds_opob_the_norms_and_weights_of_each_sample(tiny, device):
     model, _ = tiny
+    model.to(device)
     groups = set_behaviour(make_groups(), model, shift=[0.5, 0.0, -0.25, 1.0, 0.0])
     rollouts = flatten(groups)[0]
-    batch = collate(rollouts, pad_id=0)
+    batch = collate(rollouts, pad_id=0).to(device)
     sq, _ = vcpo.score_grad_sq_norms(lambda b: token_logprobs(model, b), params_of(model), batch)
     t = Trainer(model, build_objective(AlgoConfig(advantage="opob")), pad_id=0, lr=0.0,
                 minibatches=2)
@@ -113,8 +115,10 @@ def test_the_trainer_feeds_opob_the_norms_and_weights_of_each_sample(tiny):
 
 @pytest.mark.parametrize("minibatches", [1, 2])
 def test_on_policy_the_ess_factor_is_exactly_one_and_the_update_is_the_plain_one(tiny,
-                                                                                 minibatches):
+                                                                                 minibatches,
+                                                                                 device):
     model, _ = tiny
+    model.to(device)
     state = {k: v.clone() for k, v in model.state_dict().items()}
 
     def run(**algo):
@@ -133,8 +137,9 @@ def test_on_policy_the_ess_factor_is_exactly_one_and_the_update_is_the_plain_one
     assert not all(torch.equal(plain[k], state[k]) for k in plain)  # it did update
 
 
-def test_off_policy_a_minibatch_steps_at_the_scaled_lr_and_the_schedule_is_kept(tiny):
+def test_off_policy_a_minibatch_steps_at_the_scaled_lr_and_the_schedule_is_kept(tiny, device):
     model, _ = tiny
+    model.to(device)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     # log w = [0, log 2, log 3, log 2, 0] -> w = [1, 2, 3, 2, 1]: (sum w)^2 / sum w^2 =
     # 81 / 19 = 4.2632, rho = 4.2632 / 5 = 0.85263, sqrt rule: 0.92338

@@ -138,7 +138,8 @@ def test_a_weight_update_mid_episode_resumes_the_turn_under_the_new_weights(tiny
     assert r.resume_count == 1 and r.reward == pytest.approx(0.75)
 
 
-def test_single_turn_as_a_one_turn_environment_equals_the_single_turn_workflow(tmp_path):
+def test_single_turn_as_a_one_turn_environment_equals_the_single_turn_workflow(tmp_path,
+                                                                               device):
     from safetensors.torch import load_file
 
     from reroll.runtime import train
@@ -146,7 +147,7 @@ def test_single_turn_as_a_one_turn_environment_equals_the_single_turn_workflow(t
     small = ["model.max_position=32", "task.args.digits=1", "task.args.n_train=80",
              "task.args.n_test=20", "rollout.group_size=4", "rollout.batch_groups=4",
              "rollout.max_new_tokens=4", "reward.workers=0", "log_every=1", "train.lr=3e-4",
-             "runtime.threads=1", "train.steps=3", "ckpt_every=3"]
+             "runtime.threads=1", "train.steps=3", "ckpt_every=3", f"model.device={device}"]
     spec = '{name="format", args={pattern="[0-9]", fullmatch=false}}'
     a, b = tmp_path / "single", tmp_path / "env"
     train(load_config(None, small + [f"out_dir={a}", f"reward.verifiers=[{spec}]"]),
