@@ -21,16 +21,22 @@ def pytest_configure(config):
         raise pytest.UsageError(f"--device {name!r}: {e}") from None
     if dev.type not in ("cpu", "cuda"):
         raise pytest.UsageError(f"--device must be cpu, cuda or cuda:N, got {name!r}")
+    # set before CUDA is first used (nothing has, yet), for this process and its children
+    # (run subprocesses, Ray workers), so that runs left at model.device=auto go there too
     if dev.type == "cpu":
-        # hidden from this process and its children, so that runs left at model.device=auto
-        # stay on the CPU too (CUDA reads this when first used, after this hook)
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    elif dev.index is not None:  # cuda:N is the only GPU the suite sees, as "cuda"
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = [x for x in shown.split(",") if x.strip()] if shown is not None else None
+        if ids is not None and dev.index >= len(ids):
+            raise pytest.UsageError(f"--device {name!r}: CUDA_VISIBLE_DEVICES={shown!r}")
+        os.environ["CUDA_VISIBLE_DEVICES"] = ids[dev.index] if ids else str(dev.index)
     if dev.type == "cuda":
-        if not torch.cuda.is_available() or (dev.index or 0) >= torch.cuda.device_count():
-            raise pytest.UsageError(f"--device {name!r}: torch sees "
-                                    f"{torch.cuda.device_count()} CUDA device(s)")
-        # the tests compare against float32 references and equal runs bitwise: no TF32, and
-        # the deterministic kernels where CUDA has them (embedding backward, index_add_)
+        if not torch.cuda.is_available():
+            raise pytest.UsageError(f"--device {name!r}: torch sees no CUDA device")
+        # float32 references and bitwise-equal runs: no TF32, and the deterministic kernels
+        # where CUDA has them (only in this process: run subprocesses and Ray actors keep
+        # torch's defaults; ops without one, e.g. cumsum, warn instead of failing)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
@@ -39,8 +45,9 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def device(pytestconfig) -> torch.device:
-    """The device of ``--device`` (cpu unless asked): models under test go there."""
-    return torch.device(pytestconfig.getoption("device"))
+    """The device of ``--device`` (cpu unless asked): models under test go there. cuda:N is
+    "cuda" here, the one GPU the suite sees."""
+    return torch.device(torch.device(pytestconfig.getoption("device")).type)
 
 
 @pytest.fixture(scope="session")

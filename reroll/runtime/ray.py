@@ -25,7 +25,9 @@ default and this one exists to scale out.
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from reroll.config import RunConfig
+from reroll.config_checks import resolve_device
 from reroll.rollout import Group, Rollout
 
 
@@ -40,6 +43,9 @@ def init_ray(engine_workers: int) -> None:
     """Start a local Ray instance when none is connected: one CPU per engine worker and one
     for the driver (the trainer actor reserves none, see `TrainerActor`)."""
     if not ray.is_initialized():
+        # the actors reserve no GPU (engines and trainer share one); older Ray releases hide
+        # every GPU from such actors (CUDA_VISIBLE_DEVICES=""), and model.device=cuda fails
+        os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
         ray.init(num_cpus=max(2, engine_workers + 1), include_dashboard=False,
                  log_to_driver=False, configure_logging=False)
 
@@ -241,8 +247,11 @@ class TrainerActor:
         """(version, state dict): stored as returned, before any later update (no clone);
         the caller checks the small version, never fetching the weights. On the CPU (copied
         there from a GPU): the engine actors and the driver load them onto their own device,
-        and none has to unpickle CUDA tensors."""
-        sd = {k: v.detach().cpu() for k, v in self.trainer.model.state_dict().items()}
+        and none has to unpickle CUDA tensors. In the trainer's ``publish_dtype``, as the local
+        runtime publishes (bf16 training ships half the bytes)."""
+        dt = self.trainer.publish_dtype
+        sd = {k: v.detach().to("cpu", dt if dt is not None and v.is_floating_point() else None)
+              for k, v in self.trainer.model.state_dict().items()}
         return self.trainer.version, sd
 
     def save_checkpoint(self, run_dir: str, step: int, state: dict, groups: list[Group]) -> str:
@@ -261,6 +270,8 @@ class RayTrainer:
     def __init__(self, cfg: RunConfig, init_dir: str | Path, ckpt: str | Path | None = None):
         init_ray(max(1, cfg.runtime.engine_workers))
         self.cfg, self.init_dir = cfg, Path(init_dir).resolve()
+        # "auto" resolved here, as for the engine actors: the actor's process must not decide
+        cfg = replace(cfg, model=replace(cfg.model, device=resolve_device(cfg.model.device)))
         self.actor = TrainerActor.remote(cfg, str(self.init_dir),
                                          str(Path(ckpt).resolve()) if ckpt else None)
         try:
@@ -326,7 +337,6 @@ def components(cfg: RunConfig, init_dir: Path, ckpt: Path | None):
     """Trainer actor, engine actors (started with the trainer's weights, by reference) and
     scorer (scoring actors with `runtime.scoring_workers`, else a local process pool)."""
     from reroll import build, build_rollout
-    from reroll.config_checks import resolve_device
     from reroll.runtime.compose import Components
 
     init_ray(max(1, cfg.runtime.engine_workers))

@@ -38,18 +38,27 @@ def rng_state() -> dict[str, Any]:
     process has used CUDA (a CPU-only process never initialises it just to save nothing)."""
     state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
              "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():  # (asking is_available() first would touch the driver)
         state["cuda"] = torch.cuda.get_rng_state_all()  # CPU byte tensors, one per device
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore `rng_state`'s generators. CUDA's come back only where this process sees as
+    many devices as the saving one did (else the states could land on other GPUs): a warning
+    otherwise, and the resumed run's CUDA draws are not the uninterrupted run's."""
     torch.set_rng_state(state["torch"])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
-    if state.get("cuda") and torch.cuda.is_available():  # the devices this process sees
-        for i, s in enumerate(state["cuda"][:torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(s, i)
+    saved = state.get("cuda")
+    if not saved:
+        return
+    seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if seen != len(saved):
+        warnings.warn(f"checkpoint: the CUDA random state of {len(saved)} device(s) is not "
+                      f"restored: this process sees {seen}", RuntimeWarning, stacklevel=2)
+        return
+    torch.cuda.set_rng_state_all(saved)
 
 
 class CheckpointWriteError(OSError):

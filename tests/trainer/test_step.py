@@ -234,6 +234,21 @@ def test_a_checkpoint_restores_the_random_state_of_the_trainers_device(tiny, tmp
     assert all(torch.equal(a, b) for a, b in zip(first, again))
 
 
+def test_cuda_random_states_for_other_devices_than_this_process_sees_are_not_restored():
+    """A checkpoint from a process that saw another number of GPUs: its CPU generators come
+    back, its CUDA states do not (they could land on other devices), with a warning."""
+    from reroll.trainer import checkpoint
+
+    state = checkpoint.rng_state()
+    seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    state["cuda"] = [torch.zeros(16, dtype=torch.uint8)] * (seen + 1)
+    first = torch.randn(4)
+    with pytest.warns(RuntimeWarning, match=rf"CUDA random state of {seen + 1} device\(s\) "
+                                            rf"is not restored: this process sees {seen}"):
+        checkpoint.set_rng_state(state)
+    assert torch.equal(torch.randn(4), first)
+
+
 def test_an_unknown_train_schedule_fails_when_the_trainer_is_built_naming_the_key(tiny):
     model, _ = tiny
     with pytest.raises(ValueError, match="train.schedule must be one of"):
