@@ -25,6 +25,7 @@ greedy accuracy, and each ratio against reroll. TRL is an optional, benchmark-on
 (``pip install -c constraints.txt trl``).
 
     python benchmarks/vs_trl.py --steps 400 --eval-every 50 --target 0.75 --seeds 3
+    python benchmarks/vs_trl.py --device cuda ...   # every contestant on a GPU
 """
 
 from __future__ import annotations
@@ -108,7 +109,16 @@ def build_cfg():
 
 
 # ---- TRL ---------------------------------------------------------------------------------
-def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: int):
+def sync(device: str) -> None:
+    """Wait for the device's queued work before a clock is read (CUDA runs asynchronously)."""
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: int,
+            device: str = "cpu"):
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -124,9 +134,11 @@ def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: i
 
     class Clock(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
+            sync(device)
             self.t0 = time.perf_counter()
 
         def on_step_end(self, args, state, control, model=None, **kw):
+            sync(device)
             times.append(time.perf_counter() - self.t0)
             if state.global_step % every == 0:
                 curve.append((state.global_step, sum(times), ev(model)))
@@ -136,7 +148,7 @@ def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: i
         num_generations=SAMPLES, max_completion_length=MAX_NEW, temperature=1.0,
         learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         max_grad_norm=1.0, beta=0.0, epsilon=CLIP, loss_type="dapo", scale_rewards="group",
-        num_iterations=1, max_steps=steps, use_cpu=True, bf16=False, fp16=False,
+        num_iterations=1, max_steps=steps, use_cpu=device == "cpu", bf16=False, fp16=False,
         gradient_checkpointing=False, use_vllm=False, report_to="none", save_strategy="no",
         logging_steps=10 ** 9, disable_tqdm=True, seed=seed, dataloader_num_workers=0)
     trainer = GRPOTrainer(model=str(model_dir), reward_funcs=reward, args=args,
@@ -148,7 +160,7 @@ def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: i
 
 # ---- a minimal hand-written loop ---------------------------------------------------------
 def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: int,
-             skip: bool = False):
+             skip: bool = False, device: str = "cpu"):
     """The minimal loop; ``skip``: the forward/backward only on samples with a nonzero
     advantage (the loss still divided by every sample's tokens: the same gradient), as
     reroll's `train.skip_zero_advantage` does."""
@@ -159,7 +171,7 @@ def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: 
 
     torch.manual_seed(seed)
     score = reward_fn(tok, task)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).to(device)
     model.generation_config.pad_token_id = tok.pad_token_id
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     rng = random.Random(seed)
@@ -170,8 +182,9 @@ def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: 
         exs = rng.sample(task.train, PROMPTS)
         ids = [bos + tok(ex.prompt, add_special_tokens=False).input_ids for ex in exs]
         P = max(map(len, ids))  # left padding for generation
-        inp = torch.tensor([[tok.pad_token_id] * (P - len(x)) + x for x in ids])
+        inp = torch.tensor([[tok.pad_token_id] * (P - len(x)) + x for x in ids]).to(device)
         att = (torch.arange(P)[None] >= torch.tensor([P - len(x) for x in ids])[:, None]).long()
+        att = att.to(device)
         model.eval()
         with torch.no_grad():
             out = model.generate(input_ids=inp, attention_mask=att, do_sample=True,
@@ -182,14 +195,15 @@ def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: 
         ended = (comp == tok.eos_token_id).cumsum(-1)
         cmask[(ended - (comp == tok.eos_token_id).long()) > 0] = 0.0  # after the first EOS
         texts = tok.batch_decode(comp, skip_special_tokens=True)
-        rewards = torch.tensor([score(exs[i // SAMPLES].prompt, t) for i, t in enumerate(texts)])
+        rewards = torch.tensor([score(exs[i // SAMPLES].prompt, t) for i, t in enumerate(texts)],
+                               device=device)
         r = rewards.view(PROMPTS, SAMPLES)
         adv = ((r - r.mean(-1, keepdim=True)) / (r.std(-1, keepdim=True) + 1e-6)).view(-1)
         full_att = torch.cat([att.repeat_interleave(SAMPLES, 0), cmask.long()], -1)
         n_tok = cmask.sum().clamp(min=1)
         if skip:  # rows with signal (at least one, so AdamW still steps with every grad)
             live = (adv != 0).nonzero().flatten()
-            live = live if len(live) else torch.tensor([0])
+            live = live if len(live) else torch.tensor([0], device=device)
             out, full_att, comp, cmask, adv = (x[live] for x in (out, full_att, comp, cmask, adv))
         logits = model(input_ids=out, attention_mask=full_att).logits[:, P - 1:-1].float()
         logp = torch.log_softmax(logits, -1).gather(-1, comp[..., None]).squeeze(-1)  # [N, C]
@@ -200,6 +214,7 @@ def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: 
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sync(device)
         times.append(time.perf_counter() - t0)
         if step % every == 0:
             curve.append((step, sum(times), ev(model)))
@@ -207,13 +222,14 @@ def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: 
 
 
 # ---- reroll ------------------------------------------------------------------------------
-def run_reroll(init, steps: int, every: int, seed: int, tmp: Path, extra: list[str]):
+def run_reroll(init, steps: int, every: int, seed: int, tmp: Path, extra: list[str],
+               device: str = "cpu"):
     """reroll's own CLI path; wall time from its metrics (evaluation time left out)."""
     out = tmp / ("reroll-" + "-".join(x.replace("=", "") for x in extra) if extra else "reroll")
     subprocess.run([sys.executable, "-m", "reroll.cli", "train", str(CONFIG), f"out_dir={out}",
                     f"init={init}", f"train.steps={steps}", f"eval.every={every}", "log_every=1",
                     f"ckpt_every={steps}", "record_every=0", f"train.seed={seed}",
-                    "train.schedule=constant", *extra],  # the main job decays; TRL here does not
+                    "train.schedule=constant", f"model.device={device}", *extra],  # the main job decays; TRL here does not
                    check=True, cwd=REPO, stdout=subprocess.DEVNULL)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     start, evals = rows[0]["time"], 0.0  # row 0: after start-up and the first evaluation
@@ -272,6 +288,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads of trl and hand (reroll: runtime.threads of its config, "
                          "1 per side); 2 on a machine whose 2 cores are busy oversubscribes")
+    ap.add_argument("--device", default="cpu",
+                    help="cpu, cuda or cuda:N: every contestant's model there (reroll: "
+                         "model.device; TRL: use_cpu off, its own device placement)")
     ap.add_argument("--keep-freed-memory", action="store_true",
                     help="fix glibc's malloc thresholds in this process too (trl, hand), as "
                          "reroll's runtime.keep_freed_memory does in its own")
@@ -298,13 +317,14 @@ def main() -> None:
             ev = Evaluator(cfg, tok, task)
             t0 = time.perf_counter()
             if name == "trl":
-                times, curve = run_trl(model_dir, tok, task, ev, a.steps, a.eval_every, seed)
+                times, curve = run_trl(model_dir, tok, task, ev, a.steps, a.eval_every, seed,
+                                       a.device)
             elif name in ("hand", "hand_skip"):
                 times, curve = run_hand(model_dir, tok, task, ev, a.steps, a.eval_every, seed,
-                                        skip=name == "hand_skip")
+                                        skip=name == "hand_skip", device=a.device)
             else:
                 times, curve = run_reroll(init, a.steps, a.eval_every, seed, out,
-                                          VARIANTS.get(name, []))
+                                          VARIANTS.get(name, []), a.device)
             step = statistics.median(times[a.skip:] or times)
             runs.setdefault(name, []).append((step, curve))
             print(f"{name:13s} seed {seed} {step:.4f} s/step  wall {time.perf_counter() - t0:.0f}s"
@@ -327,8 +347,8 @@ def main() -> None:
         print("    " + " ".join(f"{s}:{acc:.3f}" for s, _, acc in curve))
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True, cwd=REPO).stdout.strip()
-    print(f"commit {head}, torch threads {a.threads} (trl, hand); reroll per its config; "
-          f"glibc thresholds fixed for trl and hand: {a.keep_freed_memory}")
+    print(f"commit {head}, device {a.device}, torch threads {a.threads} (trl, hand); reroll "
+          f"per its config; glibc thresholds fixed for trl and hand: {a.keep_freed_memory}")
 
 
 if __name__ == "__main__":
