@@ -33,7 +33,7 @@ from reroll.trainer.logprobs import chunked_logprobs, split_head
 class Packed:
     input_ids: Tensor  # [G, W] long: one row per distinct prompt
     position_ids: Tensor  # [G, W] long: restarting after the prompt for each response
-    allowed: Tensor  # [G, 1, W, W] bool: query i may attend to key j
+    segments: Tensor  # [G, W] long: -1 the prompt, m the row's m-th response, -2 padding
     src_row: Tensor  # [n] the packed row and column whose hidden state predicts target n
     src_col: Tensor  # [n]
     targets: Tensor  # [n] long: the response tokens
@@ -43,6 +43,19 @@ class Packed:
     @property
     def positions(self) -> int:
         return self.input_ids.numel()
+
+    @property
+    def allowed(self) -> Tensor:
+        return self.mask()
+
+    def mask(self, device: torch.device | str | None = None) -> Tensor:
+        """[G, 1, W, W] bool, built on ``device`` (no W x W host tensor to copy to a GPU):
+        query i may attend to key j when j <= i and j is the prompt or i's own response."""
+        seg = self.segments.to(device)
+        ar = torch.arange(seg.shape[1], device=seg.device)
+        causal = ar.view(1, -1, 1) >= ar.view(1, 1, -1)  # [1, q, k]
+        same = (seg.unsqueeze(1) == -1) | (seg.unsqueeze(1) == seg.unsqueeze(2))  # [G, q, k]
+        return (causal & same).unsqueeze(1)
 
 
 def pack(rows: list[list[int]], lengths: list[int], prompt_lens: list[int],
@@ -79,12 +92,8 @@ def pack(rows: list[list[int]], lengths: list[int], prompt_lens: list[int],
     ids = torch.tensor([x + [x[0] if x else 0] * f for x, f in zip(ids_rows, fill)])
     pos = torch.tensor([x + [0] * f for x, f in zip(pos_rows, fill)])
     seg = torch.tensor([x + [-2] * f for x, f in zip(seg_rows, fill)])  # [G, W]
-    ar = torch.arange(width)
-    causal = ar.view(1, width, 1) >= ar.view(1, 1, width)  # [1, q, k]
-    same = (seg.unsqueeze(1) == -1) | (seg.unsqueeze(1) == seg.unsqueeze(2))  # [G, q, k]
     t = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
-    return Packed(ids, pos, (causal & same).unsqueeze(1), t(src_r), t(src_c), t(tgt),
-                  t(dst_r), t(dst_c))
+    return Packed(ids, pos, seg, t(src_r), t(src_c), t(tgt), t(dst_r), t(dst_c))
 
 
 def _row_widths(lengths: list[int], prompt_lens: list[int], prompt_ids: list[int]) -> list[int]:
@@ -159,7 +168,7 @@ def shared_prompt_logprobs(model: nn.Module, input_ids: Tensor, lengths: list[in
     head = split_head(model)
     pk = pack(input_ids.tolist(), lengths, prompt_lens, prompt_ids)
     dev = input_ids.device
-    allowed = pk.allowed.to(dev)
+    allowed = pk.mask(dev)
     if model.config._attn_implementation == "eager":  # additive: 0 / most negative
         dtype = next(model.parameters()).dtype
         allowed = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill_(
