@@ -12,7 +12,9 @@ over ``--steps`` updates, alternated ``--repeats`` times; the positions each for
 ``--part budget``: the same update under a token budget (``train.micro_batch_tokens`` =
 ``--budget``), ``--budget-groups`` groups at ``--budget-shape``: padded micro-batches; packed
 by prompt with the samples sorted one by one (the plan before prompts were kept together);
-and packed with each prompt's samples kept together (`plan_micro_batches`' ``units``).
+each prompt's samples kept together with the budget counted in padded positions (the plan
+before it counted the layout's); and kept together with the budget counted in the positions
+of the layout each pass runs in (`plan_micro_batches`' ``units``, `PackedCost`).
 
 ``--part main``: ``reroll train configs/arithmetic.toml`` from one SFT warm start (``--init``
 or built once), ``--main-steps`` synchronous steps with and without the option, alternated;
@@ -131,11 +133,19 @@ def part_budget(a) -> None:
     from reroll.algo import build_objective
     from reroll.config import AlgoConfig, ModelConfig
     from reroll.models import build_tiny, load
+    from reroll.trainer.batch import plan_micro_batches
     from reroll.trainer.step import Trainer
 
     class BySample(Trainer):  # the plan before units: samples sorted one by one
-        def _plan(self, lengths, run, prompt_ids):
+        def _plan(self, lengths, run, prompts):
             return super()._plan(lengths, run, None)
+
+    class PaddedBudget(Trainer):  # prompts kept together, the budget in padded positions
+        def _plan(self, lengths, run, prompts):
+            idx = run.tolist()
+            return [run[torch.tensor(p, dtype=torch.long)] for p in plan_micro_batches(
+                [lengths[i] for i in idx], self.micro_batch, self.micro_batch_tokens,
+                [prompts[0][i] for i in idx])]
 
     torch.set_num_threads(a.threads)
     p, r = (int(x) for x in a.budget_shape.split("x"))
@@ -146,6 +156,7 @@ def part_budget(a) -> None:
     model.eval()
     groups = groups_for(a.budget_groups, p, r, len(tok), a.seed)
     kinds = {"padded": (Trainer, False), "shared, by sample": (BySample, True),
+             "by prompt, padded budget": (PaddedBudget, True),
              "shared, by prompt": (Trainer, True)}
     times: dict[str, list[float]] = {k: [] for k in kinds}
     out = {}
@@ -167,7 +178,7 @@ def part_budget(a) -> None:
                 times[name].append(time.perf_counter() - t0)
             out[name]["passes"] = len(passes)
     print(f"{a.budget_groups} groups x 8, prompt {p}, responses {r // 2}-{r} tokens, budget "
-          f"{a.budget} padded positions, hidden {a.hidden}, {a.layers} layers")
+          f"{a.budget} positions, hidden {a.hidden}, {a.layers} layers")
     base = statistics.median(times["padded"])
     for name in kinds:
         med = statistics.median(times[name])

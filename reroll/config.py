@@ -396,7 +396,8 @@ class TrainConfig:
     dense attention grows with its square, so a micro-batch is packed only where that costs
     fewer FLOPs than padding (long prompts next to responses; not a short prompt before long
     responses). A token budget (train.micro_batch_tokens) then sorts prompts, not samples,
-    by length, so that a prompt's samples stay in one micro-batch where they fit. Needs
+    by length, so that a prompt's samples stay in one micro-batch where they fit, and counts
+    the positions of the layout each pass runs in (packed rows x the widest). Needs
     sdpa or eager attention and full-attention layers over rotary or learned positions
     (Llama, Qwen2/3, Mistral without a window, Gemma, ...): other models are refused."""
     logprob_chunk: int = 0

@@ -113,23 +113,44 @@ def micro_slices(n: int, size: int) -> list[slice]:
     return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
+class PaddedCost:
+    """Positions a run of samples forwards padded to its longest (samples x longest), kept
+    as samples join it: `plan_micro_batches`' default measure of a run against its budget."""
+
+    def __init__(self, lengths: Sequence[int]):
+        self.lengths = lengths
+        self.reset()
+
+    def reset(self) -> None:
+        self.n, self.widest = 0, 0
+
+    def with_(self, i: int) -> int:
+        """The run's positions if sample ``i`` joined it."""
+        return (self.n + 1) * max(self.widest, self.lengths[i])
+
+    def add(self, i: int) -> None:
+        self.n += 1
+        self.widest = max(self.widest, self.lengths[i])
+
+
 def plan_micro_batches(lengths: Sequence[int], rows: int, tokens: int = 0,
-                       units: Sequence | None = None) -> list[list[int]]:
+                       units: Sequence | None = None,
+                       cost: PaddedCost | None = None) -> list[list[int]]:
     """Positions into ``lengths`` (sequence lengths), grouped into micro-batches.
 
     ``tokens == 0``: consecutive runs of at most ``rows`` samples, in order. ``tokens > 0``
     (a token budget, verl's dynamic batch size): the samples longest first (ties in order),
-    cut into consecutive runs of at most ``rows`` samples whose padded size, samples x the
-    run's longest, is at most ``tokens``; a sample longer than the budget gets a run of its
-    own. Each micro-batch is then padded to its own longest sequence only (`Batch.trim`),
-    so sorting leaves little padding where lengths vary (long-tail responses).
+    cut into consecutive runs of at most ``rows`` samples whose size, measured by ``cost``
+    (default `PaddedCost`: samples x the run's longest), is at most ``tokens``; a sample
+    longer than the budget gets a run of its own. Each micro-batch is then padded to its own
+    longest sequence only (`Batch.trim`), so sorting leaves little padding where lengths vary
+    (long-tail responses).
 
     ``units`` (with a budget; one key per sample, e.g. its prompt id under
     ``train.share_prompt``): the samples of a unit stay next to each other, so that they
     land in one micro-batch unless it fills up. Units go longest member first (ties in
-    order of first appearance), their members longest first; the budget bounds each run's
-    padded size as before (a run that starts inside a unit may meet a longer sample of the
-    next unit: its longest is tracked)."""
+    order of first appearance), their members longest first; ``cost`` then is usually the
+    positions of the packed layout (`reroll.trainer.shared_prompt.PackedCost`)."""
     rows = max(1, rows)
     if tokens <= 0:
         return [list(range(i, min(i + rows, len(lengths)))) for i in range(0, len(lengths), rows)]
@@ -143,14 +164,14 @@ def plan_micro_batches(lengths: Sequence[int], rows: int, tokens: int = 0,
             first.setdefault(u, i)
         order = sorted(range(len(lengths)),
                        key=lambda i: (-longest[units[i]], first[units[i]], -lengths[i], i))
+    cost = cost if cost is not None else PaddedCost(lengths)
+    cost.reset()
     plan: list[list[int]] = []
-    widest = 0  # the last run's longest sample
     for i in order:
-        w = max(widest, lengths[i])
-        if plan and len(plan[-1]) < rows and (len(plan[-1]) + 1) * w <= tokens:
+        if plan and len(plan[-1]) < rows and cost.with_(i) <= tokens:
             plan[-1].append(i)
-            widest = w
         else:
             plan.append([i])
-            widest = lengths[i]
+            cost.reset()
+        cost.add(i)
     return plan

@@ -21,11 +21,13 @@ trainer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
+from reroll.trainer.batch import PaddedCost
 from reroll.trainer.logprobs import chunked_logprobs, split_head
 
 
@@ -149,13 +151,53 @@ def pays(lengths: list[int], prompt_lens: list[int], prompt_ids: list[int], hidd
     So few long responses behind a short prompt go padded."""
     if not lengths:
         return False
-    per_pos, per_pair = 2 * (4 * hidden * hidden + 3 * hidden * intermediate), 4 * hidden
     rows = _row_widths(lengths, prompt_lens, prompt_ids)
-    w = max(rows)
-    packed = len(rows) * w * per_pos + len(rows) * w * w * per_pair
-    longest = max(lengths)
-    padded = len(lengths) * longest * per_pos + len(lengths) * longest * longest * per_pair
+    return _packed_cheaper(len(rows), max(rows), len(lengths), max(lengths), hidden,
+                           intermediate)
+
+
+def _packed_cheaper(rows: int, width: int, n: int, longest: int, hidden: int,
+                    intermediate: int) -> bool:
+    """`pays` from the two layouts' sizes: ``rows`` packed rows of ``width`` against ``n``
+    padded rows of ``longest``."""
+    per_pos, per_pair = 2 * (4 * hidden * hidden + 3 * hidden * intermediate), 4 * hidden
+    packed = rows * width * per_pos + rows * width * width * per_pair
+    padded = n * longest * per_pos + n * longest * longest * per_pair
     return packed < padded
+
+
+class PackedCost(PaddedCost):
+    """Positions a run of samples forwards in the layout the trainer gives it, kept as
+    samples join: packed by prompt (rows x the widest row) where that costs fewer FLOPs
+    (`pays`), else padded. `plan_micro_batches`' measure under ``train.share_prompt``, so a
+    token budget counts the positions a pass really runs."""
+
+    def __init__(self, lengths: Sequence[int], prompt_lens: Sequence[int],
+                 prompt_ids: Sequence[int], hidden: int, intermediate: int):
+        self.prompt_lens, self.prompt_ids = prompt_lens, prompt_ids
+        self.widths = (hidden, intermediate)
+        super().__init__(lengths)
+
+    def reset(self) -> None:
+        super().reset()
+        self.rows: dict[int, int] = {}  # prompt id -> its packed row's tokens so far
+        self.width = 0
+
+    def _row(self, i: int) -> int:
+        p = self.prompt_lens[i]
+        return self.rows.get(self.prompt_ids[i], p) + self.lengths[i] - p
+
+    def with_(self, i: int) -> int:
+        g = len(self.rows) + (self.prompt_ids[i] not in self.rows)
+        w = max(self.width, self._row(i))
+        n, longest = self.n + 1, max(self.widest, self.lengths[i])
+        return g * w if _packed_cheaper(g, w, n, longest, *self.widths) else n * longest
+
+    def add(self, i: int) -> None:
+        row = self._row(i)
+        self.rows[self.prompt_ids[i]] = row
+        self.width = max(self.width, row)
+        super().add(i)
 
 
 def shared_prompt_logprobs(model: nn.Module, input_ids: Tensor, lengths: list[int],

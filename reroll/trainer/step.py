@@ -195,20 +195,27 @@ class Trainer:
         """[N, T] log-probs of every sample (0 on padding), micro-batch by micro-batch."""
         out = torch.zeros(batch.targets.shape, dtype=torch.float32, device=self.device)
         lengths = batch.attention_mask.sum(-1).tolist()
-        for sel in self._plan(lengths, torch.arange(len(batch)), _ids(batch)):
+        for sel in self._plan(lengths, torch.arange(len(batch)), _prompts(batch)):
             sel = sel.to(self.device)
             logp = self._forward(model, batch.slice(sel).trim())[0]  # [b, t]
             out[sel, :logp.shape[1]] = logp.float()
         return out
 
     def _plan(self, lengths: list[int], run: torch.Tensor,
-              prompt_ids: list[int] | None) -> list[torch.Tensor]:
-        """The samples ``run`` (indices [n] on the CPU) as micro-batches of indices; under
-        ``share_prompt`` a token budget keeps the samples of a prompt together."""
+              prompts: tuple[list[int], list[int]] | None) -> list[torch.Tensor]:
+        """The samples ``run`` (indices [n] on the CPU) as micro-batches of indices. Under
+        ``share_prompt`` (``prompts``: each sample's prompt id and length) a token budget keeps
+        the samples of a prompt together and counts the positions of the layout each pass
+        runs in (packed rows where they cost fewer FLOPs, `shared_prompt.PackedCost`)."""
         idx = run.tolist()
-        units = [prompt_ids[i] for i in idx] if self.share_prompt and prompt_ids else None
+        size = [lengths[i] for i in idx]
+        units = cost = None
+        if self.share_prompt and prompts is not None:
+            units = [prompts[0][i] for i in idx]
+            cost = shared_prompt.PackedCost(size, [prompts[1][i] for i in idx], units,
+                                            *self._widths)
         return [run[torch.tensor(p, dtype=torch.long)] for p in plan_micro_batches(
-            [lengths[i] for i in idx], self.micro_batch, self.micro_batch_tokens, units)]
+            size, self.micro_batch, self.micro_batch_tokens, units, cost)]
 
     def step(self, groups: Sequence[Group]) -> dict[str, float]:
         rollouts, rewards, comps, gidx = flatten(groups)
@@ -296,7 +303,7 @@ class Trainer:
         order = torch.arange(n)
         mbs = micro_slices(n, mb_size)
         lengths = batch.attention_mask.sum(-1).tolist()  # [N] tokens of each sequence
-        prompt_ids = _ids(batch)
+        prompts = _prompts(batch)
         metrics["_positions"] = metrics["_real_tokens"] = 0.0
         # the samples each mini-batch passes through the model; at least one (one with a
         # trainable token where there is one), so that an update whose samples are all inert
@@ -312,7 +319,7 @@ class Trainer:
             n_seq = max(float(include[mb].sum()), 1.0)
             self.opt.zero_grad(set_to_none=True)
             log_w = []  # [b] per micro-batch: sequence IS weights for VCPO's ESS
-            for sel in self._plan(lengths, run, prompt_ids):
+            for sel in self._plan(lengths, run, prompts):
                 size = [lengths[i] for i in sel.tolist()]  # padded to the longest, or packed
                 sel = sel.to(self.device)
                 sub = batch.slice(sel).trim()
@@ -392,6 +399,8 @@ class Trainer:
         pass
 
 
-def _ids(batch: Batch) -> list[int] | None:
-    """Each sample's prompt id (`collate`), or None."""
-    return None if batch.prompt_ids is None else batch.prompt_ids.tolist()
+def _prompts(batch: Batch) -> tuple[list[int], list[int]] | None:
+    """Each sample's prompt id (`collate`) and prompt length, or None."""
+    if batch.prompt_ids is None:
+        return None
+    return batch.prompt_ids.tolist(), batch.prompt_lens.tolist()

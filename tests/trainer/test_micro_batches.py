@@ -168,3 +168,26 @@ def test_the_config_keys_reach_the_trainer(tiny_dir, device):
     t = build.build_trainer(cfg, tiny_dir)
     assert (t.micro_batch, t.micro_batch_tokens) == (16, 512)
     assert build.build_trainer(load_config(None, [on]), tiny_dir).micro_batch_tokens == 0
+
+
+def test_packed_cost_counts_the_positions_of_the_layout_a_pass_runs_in():
+    """Samples of 6, 6 (prompt 0, 1 token) and 4 tokens (prompt 1, 2 tokens). At hidden 128
+    a position costs 2 (4 x 128^2 + 3 x 128 x 256) = 327,680 FLOPs and a query-key pair 512:
+    positions decide. Samples 0 and 1 packed: one row of 1 + 5 + 5 = 11, not 2 x 6; with
+    sample 2 too, rows 11 and 4 -> 2 x 11 = 22 against 3 x 6 = 18 padded: padded. At hidden 1
+    (a position 8, a pair 4) the pair term decides: one packed row of 11 costs 11 x 8 + 121 x
+    4 = 572, two padded rows of 6 cost 2 x 6 x 8 + 2 x 36 x 4 = 384: padded, 12 positions."""
+    from reroll.trainer.shared_prompt import PackedCost
+
+    lengths, prompt_lens, ids = [6, 6, 4], [1, 1, 2], [0, 0, 1]
+    wide = PackedCost(lengths, prompt_lens, ids, hidden=128, intermediate=256)
+    wide.add(0)
+    assert wide.with_(1) == 11
+    wide.add(1)
+    assert wide.with_(2) == 18
+    narrow = PackedCost(lengths, prompt_lens, ids, hidden=1, intermediate=0)
+    narrow.add(0)
+    assert narrow.with_(1) == 12
+    # a budget of 11: the packed pair fits in one pass; counted padded (12) it would not
+    assert plan_micro_batches(lengths, rows=8, tokens=11, units=ids, cost=wide) == [[0, 1], [2]]
+    assert plan_micro_batches(lengths, rows=8, tokens=11, units=ids) == [[0], [1], [2]]

@@ -181,14 +181,17 @@ def test_the_config_key_reaches_the_trainer(tiny_dir, device):
 def test_a_token_budget_keeps_each_prompts_samples_in_one_packed_row(tiny, device):
     """Sequences 6 + [3, 1, 4, 2] (prompt A), 3 + [2, 5, 1] (B), 8 + [1, 3] (C), budget 40.
     Units by their longest member, C (11), A (10), B (8); members longest first:
-    C 11 9 | A 10 9 8 7 | B 8 5 4. Runs under 40 padded positions: [C 11, C 9, A 10]
-    (3 x 11 = 33), [A 9, A 8, A 7, B 8] (4 x 9 = 36), [B 5, B 4] (2 x 5). Packed, each run
-    forwards one row per prompt, prompt then responses: [C: 8 + 3 + 1 | A: 6 + 4] -> 2 rows
-    x 12; [A: 6 + 1 + 3 + 2 | B: 3 + 5] -> 2 x 12; [B: 3 + 2 + 1] -> 1 x 6. Sorted by sample
-    instead, the runs would be [C 11, A 10, A 9], [C 9, A 8, B 8, A 7], [B 5, B 4]: A and C
-    split over two runs each, 2 x 13 + 3 x 9 + 6 = 59 positions."""
+    C 11 9 | A 10 9 8 7 | B 8 5 4. The budget counts the positions of the layout a pass runs
+    in (at hidden 128 the attention term is too small to matter: packed wherever it has fewer
+    positions). [C 11] alone: 11 either way. + C 9: C's row 8 + 3 + 1 = 12 < 2 x 11 padded.
+    + A 10, 9, 8, 7: rows C 12 and A 6 + 4 + 3 + 2 + 1 = 16 -> 2 x 16 = 32 (padded 6 x 11).
+    + B 8 would make 3 rows x 16 = 48 > 40: a new run, [B 8, 5, 4] -> 3 + 5 + 2 + 1 = 11.
+    So 32 + 11 = 43 positions in 2 passes. Counting padded positions instead, the runs were
+    [C 11, C 9, A 10] (3 x 11 = 33), [A 9, A 8, A 7, B 8] (4 x 9), [B 5, B 4]: packed 2 x 12 +
+    2 x 12 + 6 = 54 in 3 passes; sorted by sample, [C 11, A 10, A 9], [C 9, A 8, B 8, A 7],
+    [B 5, B 4]: A and C split over two runs each, 2 x 13 + 3 x 9 + 6 = 59."""
     model, _ = tiny
     model.to(device)
     start = {k: v.clone() for k, v in model.state_dict().items()}
     m = run(model, start, AlgoConfig(), steps=1, share_prompt=True, micro_batch_tokens=40)
-    assert m[1][0]["train/positions"] == 2 * 12 + 2 * 12 + 6
+    assert m[1][0]["train/positions"] == 2 * 16 + 1 * 11
