@@ -397,7 +397,8 @@ class TrainConfig:
     fewer FLOPs than padding (long prompts next to responses; not a short prompt before long
     responses). A token budget (train.micro_batch_tokens) then sorts prompts, not samples,
     by length, so that a prompt's samples stay in one micro-batch where they fit, and counts
-    the positions of the layout each pass runs in (packed rows x the widest). Needs
+    the positions of the layout each pass runs in (packed rows x the widest; the mask of a
+    packed pass, rows x width^2 booleans, is then larger than a padded pass's). Needs
     sdpa or eager attention and full-attention layers over rotary or learned positions
     (Llama, Qwen2/3, Mistral without a window, Gemma, ...): other models are refused."""
     logprob_chunk: int = 0
