@@ -210,7 +210,7 @@ class Trainer:
         idx = run.tolist()
         size = [lengths[i] for i in idx]
         units = cost = None
-        if self.share_prompt and prompts is not None:
+        if self.share_prompt and prompts is not None and self.micro_batch_tokens > 0:
             units = [prompts[0][i] for i in idx]
             cost = shared_prompt.PackedCost(size, [prompts[1][i] for i in idx], units,
                                             *self._widths)
