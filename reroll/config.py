@@ -373,7 +373,8 @@ class TrainConfig:
     micro_batch_tokens: int = 0
     """Token budget of a forward/backward pass (verl's dynamic batch size): > 0 sorts each
     mini-batch's samples by length and cuts them into micro-batches of at most this many
-    padded positions (samples x the longest of them; a longer sample alone) and at most
+    padded positions (samples x the longest of them; a longer sample alone; under
+    share_prompt, the positions of the packed layout where a pass packs) and at most
     micro_batch samples, so long-tail response lengths leave little padding and memory is
     bounded by tokens, not rows. 0: micro_batch samples at a time, in order. Does not change
     the gradient (up to float rounding); train/padding_share says what padding is left."""
