@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Creates .venv and installs reroll with its dev extras. torch is pinned to the 2.13.0 CPU
-# build first and held there by a constraint, so no dependency can upgrade it.
+# Creates .venv and installs reroll with its dev extras. torch is pinned to 2.13.0 first (the
+# CPU build here; a CUDA build of 2.13.0 already in .venv is kept) and held there by a
+# constraint, so no dependency can upgrade it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

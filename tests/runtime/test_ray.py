@@ -21,6 +21,7 @@ pytestmark = pytest.mark.ray
 def ray_session(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ray")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # as `init_ray` sets it
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              _temp_dir=str(tmp), configure_logging=False)
     yield
