@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 
 from reroll.config import RunConfig
@@ -19,8 +20,6 @@ def torch_threads(cfg: RunConfig) -> int:
     """Intra-op threads per side: ``runtime.threads``, or with 0 every core this process may
     use in a synchronous run (trainer and engine take turns) and half of them in an async
     one (they work at the same time)."""
-    import os
-
     if cfg.runtime.threads > 0:
         return cfg.runtime.threads
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -30,8 +29,8 @@ def torch_threads(cfg: RunConfig) -> int:
 
 def prepare_process(cfg: RunConfig) -> None:
     """Set this thread's torch threads (threads started afterwards, the engine's, inherit
-    them) and, with ``runtime.keep_freed_memory``, glibc's malloc thresholds
-    (`reroll.memory`)."""
+    them), with ``runtime.keep_freed_memory`` glibc's malloc thresholds (`reroll.memory`),
+    and with ``runtime.deterministic`` torch's deterministic kernels."""
     import torch
 
     from reroll.memory import keep_freed_memory
@@ -39,6 +38,19 @@ def prepare_process(cfg: RunConfig) -> None:
     torch.set_num_threads(torch_threads(cfg))
     if cfg.runtime.keep_freed_memory:
         keep_freed_memory()
+    if cfg.runtime.deterministic:
+        deterministic_kernels()
+
+
+def deterministic_kernels() -> None:
+    """`runtime.deterministic` in this process: before its first CUDA work (cuBLAS reads its
+    workspace setting when it starts)."""
+    import torch
+
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
 
 
 def quiet_transformers() -> None:

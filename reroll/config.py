@@ -467,6 +467,13 @@ class RuntimeConfig:
     trainer and engine actors) instead of handing it back to the OS and faulting it in
     again on the next step (`reroll.memory`); the resident size stays at its peak. Off:
     glibc's own adaptive thresholds."""
+    deterministic: bool = False
+    """torch's deterministic kernels in every process that runs a model (the run's own, Ray's
+    trainer and engine actors), as TrainingArguments.full_determinism sets them: a fixed
+    cuBLAS workspace, cuDNN deterministic and not benchmarking, use_deterministic_algorithms
+    (ops without a deterministic CUDA kernel, e.g. the cumsum of top-p sampling, warn
+    instead of failing). So that equal GPU runs (resume and uninterrupted, Ray and local)
+    agree bit for bit; slower. CPU kernels are deterministic already."""
 
 
 @dataclass

@@ -35,8 +35,8 @@ def pytest_configure(config):
         if not torch.cuda.is_available():
             raise pytest.UsageError(f"--device {name!r}: torch sees no CUDA device")
         # float32 references and bitwise-equal runs: no TF32, and the deterministic kernels
-        # where CUDA has them (only in this process: run subprocesses and Ray actors keep
-        # torch's defaults; ops without one, e.g. cumsum, warn instead of failing)
+        # where CUDA has them, in this process (runs on `on_device` set them in theirs, Ray
+        # actors included); ops without one, e.g. cumsum, warn instead of failing
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
@@ -48,6 +48,14 @@ def device(pytestconfig) -> torch.device:
     """The device of ``--device`` (cpu unless asked): models under test go there. cuda:N is
     "cuda" here, the one GPU the suite sees."""
     return torch.device(torch.device(pytestconfig.getoption("device")).type)
+
+
+@pytest.fixture(scope="session")
+def on_device(device) -> list[str]:
+    """Config overrides that put a run on ``--device``: on CUDA with runtime.deterministic,
+    so that runs compared bit for bit use the same kernels in every process."""
+    return [f"model.device={device}"] + (["runtime.deterministic=true"]
+                                         if device.type == "cuda" else [])
 
 
 @pytest.fixture(scope="session")
@@ -67,7 +75,7 @@ def tiny(tiny_dir):
 
 
 @pytest.fixture()
-def small_run(device):
+def small_run(on_device):
     """``small_run(out_dir, *overrides)``: the config of a tiny RL run (1-digit sums, 4 groups
     of 4 samples, 4 new tokens) that trains a step in well under a second. The reward is "a
     digit anywhere in the completion", so an untrained model gets a gradient every step.
@@ -79,5 +87,4 @@ def small_run(device):
             "rollout.max_new_tokens=4", "reward.workers=0", "log_every=1", "train.lr=3e-4",
             "runtime.threads=1",
             'reward.verifiers=[{name="format", args={pattern="[0-9]", fullmatch=false}}]']
-    return lambda out, *extra: load_config(None, base + [f"out_dir={out}",
-                                                         f"model.device={device}", *extra])
+    return lambda out, *extra: load_config(None, base + [f"out_dir={out}", *on_device, *extra])

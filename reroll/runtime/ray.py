@@ -59,7 +59,7 @@ def _as_ref(state_dict):
 class EngineActor:
     def __init__(self, model_dir: str, dtype: str, max_batch: int, threads: int,
                  engine_name: str, keep_memory: bool, version: int, state_dict=None,
-                 device: str = "cpu"):
+                 device: str = "cpu", deterministic: bool = False):
         import torch
 
         from reroll.engine import ENGINES
@@ -69,6 +69,10 @@ class EngineActor:
         torch.set_num_threads(threads)
         if keep_memory:  # runtime.keep_freed_memory, in this actor's own process
             keep_freed_memory()
+        if deterministic:  # runtime.deterministic, likewise
+            from reroll.build import deterministic_kernels
+
+            deterministic_kernels()
         model, tok = load(model_dir, dtype)
         if state_dict is not None:
             model.load_state_dict(state_dict)
@@ -101,10 +105,11 @@ class RayEnginePool:
 
     def __init__(self, model_dir: str | Path, *, workers: int = 1, dtype: str = "float32",
                  max_batch: int = 64, threads: int = 1, version: int = 0, state_dict=None,
-                 engine: str = "torch", keep_memory: bool = True, device: str = "cpu"):
+                 engine: str = "torch", keep_memory: bool = True, device: str = "cpu",
+                 deterministic: bool = False):
         init_ray(workers)
         self.args = (str(model_dir), dtype, max_batch, threads, engine, keep_memory)
-        self.device = str(device)
+        self.device, self.deterministic = str(device), deterministic
         self.version = version
         self._weights = _as_ref(state_dict) if state_dict is not None else None
         self.actors = [self._spawn() for _ in range(workers)]
@@ -115,7 +120,8 @@ class RayEnginePool:
         self._stats: dict[str, float] = {}
 
     def _spawn(self):
-        return EngineActor.remote(*self.args, self.version, self._weights, self.device)
+        return EngineActor.remote(*self.args, self.version, self._weights, self.device,
+                                  self.deterministic)
 
     # ---- EngineCore interface ----------------------------------------------------------
     def add(self, rollouts: list[Rollout], turns=None) -> None:
@@ -347,6 +353,7 @@ def components(cfg: RunConfig, init_dir: Path, ckpt: Path | None):
                          version=trainer.version, threads=build.torch_threads(cfg),
                          state_dict=trainer.weights(), engine=cfg.engine.name,
                          keep_memory=cfg.runtime.keep_freed_memory,
+                         deterministic=cfg.runtime.deterministic,
                          device=resolve_device(cfg.model.device))
     task = build.build_task(cfg)
     if cfg.runtime.scoring_workers > 0 and build_rollout.uses_verifiers(cfg):

@@ -104,8 +104,8 @@ DEVICE = ["model.device=cpu"]  # the runs' models go on --device (set by _on_dev
 
 
 @pytest.fixture(scope="module", autouse=True)  # before the module-scoped runs
-def _on_device(device):
-    DEVICE[:] = [f"model.device={device}"]
+def _on_device(on_device):
+    DEVICE[:] = on_device
 
 
 def equiv_cfg(out, *extra):
