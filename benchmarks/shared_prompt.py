@@ -168,8 +168,8 @@ def part_budget(a) -> None:
                      micro_batch=10**6, micro_batch_tokens=a.budget, share_prompt=share)
             passes = []
             real = tr._forward
-            tr._forward = lambda m, b, entropy=False, real=real, passes=passes: passes.append(1) or \
-                real(m, b, entropy)
+            tr._forward = lambda m, b, entropy=False, real=real, passes=passes, **kw: \
+                passes.append(1) or real(m, b, entropy, **kw)
             tr.step(groups)  # warm-up
             for _ in range(a.steps):
                 passes.clear()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reroll.rollout import Rollout
+from reroll.rollout import Group, Rollout
 from reroll.trainer.logprobs import model_logprobs
 
 
@@ -57,6 +57,23 @@ class Batch:
         """Every tensor on ``device`` (collated on the CPU, then copied; no copy on the CPU)."""
         return Batch(*(None if (v := getattr(self, f)) is None else v.to(device, non_blocking=True)
                        for f in self.__dataclass_fields__))
+
+
+def flatten(groups: Sequence[Group]
+            ) -> tuple[list[Rollout], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A batch's rows before `collate` pads them: rollouts in group order, rewards [N], reward components [N, K], group index [N]."""
+    rollouts, rewards, comps, gidx = [], [], [], []
+    for g_i, g in enumerate(groups):
+        for r in g.rollouts:
+            if r.reward is None:
+                raise ValueError(f"rollout {r.sample_id} of group {g.group_id} has no reward "
+                                 f"(failed or unscored); failed groups must be dropped upstream")
+            rollouts.append(r)
+            rewards.append(r.reward)
+            comps.append([s.value for s in r.scores] or [r.reward])
+            gidx.append(g_i)
+    return (rollouts, torch.tensor(rewards, dtype=torch.float32),
+            torch.tensor(comps, dtype=torch.float32), torch.tensor(gidx, dtype=torch.long))
 
 
 def collate(rollouts: Sequence[Rollout], pad_id: int, sample_mask: Sequence[bool] | None = None,

@@ -60,7 +60,7 @@ def token_advantages(groups: Sequence[Group], rewards: torch.Tensor, adv: torch.
     """(advantages [N, T], mask [N, T], per-sample advantages [N], metrics) from the rewards
     the estimator saw ``rewards`` [N] (the records' rewards, less a KL penalty when it is in
     the reward), its advantages ``adv`` [N] and the loss mask ``mask`` [N, T] of the batch of
-    ``groups`` (rows in group order, as `reroll.trainer.step.flatten` lays them out)."""
+    ``groups`` (rows in group order, as `reroll.trainer.batch.flatten` lays them out)."""
     adv_tok = adv.to(mask.device)[:, None].expand_as(mask).contiguous()  # [N, T]
     held = trained = 0.0
     row, seg = 0, False

@@ -61,6 +61,12 @@ class Head:
         return z
 
 
+def text_config(model: nn.Module):
+    """The config of a model's language part (a multimodal model's text config, else its own)."""
+    cfg = model.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
 def split_head(model: nn.Module) -> Head | None:
     """The decoder and output embedding of a transformers causal LM, or None where the logits
     cannot be rebuilt from them (then use the full logits of ``model(...)``).
@@ -77,8 +83,7 @@ def split_head(model: nn.Module) -> Head | None:
         # BERT-style decoders (RoFormer, MegatronBert, ...) apply a transform (dense,
         # activation, norm) before the output embedding nested in their prediction head
         return None
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") \
-        else model.config
+    cfg = text_config(model)
     if getattr(cfg, "model_type", "") in UNHANDLED_TYPES:
         return None
     if any(getattr(cfg, a, None) is not None for a in UNHANDLED_ATTRS):

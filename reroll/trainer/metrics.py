@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from reroll.rollout import Group
 from reroll.trainer.progress import progress_bar  # noqa: F401  (the loop imports it from here)
+
+if TYPE_CHECKING:
+    from reroll.trainer.batch import Batch
 
 
 def accuracy(groups: Sequence[Group]) -> float:
@@ -120,4 +124,16 @@ def batch_metrics(groups: Sequence[Group], before: dict, after: dict, *, wait_s:
     lags = [r.min_version for r in rollouts]
     if lags:
         out["staleness/oldest_version_in_batch"] = float(min(lags))
+    return out
+
+
+def version_lag_metrics(batch: Batch, version: int) -> dict[str, float]:
+    """Share of trained tokens per version lag (trainer version - token version)."""
+    m = batch.mask.bool()
+    if not m.any():
+        return {}
+    lag = (version - batch.versions[m]).clamp(min=0)
+    out = {"staleness/max_lag": float(lag.max()), "staleness/mean_lag": float(lag.float().mean())}
+    for k in range(int(lag.max()) + 1):
+        out[f"staleness/token_share_lag{k}"] = float((lag == k).float().mean())
     return out

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from reroll.trainer.batch import PaddedCost
-from reroll.trainer.logprobs import chunked_logprobs, split_head
+from reroll.trainer.logprobs import chunked_logprobs, split_head, text_config
 
 
 @dataclass(frozen=True)
@@ -125,8 +125,7 @@ TYPES = {"llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mistral", "mixtra
 
 def refusal(model: nn.Module) -> str | None:
     """Why `shared_prompt_logprobs` cannot run on ``model``, or None."""
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") \
-        else model.config
+    cfg = text_config(model)
     impl = getattr(model.config, "_attn_implementation", None)
     if impl not in ("sdpa", "eager"):
         return f"its attention ({impl!r}) does not take a 4D mask: use sdpa or eager"
@@ -141,6 +140,13 @@ def refusal(model: nn.Module) -> str | None:
                                       and getattr(cfg, "use_sliding_window", True)):
         return "it has sliding-window layers, which a 4D mask would override"
     return None
+
+
+def widths(model: nn.Module) -> tuple[int, int]:
+    """(hidden size, MLP intermediate size) of ``model``, what `pays` weighs (0 where the config
+    has none: then packing never pays)."""
+    cfg = text_config(model)
+    return (getattr(cfg, "hidden_size", 0) or 0, getattr(cfg, "intermediate_size", 0) or 0)
 
 
 def pays(lengths: list[int], prompt_lens: list[int], prompt_ids: list[int], hidden: int,

@@ -26,17 +26,21 @@ from typing import Any, Protocol
 import torch
 
 from reroll.algo import LossInputs
-from reroll.rollout import Group, Rollout
+from reroll.rollout import Group
 from reroll.trainer import checkpoint, credit, shared_prompt, vcpo
 from reroll.trainer.batch import (
     Batch,
     collate,
+    flatten,
     micro_slices,
     plan_micro_batches,
     token_logprobs_and_entropy,
 )
+from reroll.trainer.metrics import version_lag_metrics
 from reroll.trainer.precision import autocast
 from reroll.trainer.sft import lr_factor
+
+_DECIDE = object()  # `Trainer._forward`: decide the batch's packing there
 
 
 class TrainerHandle(Protocol):
@@ -55,34 +59,6 @@ class TrainerHandle(Protocol):
     def policy(self) -> torch.nn.Module: ...  # a module with the current weights (evaluation)
 
     def close(self) -> None: ...
-
-
-def flatten(groups: Sequence[Group]) -> tuple[list[Rollout], torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Rollouts in group order, rewards [N], reward components [N, K], group index [N]."""
-    rollouts, rewards, comps, gidx = [], [], [], []
-    for g_i, g in enumerate(groups):
-        for r in g.rollouts:
-            if r.reward is None:
-                raise ValueError(f"rollout {r.sample_id} of group {g.group_id} has no reward "
-                                 f"(failed or unscored); failed groups must be dropped upstream")
-            rollouts.append(r)
-            rewards.append(r.reward)
-            comps.append([s.value for s in r.scores] or [r.reward])
-            gidx.append(g_i)
-    return (rollouts, torch.tensor(rewards, dtype=torch.float32),
-            torch.tensor(comps, dtype=torch.float32), torch.tensor(gidx, dtype=torch.long))
-
-
-def version_lag_metrics(batch: Batch, version: int) -> dict[str, float]:
-    """Share of trained tokens per version lag (trainer version - token version)."""
-    m = batch.mask.bool()
-    if not m.any():
-        return {}
-    lag = (version - batch.versions[m]).clamp(min=0)
-    out = {"staleness/max_lag": float(lag.max()), "staleness/mean_lag": float(lag.float().mean())}
-    for k in range(int(lag.max()) + 1):
-        out[f"staleness/token_share_lag{k}"] = float((lag == k).float().mean())
-    return out
 
 
 @contextlib.contextmanager
@@ -145,10 +121,7 @@ class Trainer:
         if why is not None:
             raise ValueError(f"train.share_prompt cannot run on this model: {why}")
         self.share_prompt = share_prompt
-        text = model.config.get_text_config() if hasattr(model.config, "get_text_config") \
-            else model.config
-        self._widths = (getattr(text, "hidden_size", 0) or 0,
-                        getattr(text, "intermediate_size", 0) or 0)
+        self._widths = shared_prompt.widths(model)
         self.tokenizer = tokenizer  # saved next to the weights in checkpoints
         self.pad_id, self.grad_clip, self.minibatches = pad_id, grad_clip, minibatches
         self.micro_batch, self.temperature, self.version = micro_batch, temperature, version
@@ -167,12 +140,13 @@ class Trainer:
         if objective.needs_ref and ref_model is None:
             raise ValueError("the objective needs a reference model (kl_coef > 0)")
 
-    def _forward(self, model: torch.nn.Module, batch: Batch,
-                 entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _forward(self, model: torch.nn.Module, batch: Batch, entropy: bool = False,
+                 packing=_DECIDE) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(log-probs [b, T], entropies [b, T] or None): the one function proximal, reference
-        and current log-probs all come from (same chunking, same autocast)."""
+        and current log-probs all come from (same chunking, same autocast). ``packing``:
+        `_packing`'s answer for ``batch`` where the caller already has it."""
         with autocast(self.device, self.autocast_dtype), checkpointed_layers_training(model):
-            plan = self._packing(batch)
+            plan = self._packing(batch) if packing is _DECIDE else packing
             if plan is not None:
                 return shared_prompt.shared_prompt_logprobs(
                     model, batch.input_ids, *plan, batch.targets.shape[1], self.temperature,
@@ -329,7 +303,8 @@ class Trainer:
                 metrics["_positions"] += float(pos)
                 metrics["_real_tokens"] += float(real)
                 t = sub.targets.shape[1]  # this micro-batch's positions [b, t]
-                logp, ent = self._forward(self.model, sub, entropy=True)  # [b, t], [b, t]
+                logp, ent = self._forward(self.model, sub, entropy=True,
+                                          packing=packed)  # [b, t], [b, t]
                 # mean entropy over the passed samples' tokens, summed here, divided in step()
                 metrics["_entropy_sum"] = metrics.get("_entropy_sum", 0.0) + float(
                     (ent * sub.mask).sum())

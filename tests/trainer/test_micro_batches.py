@@ -101,9 +101,9 @@ def run(model, start, algo, steps=2, **kw):
     ref = copy.deepcopy(model) if algo.kl_coef > 0 else None
     t = Trainer(model, build_objective(algo), pad_id=0, lr=1e-2, ref_model=ref, **kw)
     shapes, grads, real_fwd = [], [], t._forward
-    t._forward = lambda m, b, entropy=False: (  # the loss's passes (with autograd)
+    t._forward = lambda m, b, entropy=False, **kw: (  # the loss's passes (with autograd)
         shapes.append(tuple(b.input_ids.shape)) if torch.is_grad_enabled() else None) \
-        or real_fwd(m, b, entropy)
+        or real_fwd(m, b, entropy, **kw)
     t.opt.register_step_pre_hook(lambda *_: grads.append(
         [p.grad.clone() for p in model.parameters() if p.grad is not None]))
     metrics = [t.step([rollouts(x) for x in LONG_TAIL]) for _ in range(steps)]

@@ -41,8 +41,8 @@ def run(model, start, algo, batches, skip, weights=None, **kw):
     t = Trainer(model, build_objective(algo), pad_id=0, lr=1e-2, ref_model=ref,
                 skip_inert=skip, **kw)
     rows, grads, real_fwd = [], [], t._forward
-    t._forward = lambda m, b, entropy=False: (  # the loss's passes (with autograd)
-        rows.append(len(b)) if torch.is_grad_enabled() else None) or real_fwd(m, b, entropy)
+    t._forward = lambda m, b, entropy=False, **kw: (  # the loss's passes (with autograd)
+        rows.append(len(b)) if torch.is_grad_enabled() else None) or real_fwd(m, b, entropy, **kw)
     t.opt.register_step_pre_hook(lambda *_: grads.append(
         [p.grad.clone() for p in model.parameters() if p.grad is not None]))
     metrics = []

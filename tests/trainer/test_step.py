@@ -8,7 +8,8 @@ import torch
 from reroll.algo import build_objective
 from reroll.config import AlgoConfig
 from reroll.rollout import Example, SamplingParams, Score, new_group
-from reroll.trainer.step import Trainer, flatten
+from reroll.trainer.batch import flatten
+from reroll.trainer.step import Trainer
 
 
 def groups_of(sizes_rewards):

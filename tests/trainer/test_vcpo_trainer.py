@@ -14,8 +14,8 @@ from reroll.rollout import Example, SamplingParams, Score, new_group
 from reroll.runlog import read_metrics
 from reroll.runtime import train
 from reroll.trainer import vcpo
-from reroll.trainer.batch import collate, token_logprobs
-from reroll.trainer.step import Trainer, flatten
+from reroll.trainer.batch import collate, flatten, token_logprobs
+from reroll.trainer.step import Trainer
 
 # responses of different lengths, so cutting each sample to its own length matters
 RESPONSES = [[[7, 8], [9], [7, 8, 9]], [[8, 8, 8], [10, 7]]]
