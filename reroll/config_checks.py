@@ -42,7 +42,8 @@ RANGES = {
     "eval.every": "[0, inf)",
     "runtime.max_staleness": "[0, inf)", "runtime.overprovision": "[1, inf)",
     "runtime.engine_workers": "[1, inf)", "runtime.scoring_workers": "[0, inf)",
-    "runtime.threads": "[0, inf)", "control.history": "[1, inf)",
+    "runtime.threads": "[0, inf)", "runtime.engine_gpus": "[0, inf)",
+    "runtime.trainer_gpus": "[0, inf)", "control.history": "[1, inf)",
     "control.duet_grace": "[0, inf)", "control.duet_horizon": "[0, inf)",
     "control.duet_q": "(0, 1]",
     "control.dot_k": "[0, inf)", "control.dot_quantile": "[0, 1)", "control.dot_penalty": "[0, inf)",
@@ -215,6 +216,16 @@ def _combinations(cfg: RunConfig) -> None:
         raise ConfigError("runtime.scoring_workers places scoring actors on Ray: it needs "
                           f"runtime.kind = \"ray\" (got {rt.kind!r}); the local "
                           "runtime's scoring processes are reward.workers")
+    gpus = [k for k in ("engine_gpus", "trainer_gpus") if getattr(rt, k) > 0]
+    if gpus and rt.kind != "ray":
+        raise ConfigError(f"runtime.{gpus[0]} reserves GPUs for Ray actors: it needs "
+                          f"runtime.kind = \"ray\" (got {rt.kind!r}); the local runtime "
+                          f"puts its models on model.device")
+    if gpus and cfg.model.device not in ("auto", "cuda"):
+        raise ConfigError(
+            f"runtime.{gpus[0]} > 0 gives each such Ray actor its own GPUs, and its model goes "
+            f"on the first of them: model.device must be auto or cuda, got "
+            f"{cfg.model.device!r}")
     if rt.max_staleness == 0 and rt.overprovision > 1.0:
         raise ConfigError(
             f"runtime.overprovision = {rt.overprovision} with runtime.max_staleness = 0 would "
@@ -233,7 +244,8 @@ def _combinations(cfg: RunConfig) -> None:
     if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"model.dtype must be float32, bfloat16 or float16, got "
                           f"{cfg.model.dtype!r}")
-    _check_device(cfg.model.device)
+    if not gpus:  # with reserved GPUs the actors check their own (the driver may have none)
+        _check_device(cfg.model.device)
     rp = cfg.replay
     if (rp.buffer_size > 0 or rp.reuse) and cfg.algo.correction == "none":
         raise ConfigError(

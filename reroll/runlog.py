@@ -30,7 +30,8 @@ from reroll.config import ConfigError, RunConfig, build, dump_toml, read_toml, t
 # train.steps and train.schedule_steps only where they keep a linear lr decay's end, below).
 RESUMABLE = {"train.steps", "train.schedule_steps", "log_every", "ckpt_every", "record_every",
              "eval", "out_dir", "runtime.threads", "runtime.kind", "runtime.engine_workers",
-             "runtime.scoring_workers", "log",  # local and Ray runs are bitwise equal
+             "runtime.scoring_workers", "runtime.engine_gpus", "runtime.trainer_gpus",
+             "log",  # local and Ray runs are bitwise equal
              "runtime.deterministic",  # which kernels, not what is learned
              # where the engine servers are and how to reach them (a served run equals the
              # in-process one; servers move between a stop and a resume)

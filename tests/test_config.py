@@ -81,6 +81,26 @@ def test_shaping_with_a_components_only_advantage_is_rejected():
     load_config(None, ["algo.advantage=gdpo", "algo.kl_coef=0.1"])  # KL in the loss is fine
 
 
+def test_gpu_reservations_need_the_ray_runtime_and_a_gpu_device():
+    for key in ("engine_gpus", "trainer_gpus"):
+        with pytest.raises(ConfigError, match=f'runtime.{key} reserves GPUs for Ray actors: '
+                                              'it needs runtime.kind = "ray"'):
+            load_config(None, [f"runtime.{key}=1"])
+        with pytest.raises(ConfigError, match=f"runtime.{key} > 0 .* model.device must be "
+                                              "auto or cuda, got 'cpu'"):
+            load_config(None, ["runtime.kind=ray", f"runtime.{key}=1", "model.device=cpu"])
+        with pytest.raises(ConfigError, match=rf"runtime.{key} must be in \[0, inf\), got -1"):
+            load_config(None, ["runtime.kind=ray", f"runtime.{key}=-1"])
+    with pytest.raises(ConfigError, match="model.device must be auto or cuda, got 'cuda:1'"):
+        load_config(None, ["runtime.kind=ray", "runtime.engine_gpus=1", "model.device=cuda:1"])
+    # "cuda" is the actors' to check (a CPU-only driver, as on a cluster's head node, is fine)
+    cfg = load_config(None, ["runtime.kind=ray", "runtime.engine_gpus=0.5",
+                             "runtime.trainer_gpus=1", "model.device=cuda"])
+    assert (cfg.runtime.engine_gpus, cfg.runtime.trainer_gpus) == (0.5, 1.0)
+    with pytest.raises(ConfigError, match="model.device = 'cuda:99' but torch sees"):
+        load_config(None, ["runtime.kind=ray", "model.device=cuda:99"])  # no reservation: here
+
+
 def test_scoring_actors_need_the_ray_runtime():
     with pytest.raises(ConfigError, match='runtime.scoring_workers .* needs runtime.kind = "ray"'):
         load_config(None, ["runtime.scoring_workers=2"])

@@ -17,6 +17,13 @@ TrainerHandle interfaces, so the same rollout pipeline, workflows and loop drive
   stops with an error naming it; the checkpoints already written are intact and `--resume`
   continues from the last one.
 
+GPUs: with `runtime.engine_gpus` / `runtime.trainer_gpus` > 0 each engine actor / the trainer
+actor reserves that many (fractions share one), Ray places it where they are free and shows
+it only those, and its model goes on the first; a reservation the cluster can never meet is
+refused before any actor starts, where Ray would leave the actor pending
+(`reroll.runtime.ray_placement`). `placement()` on the pool and the trainer says where each
+actor landed.
+
 Install with `pip install reroll[ray]`. Ray is started locally (`ray.init`) when no cluster
 is connected; on this 2-core machine it adds overhead, not speed: the local runtime is the
 default and this one exists to scale out.
@@ -37,14 +44,17 @@ from ray.exceptions import RayActorError
 from reroll.config import RunConfig
 from reroll.config_checks import resolve_device
 from reroll.rollout import Group, Rollout
+from reroll.runtime.ray_placement import actor_device, check_gpus, placement
 
 
 def init_ray(engine_workers: int) -> None:
     """Start a local Ray instance when none is connected: one CPU per engine worker and one
     for the driver (the trainer actor reserves none, see `TrainerActor`)."""
     if not ray.is_initialized():
-        # the actors reserve no GPU (engines and trainer share one); older Ray releases hide
-        # every GPU from such actors (CUDA_VISIBLE_DEVICES=""), and model.device=cuda fails
+        # by default the actors reserve no GPU (engines and trainer share the node's);
+        # older Ray releases hide every GPU from such actors (CUDA_VISIBLE_DEVICES=""), and
+        # model.device=cuda would fail. Actors that reserve GPUs (runtime.engine_gpus,
+        # runtime.trainer_gpus) see only theirs. Ray counts this machine's GPUs itself.
         os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
         ray.init(num_cpus=max(2, engine_workers + 1), include_dashboard=False,
                  log_to_driver=False, configure_logging=False)
@@ -59,7 +69,7 @@ def _as_ref(state_dict):
 class EngineActor:
     def __init__(self, model_dir: str, dtype: str, max_batch: int, threads: int,
                  engine_name: str, keep_memory: bool, version: int, state_dict=None,
-                 device: str = "cpu", deterministic: bool = False):
+                 device: str = "cpu", deterministic: bool = False, gpus: float = 0.0):
         import torch
 
         from reroll.engine import ENGINES
@@ -76,7 +86,9 @@ class EngineActor:
         model, tok = load(model_dir, dtype)
         if state_dict is not None:
             model.load_state_dict(state_dict)
-        model = model.to(device)  # `model.device`, as resolved in the driver
+        # `model.device`: resolved in the driver, or here where the actor reserved GPUs
+        self.device = actor_device(device, gpus)
+        model = model.to(self.device)
         self.engine = ENGINES.get(engine_name)(model, tok, max_batch=max_batch, version=version)
 
     def add(self, rollouts: list[Rollout], turns=None) -> None:
@@ -95,9 +107,10 @@ class EngineActor:
         return self.engine.stats()
 
     def pid(self) -> int:
-        import os
-
         return os.getpid()
+
+    def placement(self) -> dict[str, Any]:
+        return placement(self.device)
 
 
 class RayEnginePool:
@@ -106,10 +119,12 @@ class RayEnginePool:
     def __init__(self, model_dir: str | Path, *, workers: int = 1, dtype: str = "float32",
                  max_batch: int = 64, threads: int = 1, version: int = 0, state_dict=None,
                  engine: str = "torch", keep_memory: bool = True, device: str = "cpu",
-                 deterministic: bool = False):
+                 deterministic: bool = False, gpus: float = 0.0):
+        """``gpus``: GPUs each actor reserves (`runtime.engine_gpus`); ``device`` is then
+        resolved in the actor, among the GPUs Ray gives it."""
         init_ray(workers)
         self.args = (str(model_dir), dtype, max_batch, threads, engine, keep_memory)
-        self.device, self.deterministic = str(device), deterministic
+        self.device, self.deterministic, self.gpus = str(device), deterministic, gpus
         self.version = version
         self._weights = _as_ref(state_dict) if state_dict is not None else None
         self.actors = [self._spawn() for _ in range(workers)]
@@ -120,8 +135,12 @@ class RayEnginePool:
         self._stats: dict[str, float] = {}
 
     def _spawn(self):
-        return EngineActor.remote(*self.args, self.version, self._weights, self.device,
-                                  self.deterministic)
+        return EngineActor.options(num_gpus=self.gpus).remote(
+            *self.args, self.version, self._weights, self.device, self.deterministic, self.gpus)
+
+    def placement(self) -> list[dict[str, Any]]:
+        """Where each engine actor runs (`placement`)."""
+        return [ray.get(a.placement.remote()) for a in self.actors]
 
     # ---- EngineCore interface ----------------------------------------------------------
     def add(self, rollouts: list[Rollout], turns=None) -> None:
@@ -240,6 +259,9 @@ class TrainerActor:
 
         build.prepare_process(cfg)
         torch.manual_seed(cfg.train.seed)
+        # `model.device`: resolved in the driver, or here where the actor reserved GPUs
+        self.device = actor_device(cfg.model.device, cfg.runtime.trainer_gpus)
+        cfg = replace(cfg, model=replace(cfg.model, device=self.device))
         self.trainer = build.build_trainer(cfg, Path(init_dir), Path(ckpt) if ckpt else None)
 
     def version(self) -> int:
@@ -264,9 +286,10 @@ class TrainerActor:
         return str(self.trainer.save_checkpoint(Path(run_dir), step, state, groups))
 
     def pid(self) -> int:
-        import os
-
         return os.getpid()
+
+    def placement(self) -> dict[str, Any]:
+        return placement(self.device)
 
 
 class RayTrainer:
@@ -276,10 +299,12 @@ class RayTrainer:
     def __init__(self, cfg: RunConfig, init_dir: str | Path, ckpt: str | Path | None = None):
         init_ray(max(1, cfg.runtime.engine_workers))
         self.cfg, self.init_dir = cfg, Path(init_dir).resolve()
-        # "auto" resolved here, as for the engine actors: the actor's process must not decide
-        cfg = replace(cfg, model=replace(cfg.model, device=resolve_device(cfg.model.device)))
-        self.actor = TrainerActor.remote(cfg, str(self.init_dir),
-                                         str(Path(ckpt).resolve()) if ckpt else None)
+        # "auto" resolved here, as for the engine actors, unless the actor reserves GPUs of
+        # its own: then it decides among those (`actor_device`)
+        if cfg.runtime.trainer_gpus <= 0:
+            cfg = replace(cfg, model=replace(cfg.model, device=resolve_device(cfg.model.device)))
+        self.actor = TrainerActor.options(num_gpus=cfg.runtime.trainer_gpus).remote(
+            cfg, str(self.init_dir), str(Path(ckpt).resolve()) if ckpt else None)
         try:
             self._version = ray.get(self.actor.version.remote())
         except RayActorError as e:  # build_trainer raised inside the actor
@@ -322,7 +347,12 @@ class RayTrainer:
         from reroll import build
 
         if self._policy is None:
-            self._policy = build.load_model(self.init_dir, self.cfg)[0]
+            cfg = self.cfg
+            if cfg.runtime.trainer_gpus > 0 or cfg.runtime.engine_gpus > 0:
+                # the GPUs are the actors'; the driver's copy goes on a GPU of its own if
+                # it sees one ("auto"), else on its CPU
+                cfg = replace(cfg, model=replace(cfg.model, device="auto"))
+            self._policy = build.load_model(self.init_dir, cfg)[0]
         if self._policy_version != self._version:
             self._policy.load_state_dict(self._get(self.weights()))
             self._policy_version = self._version
@@ -333,6 +363,10 @@ class RayTrainer:
         pid = self._get(self.actor.pid.remote())
         ray.kill(self.actor, no_restart=True)
         return pid
+
+    def placement(self) -> dict[str, Any]:
+        """Where the trainer actor runs (`placement`)."""
+        return self._get(self.actor.placement.remote())
 
     def close(self) -> None:
         ray.kill(self.actor, no_restart=True)
@@ -346,15 +380,17 @@ def components(cfg: RunConfig, init_dir: Path, ckpt: Path | None):
     from reroll.runtime.compose import Components
 
     init_ray(max(1, cfg.runtime.engine_workers))
+    check_gpus(cfg)
     trainer = RayTrainer(cfg, init_dir, ckpt)
     workers = max(1, cfg.runtime.engine_workers)
+    gpus = cfg.runtime.engine_gpus
     core = RayEnginePool(init_dir, workers=workers, dtype=cfg.model.dtype,
                          max_batch=-(-build.engine_slots(cfg) // workers),
                          version=trainer.version, threads=build.torch_threads(cfg),
                          state_dict=trainer.weights(), engine=cfg.engine.name,
                          keep_memory=cfg.runtime.keep_freed_memory,
-                         deterministic=cfg.runtime.deterministic,
-                         device=resolve_device(cfg.model.device))
+                         deterministic=cfg.runtime.deterministic, gpus=gpus,
+                         device=cfg.model.device if gpus > 0 else resolve_device(cfg.model.device))
     task = build.build_task(cfg)
     if cfg.runtime.scoring_workers > 0 and build_rollout.uses_verifiers(cfg):
         from reroll.runtime.ray_scoring import RayScoringPool

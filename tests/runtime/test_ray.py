@@ -18,12 +18,24 @@ pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")
-def ray_session(tmp_path_factory):
+def ray_session(tmp_path_factory, device):
     tmp = tmp_path_factory.mktemp("ray")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # as `init_ray` sets it
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             _temp_dir=str(tmp), configure_logging=False)
+    # on the CPU one logical GPU, so that GPU reservations are placed as on a GPU node: Ray
+    # hands out its id and sets CUDA_VISIBLE_DEVICES to it. Its id, 99, names no real device,
+    # so torch in the actors sees none even on a GPU host. On CUDA, the GPUs Ray finds.
+    gpus, visible = {}, os.environ.get("CUDA_VISIBLE_DEVICES")
+    if device.type == "cpu":
+        gpus, os.environ["CUDA_VISIBLE_DEVICES"] = {"num_gpus": 1}, "99"
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 _temp_dir=str(tmp), configure_logging=False, **gpus)
+    finally:  # the raylet took its environment; this process keeps the suite's
+        if visible is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = visible
     yield
     ray.shutdown()
 
@@ -215,3 +227,57 @@ def test_killed_trainer_actor_stops_the_run_clearly_and_resume_loses_nothing(ray
     monkeypatch.setattr(RayTrainer, "step", real_step)
     train(equiv_cfg(tmp_path, "runtime.kind=ray", "train.steps=3"), resume=True, progress=False)
     assert_bitwise_equal(final_weights(ray_run[0]), final_weights(tmp_path))
+
+
+# ---- GPU reservations --------------------------------------------------------------------------
+def test_gpu_reservations_place_the_actors_and_the_run_is_unchanged(ray_run, tmp_path):
+    """Trainer and engine actor each reserve half of the session's GPU: Ray places both on it
+    (its id, and CUDA_VISIBLE_DEVICES naming only it), each resolves model.device inside
+    itself, and the run ends with the same weights as without reservations."""
+    from reroll.runtime import ray as rr
+    from reroll.runtime import train
+
+    seen = {}
+    real = rr.components
+
+    def spy(cfg, init_dir, ckpt):
+        parts = real(cfg, init_dir, ckpt)
+        seen["trainer"] = parts.trainer.placement()
+        seen["engines"] = parts.engine_core.placement()
+        return parts
+
+    rr.components = spy
+    try:
+        train(equiv_cfg(tmp_path, "runtime.kind=ray", "train.steps=3",
+                        "runtime.trainer_gpus=0.5", "runtime.engine_gpus=0.5",
+                        "model.device=auto"), progress=False)
+    finally:
+        rr.components = real
+    assert_bitwise_equal(final_weights(ray_run[0]), final_weights(tmp_path))
+    gpu = ray.cluster_resources()["GPU"]
+    assert gpu >= 1
+    for p in [seen["trainer"], *seen["engines"]]:
+        assert len(p["gpu_ids"]) == 1  # its share of one GPU, and only that one visible
+        assert p["cuda_visible_devices"] == p["gpu_ids"][0]
+        assert p["device"] == DEVICE[0].split("=")[1]  # auto: cuda where torch sees it
+    assert len(seen["engines"]) == 1
+
+
+def test_gpu_reservations_the_cluster_cannot_meet_are_refused_before_any_actor(ray_session,
+                                                                             tmp_path):
+    from reroll.runtime.ray_placement import check_gpus
+
+    have = ray.cluster_resources()["GPU"]
+    cfg = equiv_cfg(tmp_path, "runtime.kind=ray", "runtime.engine_workers=2",
+                    f"runtime.engine_gpus={have}", "runtime.trainer_gpus=0.5",
+                    "model.device=auto")
+    with pytest.raises(ValueError, match=rf"runtime.engine_gpus = {have:g} x 2 engine worker"
+                                         rf".*= {2 * have + 0.5:g} GPU.*the Ray cluster has "
+                                         rf"{have:g} GPU"):
+        check_gpus(cfg)
+    one = equiv_cfg(tmp_path, "runtime.kind=ray", f"runtime.trainer_gpus={have + 1}",
+                    "model.device=auto")
+    with pytest.raises(ValueError, match=r"runtime.trainer_gpus|the Ray cluster has"):
+        check_gpus(one)
+    check_gpus(equiv_cfg(tmp_path, "runtime.kind=ray", "runtime.engine_gpus=0.5",
+                         "runtime.trainer_gpus=0.5", "model.device=auto"))  # fits: no error
