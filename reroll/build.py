@@ -234,11 +234,13 @@ def engine_slots(cfg: RunConfig) -> int:
     return max(8, int(n * cfg.runtime.overprovision) * (1 + min(cfg.runtime.max_staleness, 1)))
 
 
-def build_engine(model, tok, cfg: RunConfig, version: int = 0, max_batch: int | None = None):
+def build_engine(model, tok, cfg: RunConfig, version: int = 0, max_batch: int | None = None,
+                 device: str | None = None):
     """A step-wise engine core from the `ENGINES` registry, on its own copy of ``model``'s
     weights: the trainer updates its copy in place, and the engine takes new weights only
-    through `update_weights`, with a version. The copy is on ``model``'s device (the trainer's,
-    `model.device`) and in `model.dtype` (the trainer's master weights are float32)."""
+    through `update_weights`, with a version. The copy is in `model.dtype` (the trainer's
+    master weights are float32), on ``device`` (`engine.device` for a training run's engine),
+    else on ``model``'s own."""
     import torch
 
     from reroll.engine import ENGINES
@@ -246,6 +248,8 @@ def build_engine(model, tok, cfg: RunConfig, version: int = 0, max_batch: int | 
     # a run that generates on servers (trait ``remote``) still evaluates in this process
     name = "torch" if ENGINES.trait(cfg.engine.name, "remote", False) else cfg.engine.name
     engine_model = copy.deepcopy(model).to(dtype=getattr(torch, cfg.model.dtype))
+    if device is not None:
+        engine_model = engine_model.to(device)
     return ENGINES.get(name)(engine_model, tok, max_batch=max_batch or engine_slots(cfg),
                              version=version)
 
@@ -258,7 +262,10 @@ def run_engine(trainer, tok, cfg: RunConfig):
     from reroll.engine import ENGINES
 
     if not ENGINES.trait(cfg.engine.name, "remote", False):
-        core = build_engine(trainer.policy(), tok, cfg, version=trainer.version)
+        from reroll.config_checks import engine_device, resolve_device
+
+        core = build_engine(trainer.policy(), tok, cfg, version=trainer.version,
+                            device=resolve_device(engine_device(cfg)))
         head = getattr(trainer, "head_weights", None)  # ARRoL's quality head, same version
         if head is not None:
             core.load_head(head())

@@ -62,22 +62,27 @@ def resolve_device(name: str) -> str:
     return name
 
 
-def _check_device(name: str) -> None:
+def _check_device(name: str, key: str = "model.device") -> None:
     import re
 
     if name in ("auto", "cpu"):
         return
     if not re.fullmatch(r"cuda(:\d+)?", name):
-        raise ConfigError(f"model.device must be auto, cpu, cuda or cuda:N, got {name!r}")
+        raise ConfigError(f"{key} must be auto, cpu, cuda or cuda:N, got {name!r}")
     import torch
 
     if not torch.cuda.is_available():
-        raise ConfigError(f"model.device = {name!r} but torch sees no CUDA device "
-                          f"(torch.cuda.is_available() is False); use model.device=cpu or auto")
+        raise ConfigError(f"{key} = {name!r} but torch sees no CUDA device "
+                          f"(torch.cuda.is_available() is False); use {key}=cpu or auto")
     index = int(name.split(":")[1]) if ":" in name else 0
     if index >= torch.cuda.device_count():
-        raise ConfigError(f"model.device = {name!r} but torch sees "
+        raise ConfigError(f"{key} = {name!r} but torch sees "
                           f"{torch.cuda.device_count()} CUDA device(s)")
+
+
+def engine_device(cfg: RunConfig) -> str:
+    """Where the torch engine runs: engine.device, else model.device (not yet resolved)."""
+    return cfg.engine.device or cfg.model.device
 
 
 def _get(cfg, key: str):
@@ -181,6 +186,9 @@ def check_remote_engine(cfg: RunConfig) -> None:
 
     e = cfg.engine
     urls = [e.base_url] if isinstance(e.base_url, str) else e.base_url
+    if ENGINES.trait(e.name, "remote", False) and e.device:
+        raise ConfigError(f"engine.device places the torch engine's model; engine.name = "
+                          f"{e.name!r} generates on servers that place their own")
     if not ENGINES.trait(e.name, "remote", False):
         if e.base_url:
             raise ConfigError(f"engine.base_url is used only by a remote engine (engine.name = "
@@ -246,6 +254,14 @@ def _combinations(cfg: RunConfig) -> None:
                           f"{cfg.model.dtype!r}")
     if not gpus:  # with reserved GPUs the actors check their own (the driver may have none)
         _check_device(cfg.model.device)
+    if cfg.engine.device:  # (a remote engine refuses it in `check_remote_engine`)
+        if rt.kind == "ray" and rt.engine_gpus > 0:
+            if cfg.engine.device not in ("auto", "cuda"):
+                raise ConfigError(f"runtime.engine_gpus > 0 gives each engine actor its own "
+                                  f"GPUs: engine.device must be auto or cuda there, got "
+                                  f"{cfg.engine.device!r}")
+        else:
+            _check_device(cfg.engine.device, "engine.device")
     rp = cfg.replay
     if (rp.buffer_size > 0 or rp.reuse) and cfg.algo.correction == "none":
         raise ConfigError(

@@ -101,6 +101,21 @@ def test_gpu_reservations_need_the_ray_runtime_and_a_gpu_device():
         load_config(None, ["runtime.kind=ray", "model.device=cuda:99"])  # no reservation: here
 
 
+def test_engine_device_is_checked_like_model_device():
+    with pytest.raises(ConfigError, match="engine.device must be auto, cpu, cuda or cuda:N, "
+                                          "got 'gpu'"):
+        load_config(None, ["engine.device=gpu"])
+    with pytest.raises(ConfigError, match="engine.device = 'cuda:99' but torch sees"):
+        load_config(None, ["engine.device=cuda:99"])
+    with pytest.raises(ConfigError, match="engine.device places the torch engine's model; "
+                                          "engine.name = 'openai'"):
+        load_config(None, ["engine.name=openai", 'engine.base_url="http://127.0.0.1:1"',
+                           "engine.device=cpu"])
+    with pytest.raises(ConfigError, match="engine.device must be auto or cuda there, got 'cpu'"):
+        load_config(None, ["runtime.kind=ray", "runtime.engine_gpus=1", "engine.device=cpu"])
+    assert load_config(None, ["engine.device=cpu"]).engine.device == "cpu"
+
+
 def test_scoring_actors_need_the_ray_runtime():
     with pytest.raises(ConfigError, match='runtime.scoring_workers .* needs runtime.kind = "ray"'):
         load_config(None, ["runtime.scoring_workers=2"])

@@ -42,7 +42,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from reroll.config import RunConfig
-from reroll.config_checks import resolve_device
+from reroll.config_checks import engine_device, resolve_device
 from reroll.rollout import Group, Rollout
 from reroll.runtime.ray_placement import actor_device, check_gpus, placement
 
@@ -383,14 +383,14 @@ def components(cfg: RunConfig, init_dir: Path, ckpt: Path | None):
     check_gpus(cfg)
     trainer = RayTrainer(cfg, init_dir, ckpt)
     workers = max(1, cfg.runtime.engine_workers)
-    gpus = cfg.runtime.engine_gpus
+    gpus, device = cfg.runtime.engine_gpus, engine_device(cfg)
     core = RayEnginePool(init_dir, workers=workers, dtype=cfg.model.dtype,
                          max_batch=-(-build.engine_slots(cfg) // workers),
                          version=trainer.version, threads=build.torch_threads(cfg),
                          state_dict=trainer.weights(), engine=cfg.engine.name,
                          keep_memory=cfg.runtime.keep_freed_memory,
                          deterministic=cfg.runtime.deterministic, gpus=gpus,
-                         device=cfg.model.device if gpus > 0 else resolve_device(cfg.model.device))
+                         device=device if gpus > 0 else resolve_device(device))
     task = build.build_task(cfg)
     if cfg.runtime.scoring_workers > 0 and build_rollout.uses_verifiers(cfg):
         from reroll.runtime.ray_scoring import RayScoringPool

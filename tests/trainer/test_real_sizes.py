@@ -100,6 +100,36 @@ def test_the_engine_gets_the_model_dtype_on_the_trainers_device(tiny_dir, device
     engine.update_weights(trainer.weights(), 1)  # bf16 weights load into the bf16 engine
 
 
+def test_engine_device_places_the_runs_engine_apart_from_the_trainer(tiny_dir, device):
+    """engine.device puts the training run's engine on a device of its own (here the CPU,
+    with the trainer on --device); published weights cross over exactly, and the engine
+    then generates what the trainer's own model, on the CPU, greedily would."""
+    cfg = load_config(None, [f"model.device={device}", "engine.device=cpu",
+                             "train.lr=1e-2"])
+    trainer = build.build_trainer(cfg, tiny_dir)
+    tok = build.load_tokenizer(tiny_dir)
+    core = build.run_engine(trainer, tok, cfg)
+    assert trainer.device == torch.empty(0, device=device).device
+    assert core.device == torch.device("cpu")
+    assert {p.device for p in core.model.parameters()} == {torch.device("cpu")}
+    trainer.step(groups_of(GROUPS))  # the trainer's weights move, on its device
+    core.update_weights(trainer.weights(), trainer.version)
+    engine_w = core.model.state_dict()
+    for k, v in trainer.model.state_dict().items():
+        assert torch.equal(engine_w[k], v.cpu()), k
+    sp = SamplingParams(temperature=0.0, max_new_tokens=5, stop_token_ids=[])
+    (r,) = core.generate([new_group(Example("p", "", ""), 1, [2, 5, 6], sp, 0).rollouts[0]])
+    ids = torch.tensor([[2, 5, 6]])
+    ref = trainer.model.cpu().generate(ids, attention_mask=torch.ones_like(ids),
+                                       max_new_tokens=5, do_sample=False, min_new_tokens=5)
+    assert r.tokens[3:] == ref[0, 3:].tolist()
+    assert core.version == trainer.version == 1
+    # without engine.device, the engine follows model.device
+    same = load_config(None, [f"model.device={device}"])
+    plain = build.run_engine(build.build_trainer(same, tiny_dir), tok, same)
+    assert plain.device == torch.empty(0, device=device).device
+
+
 def test_gradient_checkpointing_gives_the_same_gradients(tiny_dir, device):
     batch = collate([r for g in groups_of(GROUPS) for r in g.rollouts], pad_id=0).to(device)
 
