@@ -173,7 +173,8 @@ def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: 
     score = reward_fn(tok, task)
     model = AutoModelForCausalLM.from_pretrained(model_dir).to(device)
     model.generation_config.pad_token_id = tok.pad_token_id
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
+    # fused, as TRL (transformers' default optim) and reroll (train.fused_optimizer) run it
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, fused=True)
     rng = random.Random(seed)
     bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
     times, curve = [], [(0, 0.0, ev(model))]

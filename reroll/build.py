@@ -180,7 +180,7 @@ def build_trainer(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
                       logprob_chunk=t.logprob_chunk,
                       skip_inert=t.skip_zero_advantage and experts <= 1,
                       autocast_dtype=autocast_dtype(cfg.model.dtype),
-                      publish_dtype=dtype)
+                      publish_dtype=dtype, fused_optimizer=t.fused_optimizer)
     if ckpt:
         checkpoint.load_trainer_state(ckpt, trainer.opt, trainer.sched)
         trainer.version = checkpoint.read_state(ckpt).get("version", 0)

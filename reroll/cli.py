@@ -59,6 +59,7 @@ def cmd_sft(args) -> int:
                  encode_observation=build_rollout.encode_observation(tok, cfg.task.chat),
                  autocast_dtype=autocast_dtype(cfg.model.dtype),
                  logprob_chunk=cfg.train.logprob_chunk,
+                 fused_optimizer=cfg.train.fused_optimizer,
                  log=lambda s, m: rd.log(s, m) if s % 10 == 0 or s == cfg.sft.steps else None)
     # saved in model.dtype (weights and config.json), as a model loaded in it would be
     out = save_model(model.to(dtype=getattr(torch, cfg.model.dtype)), tok, rd.path / "model")

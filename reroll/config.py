@@ -417,6 +417,11 @@ class TrainConfig:
     gradient_checkpointing: bool = False
     """Activation checkpointing: keep only each decoder layer's input and recompute the
     layer in the backward pass (about a third more compute, far less activation memory)."""
+    fused_optimizer: bool = True
+    """AdamW's fused kernel (RL and reroll sft): one call updates every parameter, as
+    transformers' default optimiser (adamw_torch_fused). false: torch's default
+    implementation (a Python loop over the parameters on the CPU, foreach kernels on CUDA).
+    The same update up to float rounding."""
     seed: int = 0
     """Seed of sampling, data order and initialisation."""
 

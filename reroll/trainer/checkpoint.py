@@ -201,6 +201,11 @@ def load_trainer_state(ckpt: Path, optimizer, lr_scheduler=None) -> None:
     # state tensor onto its parameter's device
     opt = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=False)
     check_optimizer_state(ckpt, optimizer, opt["optimizer"])
+    # which kernels run the update is this process's choice (train.fused_optimizer), not the
+    # checkpoint's: the saved groups' flags would come back with them, and they also decide
+    # where the state's step counters are put (on the parameter's device for fused kernels)
+    for saved, group in zip(opt["optimizer"]["param_groups"], optimizer.param_groups):
+        saved.update({k: group.get(k) for k in ("fused", "foreach")})
     try:
         optimizer.load_state_dict(opt["optimizer"])
     except ValueError as e:

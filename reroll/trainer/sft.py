@@ -72,10 +72,20 @@ def lr_factor(step: int, *, steps: int, warmup_steps: int, schedule: str,
     return warm * decay
 
 
+def adamw(params, *, lr: float, weight_decay: float = 0.0, fused: bool = True):
+    """AdamW as RL and SFT both build it. ``fused`` (`train.fused_optimizer`): torch's fused
+    kernel, one call for every parameter, as transformers' default optimiser
+    (adamw_torch_fused); otherwise torch's default implementation (a loop over parameters
+    on the CPU, foreach kernels on CUDA). The same update up to float rounding."""
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999),
+                             **({"fused": True} if fused else {}))
+
+
 def sft(model, tok, examples: list[Example], encode, *, steps: int, lr: float, batch_size: int,
         seed: int = 0, schedule: str = "constant", warmup_steps: int = 20,
         log=None, demos=None, encode_observation=None,
-        autocast_dtype: torch.dtype | None = None, logprob_chunk: int = 0) -> list[float]:
+        autocast_dtype: torch.dtype | None = None, logprob_chunk: int = 0,
+        fused_optimizer: bool = True) -> list[float]:
     """Train in place; returns the loss per step (mean negative log-likelihood per token).
 
     The default schedule is constant after warm-up, so accuracy grows with `steps` instead of
@@ -83,13 +93,14 @@ def sft(model, tok, examples: list[Example], encode, *, steps: int, lr: float, b
     while it learns carrying, and a decaying schedule freezes it mid-jump). ``demos(example)
     -> [(role, text), ...]`` gives multi-turn demonstrations (see the module docstring).
     ``autocast_dtype``: bf16 autocast over the model's own (float32) weights, None: none;
-    ``logprob_chunk``: tokens of logits made at a time (`train.logprob_chunk`)."""
+    ``logprob_chunk``: tokens of logits made at a time (`train.logprob_chunk`);
+    ``fused_optimizer``: `adamw`'s ``fused`` (`train.fused_optimizer`)."""
     rows = [demo_rollout(ex, encode, tok.eos_token_id, tok,
                          demos(ex) if demos is not None else None, encode_observation)
             for ex in examples]
     rng = random.Random(seed)
     device = next(model.parameters()).device
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    opt = adamw(model.parameters(), lr=lr, fused=fused_optimizer)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(
         s, steps=steps, warmup_steps=warmup_steps, schedule=schedule))
     model.train()

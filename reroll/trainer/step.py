@@ -38,7 +38,7 @@ from reroll.trainer.batch import (
 )
 from reroll.trainer.metrics import version_lag_metrics
 from reroll.trainer.precision import autocast
-from reroll.trainer.sft import lr_factor
+from reroll.trainer.sft import adamw, lr_factor
 
 _DECIDE = object()  # `Trainer._forward`: decide the batch's packing there
 
@@ -101,7 +101,8 @@ class Trainer:
     its own longest sequence, not the batch's. ``share_prompt``: the samples of a micro-batch
     that share a prompt go through the model as one packed row with the prompt once
     (`reroll.trainer.shared_prompt`); the same log-probs up to float rounding. With both,
-    the budget sorts by prompt, so that a prompt's samples stay in one micro-batch."""
+    the budget sorts by prompt, so that a prompt's samples stay in one micro-batch.
+    ``fused_optimizer``: AdamW's fused kernel (`reroll.trainer.sft.adamw`)."""
 
     def __init__(self, model: torch.nn.Module, objective, *, pad_id: int, lr: float,
                  weight_decay: float = 0.0, warmup_steps: int = 0, grad_clip: float = 1.0, minibatches: int = 1,
@@ -110,7 +111,7 @@ class Trainer:
                  reuse_prox: bool = True, skip_inert: bool = True, logprob_chunk: int = 0,
                  share_prompt: bool = False, schedule: str = "constant", total_steps: int = 0,
                  autocast_dtype: torch.dtype | None = None,
-                 publish_dtype: torch.dtype | None = None):
+                 publish_dtype: torch.dtype | None = None, fused_optimizer: bool = True):
         self.model, self.objective, self.ref_model = model, objective, ref_model
         self.device = next(model.parameters()).device
         self.logprob_chunk, self.autocast_dtype = logprob_chunk, autocast_dtype
@@ -126,8 +127,8 @@ class Trainer:
         self.pad_id, self.grad_clip, self.minibatches = pad_id, grad_clip, minibatches
         self.micro_batch, self.temperature, self.version = micro_batch, temperature, version
         self.micro_batch_tokens = micro_batch_tokens
-        self.opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay,
-                                     betas=(0.9, 0.999))
+        self.opt = adamw(model.parameters(), lr=lr, weight_decay=weight_decay,
+                         fused=fused_optimizer)
         # counts updates, so it resumes with the optimiser state (LambdaLR's own counter does not);
         # "linear" decays to 0 at total_steps (RL steps, not mini-batches)
         lr_factor(0, steps=total_steps, warmup_steps=warmup_steps, schedule=schedule,

@@ -277,3 +277,52 @@ def test_a_resume_that_moves_the_end_of_a_linear_decay_is_refused(tmp_path, smal
     const = tmp_path / "const"
     RunDir(small_run(const, "train.steps=4")).commit()
     RunDir(small_run(const, "train.steps=6"), resume=True).close()  # constant lr: free
+
+
+def test_the_fused_optimizer_makes_the_same_update_and_a_resume_keeps_the_runs_choice(
+        tiny, tmp_path, device):
+    """train.fused_optimizer (the default): AdamW's fused kernel. From the same weights and
+    batch (so the same gradients) it makes torch's default implementation's update up to
+    float rounding; a checkpoint written under either resumes under the other with the
+    resuming run's kernel (the saved flag does not come back) and the same next update.
+    (Compared one update at a time: over several, a gradient of pure rounding noise, e.g. an
+    unused embedding row's, flips sign and AdamW turns it into an lr-sized step.)"""
+    from reroll.trainer import checkpoint
+
+    model, tok = tiny
+    model.to(device)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    batch = [[1.0, 0.0], [0.0, 1.0]]
+
+    def trainer(fused):
+        t = Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=1e-2, tokenizer=tok,
+                    fused_optimizer=fused)
+        assert t.opt.param_groups[0]["fused"] is (True if fused else None)
+        return t
+
+    def weights():
+        return {k: v.clone() for k, v in model.state_dict().items()}
+
+    def close(a, b):  # lr 1e-2 steps, apart by rounding only
+        assert any(not torch.equal(a[k], start[k]) for k in a)
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-8, msg=k)
+
+    after = {}
+    for fused in (True, False):
+        model.load_state_dict(start)
+        t = trainer(fused)
+        t.step(groups_of(batch))
+        after[fused] = (weights(), t.save_checkpoint(tmp_path / str(fused), 1, {"version": 1},
+                                                     []))
+        t.step(groups_of(batch))
+        after[fused] += (weights(),)
+    close(after[True][0], after[False][0])
+    for saved_by in (True, False):  # resumed by the other kernel
+        w1, ck, w2 = after[saved_by]
+        model.load_state_dict(w1)
+        back = trainer(not saved_by)
+        checkpoint.load_trainer_state(ck, back.opt, back.sched)
+        assert back.opt.param_groups[0]["fused"] is (True if not saved_by else None)
+        back.step(groups_of(batch))
+        close(weights(), w2)
