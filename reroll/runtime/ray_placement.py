@@ -1,4 +1,4 @@
-"""GPU placement of the Ray runtime's actors (`reroll.runtime.ray`).
+"""Starting Ray, and GPU placement of the Ray runtime's actors (`reroll.runtime.ray`).
 
 With `runtime.engine_gpus` / `runtime.trainer_gpus` > 0 an engine actor / the trainer actor
 reserves that many GPUs (fractions share one) and Ray shows it only those
@@ -18,6 +18,20 @@ import ray
 
 from reroll.config import RunConfig
 from reroll.config_checks import resolve_device
+
+
+def init_ray(engine_workers: int) -> None:
+    """Start a local Ray instance when none is connected: one CPU per engine worker and one
+    for the driver (the trainer actor reserves none, see
+    `reroll.runtime.ray_trainer.TrainerActor`)."""
+    if not ray.is_initialized():
+        # by default the actors reserve no GPU (engines and trainer share the node's);
+        # older Ray releases hide every GPU from such actors (CUDA_VISIBLE_DEVICES=""), and
+        # model.device=cuda would fail. Actors that reserve GPUs (runtime.engine_gpus,
+        # runtime.trainer_gpus) see only theirs. Ray counts this machine's GPUs itself.
+        os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+        ray.init(num_cpus=max(2, engine_workers + 1), include_dashboard=False,
+                 log_to_driver=False, configure_logging=False)
 
 
 def check_gpus(cfg: RunConfig) -> None:
