@@ -468,15 +468,17 @@ class RuntimeConfig:
     engine_gpus: float = 0.0
     """Ray runtime: GPUs each engine replica reserves (a fraction shares one, e.g. 0.5).
     > 0: Ray places the replica where that many are free and shows it only those
-    (CUDA_VISIBLE_DEVICES), and its model goes on the first (model.device auto or cuda,
-    resolved inside the actor: the driver may have no GPU). 0: no reservation; replicas go
-    where CPUs are free, see every GPU of their node and take model.device as the driver
-    resolves it (one machine, all on one device)."""
+    (CUDA_VISIBLE_DEVICES), and its model goes on the first (engine.device, else
+    model.device, auto or cuda, resolved inside the actor: the driver may have no GPU). A
+    whole number above 1 takes whole GPUs; a fraction must fit beside the others on one GPU.
+    0: no reservation; replicas go where CPUs are free, see every GPU of their node and take
+    their device as the driver resolves it (one machine, all on one device)."""
     trainer_gpus: float = 0.0
     """Ray runtime: GPUs the trainer actor reserves, as runtime.engine_gpus for a replica
-    (e.g. 1 with engine_gpus = 1: trainer and engine on separate GPUs). The driver's own
-    copy of the policy for in-loop evaluation then goes on the driver's GPU if it has one,
-    else its CPU."""
+    (e.g. 1 with engine_gpus = 1: trainer and engine on separate GPUs). > 0: the driver's
+    own copy of the policy for in-loop evaluation goes on its CPU (the GPUs are the
+    actors'). A side that reserves nothing takes its device (model.device for the
+    trainer, engine.device else model.device for the engines) as the driver resolves it."""
     scoring_workers: int = 0
     """Ray runtime: scoring actors, each running reward.workers verifier processes (on a
     cluster they may sit on other nodes). 0 scores in the driver's own process pool."""

@@ -80,6 +80,33 @@ def _check_device(name: str, key: str = "model.device") -> None:
                           f"{torch.cuda.device_count()} CUDA device(s)")
 
 
+def _check_devices(cfg: RunConfig) -> None:
+    """model.device (the trainer's) and engine.device (the engine's; empty: model.device),
+    each checked here, in the driver, unless that side reserves GPUs on Ray
+    (runtime.trainer_gpus, runtime.engine_gpus): its actors then resolve it among their own
+    GPUs (the driver may have none), so it must be auto or cuda."""
+    rt = cfg.runtime
+    for key in ("engine_gpus", "trainer_gpus"):
+        n = getattr(rt, key)
+        if n > 0 and rt.kind != "ray":
+            raise ConfigError(f"runtime.{key} reserves GPUs for Ray actors: it needs "
+                              f"runtime.kind = \"ray\" (got {rt.kind!r}); the local runtime "
+                              f"puts its models on model.device and engine.device")
+        if n > 1 and n != int(n):
+            raise ConfigError(f"runtime.{key} = {n:g}: more than one GPU must be a whole "
+                              f"number (a fraction shares one GPU, as Ray places it)")
+    engine_key = "engine.device" if cfg.engine.device else "model.device"
+    for key, name, gpus in (("model.device", cfg.model.device, "trainer_gpus"),
+                            (engine_key, engine_device(cfg), "engine_gpus")):
+        if getattr(rt, gpus) > 0:
+            if name not in ("auto", "cuda"):
+                raise ConfigError(
+                    f"runtime.{gpus} > 0 gives each such Ray actor its own GPUs, and its model "
+                    f"goes on the first of them: {key} must be auto or cuda, got {name!r}")
+        else:
+            _check_device(name, key)
+
+
 def engine_device(cfg: RunConfig) -> str:
     """Where the torch engine runs: engine.device, else model.device (not yet resolved)."""
     return cfg.engine.device or cfg.model.device
@@ -224,16 +251,6 @@ def _combinations(cfg: RunConfig) -> None:
         raise ConfigError("runtime.scoring_workers places scoring actors on Ray: it needs "
                           f"runtime.kind = \"ray\" (got {rt.kind!r}); the local "
                           "runtime's scoring processes are reward.workers")
-    gpus = [k for k in ("engine_gpus", "trainer_gpus") if getattr(rt, k) > 0]
-    if gpus and rt.kind != "ray":
-        raise ConfigError(f"runtime.{gpus[0]} reserves GPUs for Ray actors: it needs "
-                          f"runtime.kind = \"ray\" (got {rt.kind!r}); the local runtime "
-                          f"puts its models on model.device")
-    if gpus and cfg.model.device not in ("auto", "cuda"):
-        raise ConfigError(
-            f"runtime.{gpus[0]} > 0 gives each such Ray actor its own GPUs, and its model goes "
-            f"on the first of them: model.device must be auto or cuda, got "
-            f"{cfg.model.device!r}")
     if rt.max_staleness == 0 and rt.overprovision > 1.0:
         raise ConfigError(
             f"runtime.overprovision = {rt.overprovision} with runtime.max_staleness = 0 would "
@@ -252,16 +269,7 @@ def _combinations(cfg: RunConfig) -> None:
     if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"model.dtype must be float32, bfloat16 or float16, got "
                           f"{cfg.model.dtype!r}")
-    if not gpus:  # with reserved GPUs the actors check their own (the driver may have none)
-        _check_device(cfg.model.device)
-    if cfg.engine.device:  # (a remote engine refuses it in `check_remote_engine`)
-        if rt.kind == "ray" and rt.engine_gpus > 0:
-            if cfg.engine.device not in ("auto", "cuda"):
-                raise ConfigError(f"runtime.engine_gpus > 0 gives each engine actor its own "
-                                  f"GPUs: engine.device must be auto or cuda there, got "
-                                  f"{cfg.engine.device!r}")
-        else:
-            _check_device(cfg.engine.device, "engine.device")
+    _check_devices(cfg)
     rp = cfg.replay
     if (rp.buffer_size > 0 or rp.reuse) and cfg.algo.correction == "none":
         raise ConfigError(

@@ -92,7 +92,18 @@ def test_gpu_reservations_need_the_ray_runtime_and_a_gpu_device():
         with pytest.raises(ConfigError, match=rf"runtime.{key} must be in \[0, inf\), got -1"):
             load_config(None, ["runtime.kind=ray", f"runtime.{key}=-1"])
     with pytest.raises(ConfigError, match="model.device must be auto or cuda, got 'cuda:1'"):
-        load_config(None, ["runtime.kind=ray", "runtime.engine_gpus=1", "model.device=cuda:1"])
+        load_config(None, ["runtime.kind=ray", "runtime.trainer_gpus=1", "model.device=cuda:1"])
+    with pytest.raises(ConfigError, match="runtime.engine_gpus = 1.5: more than one GPU must "
+                                          "be a whole number"):
+        load_config(None, ["runtime.kind=ray", "runtime.engine_gpus=1.5"])
+    # each side on its own: GPUs reserved for the engines only leave the trainer's device to
+    # the driver's check, and a trainer on the CPU is fine beside engines on their own GPUs
+    with pytest.raises(ConfigError, match="model.device = 'cuda:99' but torch sees"):
+        load_config(None, ["runtime.kind=ray", "runtime.engine_gpus=1", "model.device=cuda:99",
+                           "engine.device=cuda"])
+    cfg = load_config(None, ["runtime.kind=ray", "runtime.engine_gpus=1", "model.device=cpu",
+                             "engine.device=cuda"])
+    assert (cfg.model.device, cfg.engine.device) == ("cpu", "cuda")
     # "cuda" is the actors' to check (a CPU-only driver, as on a cluster's head node, is fine)
     cfg = load_config(None, ["runtime.kind=ray", "runtime.engine_gpus=0.5",
                              "runtime.trainer_gpus=1", "model.device=cuda"])
@@ -111,7 +122,8 @@ def test_engine_device_is_checked_like_model_device():
                                           "engine.name = 'openai'"):
         load_config(None, ["engine.name=openai", 'engine.base_url="http://127.0.0.1:1"',
                            "engine.device=cpu"])
-    with pytest.raises(ConfigError, match="engine.device must be auto or cuda there, got 'cpu'"):
+    with pytest.raises(ConfigError, match="runtime.engine_gpus > 0 .* engine.device must be "
+                                          "auto or cuda, got 'cpu'"):
         load_config(None, ["runtime.kind=ray", "runtime.engine_gpus=1", "engine.device=cpu"])
     assert load_config(None, ["engine.device=cpu"]).engine.device == "cpu"
 

@@ -68,6 +68,9 @@ def replay_config(run_dir: Path, overrides: list[str], notes: list[str]):
     from reroll.tables import apply_override, build
 
     data = read_toml(run_dir / "config.toml")
+    # a run recorded before train.fused_optimizer existed ran torch's default AdamW: its
+    # replay keeps that (bitwise), where the key's new default would not
+    data.setdefault("train", {}).setdefault("fused_optimizer", False)
     items = []
     for item in overrides:
         if "=" not in item:

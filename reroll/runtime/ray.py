@@ -73,7 +73,7 @@ class EngineActor:
         if state_dict is not None:
             model.load_state_dict(state_dict)
         # `model.device`: resolved in the driver, or here where the actor reserved GPUs
-        self.device = actor_device(device, gpus)
+        self.device = actor_device(device, gpus, "engine.device (else model.device)")
         model = model.to(self.device)
         self.engine = ENGINES.get(engine_name)(model, tok, max_batch=max_batch, version=version)
 

@@ -37,8 +37,9 @@ def init_ray(engine_workers: int) -> None:
 def check_gpus(cfg: RunConfig) -> None:
     """Refuse, before any actor starts, GPU reservations the cluster can never meet (Ray
     would leave such actors pending for ever): runtime.engine_gpus x engine_workers +
-    runtime.trainer_gpus against the cluster's GPUs, and each actor's against the largest
-    node's (an actor's GPUs are on one node)."""
+    runtime.trainer_gpus against the cluster's GPUs, each actor's against the largest
+    node's (an actor's GPUs are on one node), and then all of them packed as Ray places
+    them (`packs`)."""
     rt = cfg.runtime
     workers = max(1, rt.engine_workers)
     want = rt.engine_gpus * workers + rt.trainer_gpus
@@ -57,9 +58,34 @@ def check_gpus(cfg: RunConfig) -> None:
             raise ValueError(f"runtime.{key} = {one:g} GPUs for one actor, but no node of the "
                              f"Ray cluster has more than {largest:g} (an actor's GPUs are on "
                              f"one node)")
+    if not packs([rt.trainer_gpus] + [rt.engine_gpus] * workers, nodes):
+        raise ValueError(f"{asked} do not fit on the Ray cluster's GPUs ({len(nodes)} node(s) "
+                         f"with {', '.join(f'{n:g}' for n in nodes)}): a fraction of a GPU must "
+                         f"fit within one GPU beside the others' fractions, a whole number "
+                         f"takes that many whole GPUs of one node")
 
 
-def actor_device(name: str, reserved: float) -> str:
+def packs(requests: list[float], nodes: list[float]) -> bool:
+    """Whether actors reserving ``requests`` GPUs each fit on nodes with ``nodes`` GPUs, the
+    way Ray counts them: a whole number takes that many free GPUs of one node, a fraction
+    a share of one GPU (first fit, largest requests first)."""
+    free = [[1.0] * int(n) for n in nodes]  # free share of each GPU, by node
+    for r in sorted((r for r in requests if r > 0), reverse=True):
+        if r >= 1:
+            node = next((g for g in free if sum(x >= 1 - 1e-9 for x in g) >= r), None)
+            if node is None:
+                return False
+            for _ in range(int(r)):
+                node[next(i for i, x in enumerate(node) if x >= 1 - 1e-9)] = 0.0
+        else:
+            gpu = next(((g, i) for g in free for i, x in enumerate(g) if x >= r - 1e-9), None)
+            if gpu is None:
+                return False
+            gpu[0][gpu[1]] -= r
+    return True
+
+
+def actor_device(name: str, reserved: float, key: str = "model.device") -> str:
     """The device of a model in this actor: ``name`` resolved here, where Ray has set what
     the actor may see (its reserved GPUs, or with none reserved its node's); a clear error
     when it asks for CUDA and there is none."""
@@ -71,7 +97,7 @@ def actor_device(name: str, reserved: float) -> str:
         if index >= torch.cuda.device_count():
             gpus = ray.get_runtime_context().get_accelerator_ids().get("GPU", [])
             raise RuntimeError(
-                f"model.device = {name!r} in a Ray actor that sees "
+                f"{key} = {name!r} in a Ray actor that sees "
                 f"{torch.cuda.device_count()} CUDA device(s) (Ray gave it GPU ids {gpus}, "
                 f"{reserved:g} reserved; CUDA_VISIBLE_DEVICES="
                 f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}, torch {torch.__version__})")

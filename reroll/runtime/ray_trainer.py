@@ -123,10 +123,10 @@ class RayTrainer:
 
         if self._policy is None:
             cfg = self.cfg
-            if cfg.runtime.trainer_gpus > 0 or cfg.runtime.engine_gpus > 0:
-                # the GPUs are the actors'; the driver's copy goes on a GPU of its own if
-                # it sees one ("auto"), else on its CPU
-                cfg = replace(cfg, model=replace(cfg.model, device="auto"))
+            if cfg.runtime.trainer_gpus > 0:
+                # model.device names the trainer actor's GPUs, which the driver may not have
+                # and must not take (on one machine its "cuda" is a reserved GPU): the CPU
+                cfg = replace(cfg, model=replace(cfg.model, device="cpu"))
             self._policy = build.load_model(self.init_dir, cfg)[0]
         if self._policy_version != self._version:
             self._policy.load_state_dict(self._get(self.weights()))

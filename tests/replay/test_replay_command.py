@@ -176,3 +176,24 @@ def test_reroll_replay_through_the_main_cli_refuses_with_exit_code_2(recorded, t
     assert main(["replay", str(recorded), "rollout.group_size=8",
                  f"out_dir={tmp_path / 'o'}"]) == 2
     assert "rollout.group_size cannot change in a replay" in capsys.readouterr().err
+
+
+def test_a_run_recorded_before_the_fused_optimizer_replays_with_torchs_default_adamw(
+        recorded, tmp_path):
+    """train.fused_optimizer's default is on; a recording whose config.toml predates the key
+    ran torch's default AdamW, and its replay must too to reproduce it. A recording that
+    names the key keeps its value, and the replay may override it (a kernel choice)."""
+    import tomli_w
+
+    from reroll.config import read_toml
+
+    cfg_file = recorded / "config.toml"
+    assert read_toml(cfg_file)["train"]["fused_optimizer"] is True  # recorded since the key
+    out = [f"out_dir={tmp_path / 'again'}"]
+    assert command.replay_config(recorded, out, []).train.fused_optimizer is True
+    assert command.replay_config(recorded, out + ["train.fused_optimizer=false"],
+                                 []).train.fused_optimizer is False
+    old = read_toml(cfg_file)
+    del old["train"]["fused_optimizer"]
+    cfg_file.write_text(tomli_w.dumps(old))
+    assert command.replay_config(recorded, out, []).train.fused_optimizer is False

@@ -281,3 +281,19 @@ def test_gpu_reservations_the_cluster_cannot_meet_are_refused_before_any_actor(r
         check_gpus(one)
     check_gpus(equiv_cfg(tmp_path, "runtime.kind=ray", "runtime.engine_gpus=0.5",
                          "runtime.trainer_gpus=0.5", "model.device=auto"))  # fits: no error
+
+
+@pytest.mark.parametrize("requests, nodes, fits", [
+    ([0.5, 0.5, 0.5, 0.5], [2], True),  # two halves on each GPU
+    ([0.6, 0.6, 0.6], [2], False),  # 1.8 <= 2 GPUs, but no two 0.6 share one
+    ([0.7, 0.7, 0.5], [2], False),  # 0.3 left on each GPU
+    ([1, 0.5, 0.5], [2], True),
+    ([0.3, 1], [1], False),  # the whole GPU leaves no share
+    ([2, 1], [2, 1], True),
+    ([2, 2], [3, 1], False),  # 4 GPUs in all, but the second 2 finds no node with 2 free
+    ([0.0, 0.0], [0], True),  # nothing reserved
+])
+def test_gpu_requests_pack_as_ray_places_them(requests, nodes, fits):
+    from reroll.runtime.ray_placement import packs
+
+    assert packs(requests, nodes) is fits

@@ -303,10 +303,10 @@ def test_the_fused_optimizer_makes_the_same_update_and_a_resume_keeps_the_runs_c
     def weights():
         return {k: v.clone() for k, v in model.state_dict().items()}
 
-    def close(a, b):  # lr 1e-2 steps, apart by rounding only
+    def close(a, b):  # lr 1e-2 steps, apart by rounding only (a float32 ulp near 1: 1.2e-7)
         assert any(not torch.equal(a[k], start[k]) for k in a)
         for k in a:
-            torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-8, msg=k)
+            torch.testing.assert_close(a[k], b[k], rtol=3e-7, atol=1e-8, msg=k)
 
     after = {}
     for fused in (True, False):
