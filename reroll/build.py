@@ -247,11 +247,29 @@ def build_engine(model, tok, cfg: RunConfig, version: int = 0, max_batch: int | 
 
     # a run that generates on servers (trait ``remote``) still evaluates in this process
     name = "torch" if ENGINES.trait(cfg.engine.name, "remote", False) else cfg.engine.name
-    engine_model = copy.deepcopy(model).to(dtype=getattr(torch, cfg.model.dtype))
-    if device is not None:
-        engine_model = engine_model.to(device)
+    engine_model = module_copy(model, device or next(model.parameters()).device,
+                               getattr(torch, cfg.model.dtype))
     return ENGINES.get(name)(engine_model, tok, max_batch=max_batch or engine_slots(cfg),
                              version=version)
+
+
+def module_copy(model, device, dtype):
+    """A deep copy of ``model`` whose parameters and buffers are on ``device``, the floating
+    ones in ``dtype`` (as ``Module.to`` converts them), made tensor by tensor: neither device
+    ever holds a second full-precision copy (a deepcopy then ``.to`` would, on the model's
+    own device), gradients are not copied, and tied parameters stay tied."""
+    import itertools
+
+    import torch
+
+    memo: dict[int, torch.Tensor] = {}
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        if id(t) not in memo:
+            new = t.detach().to(device=device, dtype=dtype if t.is_floating_point() else None,
+                                copy=True)
+            memo[id(t)] = (torch.nn.Parameter(new, requires_grad=t.requires_grad)
+                           if isinstance(t, torch.nn.Parameter) else new)
+    return copy.deepcopy(model, memo)
 
 
 def run_engine(trainer, tok, cfg: RunConfig):

@@ -183,3 +183,32 @@ def test_model_device_cpu_is_accepted_and_a_missing_gpu_is_refused():
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match=r"model.device = 'cuda' but torch sees no CUDA"):
             load_config(None, ["model.device=cuda"])
+
+
+def test_the_engines_copy_is_made_tensor_by_tensor_tied_and_without_gradients(tiny_dir, device):
+    """`build.module_copy`: the engine's model equals the trainer's at the engine's dtype and
+    device, keeps tied embeddings tied, takes no gradients along, and shares no storage."""
+    cfg = load_config(None, ["model.dtype=bfloat16", f"model.device={device}"])
+    trainer = build.build_trainer(cfg, tiny_dir)
+    src = trainer.model
+    for p in src.parameters():
+        p.grad = torch.ones_like(p)  # as after an update: not the engine's to copy
+    out = build.module_copy(src, "cpu", torch.bfloat16)
+    assert src.config.tie_word_embeddings
+    assert out.get_output_embeddings().weight is out.get_input_embeddings().weight
+    want = {k: v.detach().to("cpu", torch.bfloat16 if v.is_floating_point() else None)
+            for k, v in src.state_dict().items()}
+    got = out.state_dict()
+    assert got.keys() == want.keys()
+    for k in want:
+        assert torch.equal(got[k], want[k]) and got[k].dtype == want[k].dtype, k
+    bufs = dict(out.named_buffers())
+    for k, b in src.named_buffers():  # non-persistent ones too (rotary frequencies)
+        assert bufs[k].device.type == "cpu"
+        assert torch.equal(bufs[k].float(), b.detach().cpu().to(bufs[k].dtype).float()), k
+    assert all(p.grad is None for p in out.parameters())
+    assert {p.dtype for p in src.parameters()} == {torch.float32}  # the trainer's untouched
+    p = next(out.parameters())
+    with torch.no_grad():
+        p.add_(1)
+    assert not torch.equal(p.float().cpu(), next(src.parameters()).detach().float().cpu())
