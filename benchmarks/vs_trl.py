@@ -256,7 +256,10 @@ VARIANTS = {"reroll_async": ["runtime.max_staleness=1"],
             "reroll_ray_async": ["runtime.kind=ray", "runtime.max_staleness=1"],
             "reroll_ray": ["runtime.kind=ray"],
             "reroll_threads2": ["runtime.threads=2"],  # both cores for each side, in turn
-            "reroll_async_threads1": ["runtime.max_staleness=1", "runtime.threads=1"]}
+            "reroll_async_threads1": ["runtime.max_staleness=1", "runtime.threads=1"],
+            # two GPUs (with --device cuda): the engine on the second, the trainer on the first
+            "reroll_2gpu": ["engine.device=cuda:1"],
+            "reroll_2gpu_async": ["engine.device=cuda:1", "runtime.max_staleness=1"]}
 
 
 def time_to(curve, target: float) -> float | None:
