@@ -291,6 +291,11 @@ def _warnings(cfg: RunConfig) -> None:
         warn(f"train.steps = {cfg.train.steps}: `reroll train` will not train at all")
     if cfg.eval.every > 0 and cfg.eval.n_examples == 0:
         warn("eval.every > 0 with eval.n_examples = 0: evaluation runs on no example")
+    if (cfg.runtime.kind == "ray" and cfg.runtime.trainer_gpus > 0 and cfg.eval.every > 0
+            and cfg.eval.n_examples > 0):
+        warn(f"eval.every = {cfg.eval.every} with runtime.trainer_gpus > 0: in-loop evaluation "
+             f"runs in the driver, on its CPU (the GPUs are the actors'), slow for a real "
+             f"model; set eval.every = 0 and evaluate checkpoints with `reroll eval`")
     adv = algo.ADVANTAGES.get(cfg.algo.advantage)
     if cfg.rollout.group_size == 1 and getattr(adv, "group_normalised", False):
         warn(f"rollout.group_size = 1 with algo.advantage = {cfg.algo.advantage!r}, which "
