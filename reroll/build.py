@@ -257,7 +257,10 @@ def module_copy(model, device, dtype):
     """A deep copy of ``model`` whose parameters and buffers are on ``device``, the floating
     ones in ``dtype`` (as ``Module.to`` converts them), made tensor by tensor: neither device
     ever holds a second full-precision copy (a deepcopy then ``.to`` would, on the model's
-    own device), gradients are not copied, and tied parameters stay tied."""
+    own device), gradients are not copied, and tied parameters stay tied. Ties are kept where
+    modules share one Parameter object (how transformers ties embeddings); two distinct
+    Parameters over one storage come out untied. Tensor attributes that are neither
+    parameters nor buffers are deep-copied as they are (device unchanged)."""
     import itertools
 
     import torch
@@ -272,6 +275,14 @@ def module_copy(model, device, dtype):
     return copy.deepcopy(model, memo)
 
 
+def engine_device_of(cfg: RunConfig) -> str:
+    """The device this process' torch engine runs on: engine.device, else model.device,
+    resolved ("auto": cuda when there is one)."""
+    from reroll.config_checks import engine_device, resolve_device
+
+    return resolve_device(engine_device(cfg))
+
+
 def run_engine(trainer, tok, cfg: RunConfig):
     """The engine a training run generates with: `build_engine` over the trainer's policy,
     or a remote engine (``engine.name = "openai"``), built from the ``[engine]`` fields named
@@ -280,10 +291,8 @@ def run_engine(trainer, tok, cfg: RunConfig):
     from reroll.engine import ENGINES
 
     if not ENGINES.trait(cfg.engine.name, "remote", False):
-        from reroll.config_checks import engine_device, resolve_device
-
         core = build_engine(trainer.policy(), tok, cfg, version=trainer.version,
-                            device=resolve_device(engine_device(cfg)))
+                            device=engine_device_of(cfg))
         head = getattr(trainer, "head_weights", None)  # ARRoL's quality head, same version
         if head is not None:
             core.load_head(head())

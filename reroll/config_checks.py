@@ -62,6 +62,11 @@ def resolve_device(name: str) -> str:
     return name
 
 
+def cuda_index(name: str) -> int:
+    """The device index of ``cuda`` (0) or ``cuda:N`` (N)."""
+    return int(name.split(":")[1]) if ":" in name else 0
+
+
 def _check_device(name: str, key: str = "model.device") -> None:
     import re
 
@@ -74,8 +79,7 @@ def _check_device(name: str, key: str = "model.device") -> None:
     if not torch.cuda.is_available():
         raise ConfigError(f"{key} = {name!r} but torch sees no CUDA device "
                           f"(torch.cuda.is_available() is False); use {key}=cpu or auto")
-    index = int(name.split(":")[1]) if ":" in name else 0
-    if index >= torch.cuda.device_count():
+    if cuda_index(name) >= torch.cuda.device_count():
         raise ConfigError(f"{key} = {name!r} but torch sees "
                           f"{torch.cuda.device_count()} CUDA device(s)")
 
@@ -296,6 +300,18 @@ def _warnings(cfg: RunConfig) -> None:
         warn(f"eval.every = {cfg.eval.every} with runtime.trainer_gpus > 0: in-loop evaluation "
              f"runs in the driver, on its CPU (the GPUs are the actors'), slow for a real "
              f"model; set eval.every = 0 and evaluate checkpoints with `reroll eval`")
+    rt = cfg.runtime
+    if rt.kind == "ray" and (rt.engine_gpus > 0) != (rt.trainer_gpus > 0):
+        # the side that reserves nothing takes its device as the driver resolves it
+        key, name = (("model.device", cfg.model.device) if rt.engine_gpus > 0 else
+                     ("engine.device" if cfg.engine.device else "model.device",
+                      engine_device(cfg)))
+        side = "trainer" if rt.engine_gpus > 0 else "engine"
+        if name == "auto" and resolve_device(name) == "cpu":  # an explicit cpu is a choice
+            warn(f"runtime.{'engine' if side == 'trainer' else 'trainer'}_gpus > 0 but the "
+                 f"{side} actor(s) reserve no GPU: they take {key} = {name!r} as this driver "
+                 f"resolves it, the CPU; reserve GPUs for them too "
+                 f"(runtime.{side}_gpus) to put them on a GPU")
     adv = algo.ADVANTAGES.get(cfg.algo.advantage)
     if cfg.rollout.group_size == 1 and getattr(adv, "group_normalised", False):
         warn(f"rollout.group_size = 1 with algo.advantage = {cfg.algo.advantage!r}, which "

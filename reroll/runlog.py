@@ -33,7 +33,7 @@ RESUMABLE = {"train.steps", "train.schedule_steps", "log_every", "ckpt_every", "
              "runtime.scoring_workers", "runtime.engine_gpus", "runtime.trainer_gpus",
              "log",  # local and Ray runs are bitwise equal
              "runtime.deterministic", "train.fused_optimizer",  # which kernels
-             "engine.device",  # where the engine runs, as runtime.engine_gpus
+             "engine.device", "model.device",  # where each side runs, as runtime.*_gpus
              # where the engine servers are and how to reach them (a served run equals the
              # in-process one; servers move between a stop and a resume)
              "engine.base_url", "engine.api_key", "engine.timeout_s", "engine.weights_dir"}

@@ -134,3 +134,25 @@ def test_scoring_actors_need_the_ray_runtime():
     with pytest.raises(ConfigError, match=r"runtime.scoring_workers must be in \[0, inf\), got -1"):
         load_config(None, ["runtime.kind=ray", "runtime.scoring_workers=-1"])
     assert load_config(None, ["runtime.kind=ray", "runtime.scoring_workers=2"]).runtime.scoring_workers == 2
+
+
+def test_a_ray_side_without_gpus_beside_one_with_them_is_warned_when_it_lands_on_the_cpu():
+    """With only the engines reserving GPUs, the trainer actor takes model.device=auto as the
+    driver resolves it: on a driver without a GPU, the CPU; said, not left silent. Both
+    sides reserving (or neither) says nothing."""
+    import warnings
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("the driver resolves auto to cuda here")
+    with pytest.warns(UserWarning, match=r"runtime.engine_gpus > 0 but the trainer actor\(s\) "
+                                         r"reserve no GPU: they take model.device = 'auto'"):
+        load_config(None, ["runtime.kind=ray", "runtime.engine_gpus=1", "eval.every=0"])
+    with pytest.warns(UserWarning, match=r"runtime.trainer_gpus > 0 but the engine actor\(s\) "
+                                         r"reserve no GPU: they take model.device = 'auto'"):
+        load_config(None, ["runtime.kind=ray", "runtime.trainer_gpus=1", "eval.every=0"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_config(None, ["runtime.kind=ray", "runtime.trainer_gpus=1",
+                           "runtime.engine_gpus=1", "eval.every=0"])

@@ -37,14 +37,15 @@ def test_the_run_directory_never_records_the_api_key(tmp_path):
 
 
 def test_a_resume_may_move_the_run_onto_other_kernels_and_devices_but_not_other_math():
-    """Which AdamW kernel, which kernels at all, where the engine runs and what GPUs Ray
+    """Which AdamW kernel, which kernels at all, where the trainer and the engine run (a
+    run started with model.device=cpu may resume on a GPU, or with trainer_gpus), what GPUs Ray
     actors reserve are resumable (the same update up to float rounding); the lr is not."""
     old = {"train": {"fused_optimizer": False, "lr": 1e-4},
            "runtime": {"deterministic": False, "engine_gpus": 0.0, "trainer_gpus": 0.0},
-           "engine": {"device": ""}}
+           "engine": {"device": ""}, "model": {"device": "cpu"}}
     new = {"train": {"fused_optimizer": True, "lr": 1e-4},
            "runtime": {"deterministic": True, "engine_gpus": 1.0, "trainer_gpus": 1.0},
-           "engine": {"device": "cuda:1"}}
+           "engine": {"device": "cuda:1"}, "model": {"device": "cuda:0"}}
     assert config_diff(old, new) == []
     new["train"]["lr"] = 3e-4
     assert config_diff(old, new) == ["train.lr: 0.0001 -> 0.0003"]

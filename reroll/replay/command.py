@@ -12,7 +12,11 @@ gradient norm, and the final weights.
 
 The config is the run's saved ``config.toml``. ``preset=X`` replaces its ``[algo]`` table
 with the preset's; ``algo.*``, ``train.*``, ``eval.*``, ``log_every``, ``ckpt_every``,
-``model.device``, ``model.dtype`` and ``runtime.threads`` may be set. Keys that shaped what
+``model.device``, ``model.dtype``, ``engine.device`` (where held-out evaluation generates) and
+``runtime.threads`` may be set. A replay trains in this process: the recording's placement
+(``runtime.kind``, ``runtime.engine_gpus``, ``runtime.trainer_gpus``, ``engine.device``) is
+reset to the local runtime's defaults, so a run recorded on Ray or across two GPUs replays
+on any machine. Keys that shaped what
 was generated (``rollout.*``, ``task.*``, ``engine.*``, ``reward.*``, ``control.*``,
 ``replay.*``, the rest of ``runtime.*`` and ``model.*``, ``init``, DAPO's dynamic sampling
 and overlong shaping) are fixed by the recording: setting one is refused, naming it.
@@ -33,11 +37,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+# where the recorded run's components ran: reset, since a replay trains in this process
+PLACEMENT = {"kind": "local", "engine_gpus": 0.0, "trainer_gpus": 0.0, "scoring_workers": 0}
 # key prefix -> None (the replay may change it) or why it may not; the longest prefix rules
 KEYS: dict[str, str | None] = {
     "algo": None, "train": None, "eval": None, "log_every": None, "ckpt_every": None,
     "out_dir": None, "preset": None, "model.device": None, "model.dtype": None,
-    "runtime.threads": None,
+    "runtime.threads": None, "engine.device": None,
+    **{f"runtime.{k}": "is where the recorded run's actors ran (a replay trains in this "
+                       "process)" for k in PLACEMENT},
     "algo.dynamic_sampling": "decided which groups were kept when they were generated",
     "algo.overlong_buffer": "is already in the recorded rewards (shaping at generation)",
     "algo.overlong_penalty": "is already in the recorded rewards (shaping at generation)",
@@ -71,6 +79,8 @@ def replay_config(run_dir: Path, overrides: list[str], notes: list[str]):
     # a run recorded before train.fused_optimizer existed ran torch's default AdamW: its
     # replay keeps that (bitwise), where the key's new default would not
     data.setdefault("train", {}).setdefault("fused_optimizer", False)
+    data.setdefault("runtime", {}).update(PLACEMENT)
+    data.setdefault("engine", {})["device"] = ""  # held-out evaluation: model.device
     items = []
     for item in overrides:
         if "=" not in item:
@@ -82,7 +92,8 @@ def replay_config(run_dir: Path, overrides: list[str], notes: list[str]):
                 f"{key} cannot change in a replay: it {why} (the recorded "
                 f"rollouts fix it). A replay changes the update only: algo.* (not "
                 f"{', '.join('algo.' + k for k in GENERATION_ALGO)}), train.*, eval.*, "
-                f"log_every, ckpt_every, model.device, model.dtype, runtime.threads")
+                f"log_every, ckpt_every, model.device, model.dtype, engine.device, "
+                f"runtime.threads")
         items.append((key, item))
     for key, item in items:
         if key == "preset":
@@ -271,10 +282,11 @@ class Evaluator:
         self.test = task.test[: cfg.eval.n_examples]
 
     def __call__(self) -> dict[str, float]:
+        from reroll.build import engine_device_of
         from reroll.trainer.evaluate import evaluate
 
         return evaluate(self.trainer.policy(), self.tok, self.test, self.scorer, self.encode,
-                        self.cfg, k=1)
+                        self.cfg, k=1, device=engine_device_of(self.cfg))
 
     def close(self) -> None:
         self.scorer.close()

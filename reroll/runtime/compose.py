@@ -33,6 +33,7 @@ class Components:
     trainer: TrainerHandle
     engine_core: Any  # a `reroll.engine.EngineCore`, or an asynchronous `Engine` (remote)
     scorer: Any  # a scorer (submit / combine / close)
+    eval_device: str | None = None  # in-loop evaluation's engine (None: the policy's device)
 
 
 class Transport:
@@ -97,7 +98,8 @@ def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_com
         test = task.test[: cfg.eval.n_examples]
 
         def evaluator() -> dict[str, float]:
-            return evaluate(parts.trainer.policy(), tok, test, parts.scorer, encode, cfg, k=1)
+            return evaluate(parts.trainer.policy(), tok, test, parts.scorer, encode, cfg, k=1,
+                            device=parts.eval_device)
 
         rd.commit()  # everything is built: from now on the directory holds this run
         return run_loop(cfg, trainer=parts.trainer, source=source,

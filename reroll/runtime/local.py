@@ -21,4 +21,7 @@ def components(cfg: RunConfig, init_dir: Path, ckpt: Path | None) -> Components:
     tok = build.load_tokenizer(init_dir)
     core = build.run_engine(trainer, tok, cfg)
     task = build.build_task(cfg)
-    return Components(trainer=trainer, engine_core=core, scorer=build_rollout.build_scorer(cfg, task))
+    # held-out evaluation generates where the run's engine does (engine.device), not on the
+    # trainer's device
+    return Components(trainer=trainer, engine_core=core, scorer=build_rollout.build_scorer(cfg, task),
+                      eval_device=build.engine_device_of(cfg))

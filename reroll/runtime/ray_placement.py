@@ -16,8 +16,8 @@ from typing import Any
 
 import ray
 
-from reroll.config import RunConfig
-from reroll.config_checks import resolve_device
+from reroll.config import ConfigError, RunConfig
+from reroll.config_checks import cuda_index, resolve_device
 
 
 def init_ray(engine_workers: int) -> None:
@@ -51,15 +51,15 @@ def check_gpus(cfg: RunConfig) -> None:
     asked = (f"runtime.engine_gpus = {rt.engine_gpus:g} x {workers} engine worker(s) + "
              f"runtime.trainer_gpus = {rt.trainer_gpus:g} = {want:g} GPU(s)")
     if want > total + 1e-9:
-        raise ValueError(f"{asked}, but the Ray cluster has {total:g} GPU(s): lower the "
+        raise ConfigError(f"{asked}, but the Ray cluster has {total:g} GPU(s): lower the "
                          f"reservations or runtime.engine_workers, or add GPU nodes")
     for key, one in (("engine_gpus", rt.engine_gpus), ("trainer_gpus", rt.trainer_gpus)):
         if one > largest + 1e-9:
-            raise ValueError(f"runtime.{key} = {one:g} GPUs for one actor, but no node of the "
+            raise ConfigError(f"runtime.{key} = {one:g} GPUs for one actor, but no node of the "
                              f"Ray cluster has more than {largest:g} (an actor's GPUs are on "
                              f"one node)")
     if not packs([rt.trainer_gpus] + [rt.engine_gpus] * workers, nodes):
-        raise ValueError(f"{asked} do not fit on the Ray cluster's GPUs ({len(nodes)} node(s) "
+        raise ConfigError(f"{asked} do not fit on the Ray cluster's GPUs ({len(nodes)} node(s) "
                          f"with {', '.join(f'{n:g}' for n in nodes)}): a fraction of a GPU must "
                          f"fit within one GPU beside the others' fractions, a whole number "
                          f"takes that many whole GPUs of one node")
@@ -93,8 +93,7 @@ def actor_device(name: str, reserved: float, key: str = "model.device") -> str:
 
     device = resolve_device(name)
     if device.startswith("cuda"):
-        index = int(device.split(":")[1]) if ":" in device else 0
-        if index >= torch.cuda.device_count():
+        if cuda_index(device) >= torch.cuda.device_count():
             gpus = ray.get_runtime_context().get_accelerator_ids().get("GPU", [])
             raise RuntimeError(
                 f"{key} = {name!r} in a Ray actor that sees "

@@ -37,12 +37,12 @@ def _correct(r: Rollout) -> bool | None:
 
 
 async def _run(model, tok, cfg: RunConfig, examples: list[Example], scorer, encode,
-               params: SamplingParams, n: int) -> list[Group]:
+               params: SamplingParams, n: int, device: str | None) -> list[Group]:
     from reroll import build, build_rollout
     from reroll.engine import EngineService
     from reroll.workflows import WORKFLOWS
 
-    engine = EngineService(build.build_engine(model, tok, cfg, max_batch=64))
+    engine = EngineService(build.build_engine(model, tok, cfg, max_batch=64, device=device))
     ctx = build_rollout.episode_context(cfg, tok, engine, scorer)
     groups = []
     for i, ex in enumerate(examples):
@@ -60,7 +60,9 @@ async def _run(model, tok, cfg: RunConfig, examples: list[Example], scorer, enco
 
 
 def evaluate(model, tok, examples: list[Example], scorer, encode, cfg: RunConfig,
-             k: int | None = None) -> dict[str, float]:
+             k: int | None = None, device: str | None = None) -> dict[str, float]:
+    """Held-out metrics of ``model``: greedy accuracy, and with ``k`` > 1 sampled pass@1 and
+    pass@k. Generation runs on a copy of ``model`` on ``device`` (None: ``model``'s own)."""
     k = cfg.eval.k if k is None else k
     base = SamplingParams(temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens,
                           stop_token_ids=[tok.eos_token_id])
@@ -70,7 +72,7 @@ def evaluate(model, tok, examples: list[Example], scorer, encode, cfg: RunConfig
         runs.append(("sampled", SamplingParams(**{**asdict(base),
                                                   "temperature": cfg.eval.temperature}), k))
     for label, params, n in runs:
-        groups = asyncio.run(_run(model, tok, cfg, examples, scorer, encode, params, n))
+        groups = asyncio.run(_run(model, tok, cfg, examples, scorer, encode, params, n, device))
         verdicts, errors = [], 0
         by_level: dict[str, list[int]] = {}
         for ex, g in zip(examples, groups, strict=True):

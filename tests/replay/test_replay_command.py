@@ -197,3 +197,28 @@ def test_a_run_recorded_before_the_fused_optimizer_replays_with_torchs_default_a
     del old["train"]["fused_optimizer"]
     cfg_file.write_text(tomli_w.dumps(old))
     assert command.replay_config(recorded, out, []).train.fused_optimizer is False
+
+
+def test_a_run_recorded_on_ray_across_gpus_replays_here_in_this_process(recorded, tmp_path):
+    """Where the recorded run's actors ran (runtime.kind, the GPU reservations, Ray's scoring
+    actors, engine.device) does not bind its replay, which trains in this process: the
+    placement is reset to the local runtime's, so a run recorded with its engine on a second
+    GPU replays on a machine without one, and model.device / engine.device may be set."""
+    import tomli_w
+
+    from reroll.config import ConfigError, read_toml
+
+    cfg_file = recorded / "config.toml"
+    data = read_toml(cfg_file)
+    data["runtime"].update(kind="ray", engine_gpus=1.0, trainer_gpus=1.0, scoring_workers=2)
+    data["engine"]["device"] = "cuda:1"
+    data["model"]["device"] = "cuda"
+    cfg_file.write_text(tomli_w.dumps(data))
+    out = [f"out_dir={tmp_path / 'again'}"]
+    cfg = command.replay_config(recorded, out + ["model.device=cpu", "engine.device=cpu"], [])
+    assert (cfg.runtime.kind, cfg.runtime.engine_gpus, cfg.runtime.trainer_gpus,
+            cfg.runtime.scoring_workers) == ("local", 0.0, 0.0, 0)
+    assert (cfg.model.device, cfg.engine.device) == ("cpu", "cpu")
+    with pytest.raises(ConfigError, match=r"runtime.trainer_gpus cannot change in a replay: "
+                                          r"it is where the recorded run's actors ran"):
+        command.replay_config(recorded, out + ["runtime.trainer_gpus=1"], [])

@@ -276,11 +276,37 @@ def test_gpu_reservations_the_cluster_cannot_meet_are_refused_before_any_actor(r
                                          rf"{have:g} GPU"):
         check_gpus(cfg)
     one = equiv_cfg(tmp_path, "runtime.kind=ray", f"runtime.trainer_gpus={have + 1}",
-                    "model.device=auto")
-    with pytest.raises(ValueError, match=r"runtime.trainer_gpus|the Ray cluster has"):
+                    "engine.device=cpu", "model.device=auto")
+    with pytest.raises(ValueError, match=rf"runtime.trainer_gpus = {have + 1:g} = {have + 1:g} "
+                                         rf"GPU\(s\), but the Ray cluster has {have:g} GPU"):
         check_gpus(one)
     check_gpus(equiv_cfg(tmp_path, "runtime.kind=ray", "runtime.engine_gpus=0.5",
                          "runtime.trainer_gpus=0.5", "model.device=auto"))  # fits: no error
+
+
+def test_one_actors_gpus_must_fit_on_one_node(tmp_path, monkeypatch):
+    """Two nodes of 1 GPU each: 2 GPUs in the cluster, but an actor's reservation is on one
+    node, so trainer_gpus = 2 is refused naming the largest node, and 1 + 1 fits. The
+    cluster view is stubbed (no Ray started); the error is a ConfigError, so the CLI reports
+    it as a config error (exit code 2)."""
+    from reroll.config import ConfigError
+    from reroll.runtime import ray_placement
+
+    monkeypatch.setattr(ray_placement.ray, "cluster_resources", lambda: {"GPU": 2.0})
+    monkeypatch.setattr(ray_placement.ray, "nodes", lambda: [
+        {"Alive": True, "Resources": {"GPU": 1.0}}, {"Alive": True, "Resources": {"GPU": 1.0}},
+        {"Alive": False, "Resources": {"GPU": 8.0}}])  # a dead node counts for nothing
+    two = equiv_cfg(tmp_path, "runtime.kind=ray", "runtime.trainer_gpus=2",
+                    "model.device=auto", "engine.device=cpu")
+    with pytest.raises(ConfigError, match=r"runtime.trainer_gpus = 2 GPUs for one actor, but "
+                                          r"no node of the Ray cluster has more than 1 "):
+        ray_placement.check_gpus(two)
+    ray_placement.check_gpus(equiv_cfg(tmp_path, "runtime.kind=ray", "runtime.trainer_gpus=1",
+                                       "runtime.engine_gpus=1", "model.device=auto"))
+    three = equiv_cfg(tmp_path, "runtime.kind=ray", "runtime.trainer_gpus=1",
+                      "runtime.engine_gpus=1", "runtime.engine_workers=2", "model.device=auto")
+    with pytest.raises(ConfigError, match=r"= 3 GPU\(s\), but the Ray cluster has 2 GPU"):
+        ray_placement.check_gpus(three)
 
 
 @pytest.mark.parametrize("requests, nodes, fits", [

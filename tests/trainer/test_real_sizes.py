@@ -130,6 +130,27 @@ def test_engine_device_places_the_runs_engine_apart_from_the_trainer(tiny_dir, d
     assert plain.device == torch.empty(0, device=device).device
 
 
+def test_in_loop_evaluation_generates_on_the_engines_device(tmp_path, small_run, monkeypatch):
+    """A run's held-out evaluation builds its engine where engine.device says, as the run's
+    own engine, not on the trainer's device (model.device, here --device): each engine the
+    run builds, the training one and the evaluations' (steps 0, 1, 2), is on the CPU."""
+    from reroll.runtime import train
+
+    built = []
+    real = build.build_engine
+
+    def spy(*args, **kwargs):
+        core = real(*args, **kwargs)
+        built.append(core.device)
+        return core
+
+    monkeypatch.setattr(build, "build_engine", spy)
+    cfg = small_run(tmp_path / "run", "engine.device=cpu", "train.steps=2", "eval.every=1",
+                    "eval.n_examples=4", "eval.k=1")
+    train(cfg, progress=False)
+    assert built == [torch.device("cpu")] * 4  # the run's engine, then 3 evaluations
+
+
 def test_gradient_checkpointing_gives_the_same_gradients(tiny_dir, device):
     batch = collate([r for g in groups_of(GROUPS) for r in g.rollouts], pad_id=0).to(device)
 
