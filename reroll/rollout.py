@@ -22,7 +22,7 @@ drawn from that distribution: the span says so.
 from __future__ import annotations
 
 import json
-import uuid
+import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
@@ -47,7 +47,9 @@ __all__ = ["BranchRule", "Draft", "Example", "FINISHED", "Group", "POLICY_SOURCE
 
 
 def new_id() -> str:
-    return uuid.uuid4().hex[:16]
+    """16 random hex digits (64 bits from the OS): as ``uuid4().hex[:16]``, without building
+    a UUID (5 us each: ~140 a step on the main job)."""
+    return os.urandom(8).hex()
 
 
 @dataclass
