@@ -22,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import machine  # benchmarks/machine.py: the CPU a number was measured on
+
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "arithmetic.toml"
 RUN = """
@@ -85,6 +87,7 @@ def main() -> None:
                               text=True, cwd=REPO).stdout.strip()
         print(f"base {a.base}: {mb:.4f} s/step; this checkout ({head}): {mt:.4f} s/step; "
               f"this / base = {mt / mb:.3f}" + (f"  (with {' '.join(a.set)})" if a.set else ""))
+        print(machine.describe())
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=REPO,
                        capture_output=True)

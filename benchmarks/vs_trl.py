@@ -39,6 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import machine  # benchmarks/machine.py: the CPU a number was measured on
+
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "arithmetic.toml"
 PROMPTS, SAMPLES, MAX_NEW, LR, CLIP = 16, 8, 6, 1e-4, 0.2
@@ -357,6 +359,7 @@ def main() -> None:
                           text=True, cwd=REPO).stdout.strip()
     print(f"commit {head}, device {a.device}, torch threads {a.threads} (trl, hand); reroll "
           f"per its config; glibc thresholds fixed for trl and hand: {a.keep_freed_memory}")
+    print(machine.describe())
 
 
 if __name__ == "__main__":
