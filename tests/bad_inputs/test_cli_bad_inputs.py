@@ -83,7 +83,8 @@ WARNED = [
     (["train.steps=0"], "train.steps = 0"),
     (["eval.every=10", "eval.n_examples=0"], "eval.n_examples = 0"),
     (["rollout.group_size=1"], "rollout.group_size = 1 with algo.advantage = 'grpo'"),
-    (["runtime.kind=ray", "runtime.trainer_gpus=1", "model.device=auto", "eval.every=50"],
+    (["runtime.kind=ray", "runtime.trainer_gpus=1", "runtime.engine_gpus=1", "model.device=auto",
+      "eval.every=50"],
      "eval.every = 50 with runtime.trainer_gpus > 0: in-loop evaluation runs in the driver, "
      "on its CPU"),
 ]
@@ -100,7 +101,10 @@ def test_sensible_configs_load_without_warnings():
         warnings.simplefilter("error")
         load_config(None, [])
         load_config(None, ["rollout.group_size=1", "algo.advantage=reinforce_pp"])
-        load_config(None, ["runtime.kind=ray", "runtime.trainer_gpus=1", "eval.every=0"])
+        # both sides reserve GPUs: with only the trainer's, engines left at auto land on a
+        # GPU-less driver's CPU, which is warned about (tests/test_config.py)
+        load_config(None, ["runtime.kind=ray", "runtime.trainer_gpus=1", "runtime.engine_gpus=1",
+                           "eval.every=0"])
         root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
         for name in ("arithmetic", "calculator"):
             load_config(os.path.join(root, "configs", f"{name}.toml"))

@@ -18,7 +18,7 @@ def _fake_run(correct):
     """An evaluator run whose sample j of example i is right when ``correct[i][j]`` (the
     greedy run uses the first entry; None is a failed score)."""
 
-    async def run(model, tok, cfg, examples, scorer, encode, params, n):
+    async def run(model, tok, cfg, examples, scorer, encode, params, n, device):
         groups = []
         for i, ex in enumerate(examples):
             g = new_group(ex, n, [1], params, 0)
