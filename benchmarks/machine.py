@@ -1,7 +1,7 @@
 """What machine a benchmark ran on, in one line for its printout: the CPU's model and the
 vector extensions that move its numbers (AVX-512, its bf16), the cores this process may use,
 and torch. "The project's 2-core box" has been more than one CPU (Zen 4 with AVX-512, Zen 3
-without, about 2.2x apart on the main job), so a recorded number names its CPU."""
+without, a main-job step about 2.3x apart), so a recorded number names its CPU."""
 
 from __future__ import annotations
 

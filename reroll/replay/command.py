@@ -14,12 +14,14 @@ The config is the run's saved ``config.toml``. ``preset=X`` replaces its ``[algo
 with the preset's; ``algo.*``, ``train.*``, ``eval.*``, ``log_every``, ``ckpt_every``,
 ``model.device``, ``model.dtype``, ``engine.device`` (where held-out evaluation generates) and
 ``runtime.threads`` may be set. A replay trains in this process: the recording's placement
-(``runtime.kind``, ``runtime.engine_gpus``, ``runtime.trainer_gpus``, ``engine.device``) is
-reset to the local runtime's defaults, so a run recorded on Ray or across two GPUs replays
-on any machine. Keys that shaped what
-was generated (``rollout.*``, ``task.*``, ``engine.*``, ``reward.*``, ``control.*``,
-``replay.*``, the rest of ``runtime.*`` and ``model.*``, ``init``, DAPO's dynamic sampling
-and overlong shaping) are fixed by the recording: setting one is refused, naming it.
+(``runtime.kind``, ``runtime.engine_gpus``, ``runtime.trainer_gpus``,
+``runtime.scoring_workers``, ``engine.device``) is reset to the local runtime's defaults,
+and a recorded ``model.device`` naming a GPU this machine lacks becomes ``auto`` (both said
+in the replay's notes), so a run recorded on Ray or across two GPUs replays on any machine.
+Keys that shaped what was generated (``rollout.*``, ``task.*``, the rest of ``engine.*``,
+``reward.*``, ``control.*``, ``replay.*``, the rest of ``runtime.*`` and ``model.*``,
+``init``, DAPO's dynamic sampling and overlong shaping) are fixed by the recording: setting
+one is refused, naming it.
 
 Off-policy: under another estimator the policy being trained drifts from the one that
 sampled the data after its first update, so from step 2 on the recorded rollouts are
@@ -68,6 +70,38 @@ def refusal(key: str) -> str | None:
     return None  # an unknown key: the config build names it and the closest valid one
 
 
+def reset_placement(data: dict, notes: list[str]) -> None:
+    """Where the recorded run's components ran does not bind its replay, which trains in
+    this process: Ray and its GPU reservations, and the engine's own device (held-out
+    evaluation then follows model.device), go back to the local runtime's defaults."""
+    rt, eng = data.setdefault("runtime", {}), data.setdefault("engine", {})
+    was = [f"runtime.{k} = {rt[k]!r}" for k, v in PLACEMENT.items() if k in rt and rt[k] != v]
+    was += [f"engine.device = {eng['device']!r}"] if eng.get("device") else []
+    rt.update(PLACEMENT)
+    eng["device"] = ""
+    if was:
+        notes.append(f"the recorded run's placement ({', '.join(was)}) does not apply: a "
+                     f"replay trains in this process (set model.device / engine.device to "
+                     f"choose devices)")
+
+
+def device_here(data: dict, notes: list[str]) -> None:
+    """A recorded ``model.device`` of a GPU this machine lacks becomes ``auto`` (cuda where
+    there is one, else the CPU), said in ``notes``; a replay is the same update anywhere."""
+    import re
+
+    import torch
+
+    from reroll.config_checks import cuda_index
+
+    name = str(data.get("model", {}).get("device", "auto"))
+    if re.fullmatch(r"cuda(:\d+)?", name) and cuda_index(name) >= torch.cuda.device_count():
+        data["model"]["device"] = "auto"
+        notes.append(f"model.device = {name!r} as recorded, but torch sees "
+                     f"{torch.cuda.device_count()} CUDA device(s) here: the replay uses "
+                     f"auto")
+
+
 def replay_config(run_dir: Path, overrides: list[str], notes: list[str]):
     """The run's config with the replay's preset and overrides; refused keys raise a
     ConfigError naming them. ``notes`` collects what the user should be told."""
@@ -79,8 +113,7 @@ def replay_config(run_dir: Path, overrides: list[str], notes: list[str]):
     # a run recorded before train.fused_optimizer existed ran torch's default AdamW: its
     # replay keeps that (bitwise), where the key's new default would not
     data.setdefault("train", {}).setdefault("fused_optimizer", False)
-    data.setdefault("runtime", {}).update(PLACEMENT)
-    data.setdefault("engine", {})["device"] = ""  # held-out evaluation: model.device
+    reset_placement(data, notes)
     items = []
     for item in overrides:
         if "=" not in item:
@@ -88,9 +121,11 @@ def replay_config(run_dir: Path, overrides: list[str], notes: list[str]):
         key = item.split("=", 1)[0].strip()
         why = refusal(key)
         if why is not None:
+            placed = key.startswith("runtime.") and key.split(".", 1)[1] in PLACEMENT
             raise ConfigError(
-                f"{key} cannot change in a replay: it {why} (the recorded "
-                f"rollouts fix it). A replay changes the update only: algo.* (not "
+                f"{key} cannot change in a replay: it {why}"
+                f"{'' if placed else ' (the recorded rollouts fix it)'}. A replay changes "
+                f"the update only: algo.* (not "
                 f"{', '.join('algo.' + k for k in GENERATION_ALGO)}), train.*, eval.*, "
                 f"log_every, ckpt_every, model.device, model.dtype, engine.device, "
                 f"runtime.threads")
@@ -112,6 +147,8 @@ def replay_config(run_dir: Path, overrides: list[str], notes: list[str]):
     for key, item in items:
         if key != "preset":
             apply_override(data, item)
+    if "model.device" not in {k for k, _ in items}:
+        device_here(data, notes)
     data["record_every"] = 0
     if "out_dir" not in {k for k, _ in items}:
         raise ConfigError("replay needs out_dir=DIR: the replay's own run directory")

@@ -215,10 +215,24 @@ def test_a_run_recorded_on_ray_across_gpus_replays_here_in_this_process(recorded
     data["model"]["device"] = "cuda"
     cfg_file.write_text(tomli_w.dumps(data))
     out = [f"out_dir={tmp_path / 'again'}"]
-    cfg = command.replay_config(recorded, out + ["model.device=cpu", "engine.device=cpu"], [])
+    notes = []
+    cfg = command.replay_config(recorded, out + ["model.device=cpu", "engine.device=cpu"], notes)
     assert (cfg.runtime.kind, cfg.runtime.engine_gpus, cfg.runtime.trainer_gpus,
             cfg.runtime.scoring_workers) == ("local", 0.0, 0.0, 0)
     assert (cfg.model.device, cfg.engine.device) == ("cpu", "cpu")
+    assert notes == ["the recorded run's placement (runtime.kind = 'ray', runtime.engine_gpus "
+                     "= 1.0, runtime.trainer_gpus = 1.0, runtime.scoring_workers = 2, "
+                     "engine.device = 'cuda:1') does not apply: a replay trains in this "
+                     "process (set model.device / engine.device to choose devices)"]
     with pytest.raises(ConfigError, match=r"runtime.trainer_gpus cannot change in a replay: "
-                                          r"it is where the recorded run's actors ran"):
+                                          r"it is where the recorded run's actors ran \(a "
+                                          r"replay trains in this process\)\. A replay"):
         command.replay_config(recorded, out + ["runtime.trainer_gpus=1"], [])
+    # a recorded GPU this machine lacks: auto, said; one the user names is checked as named
+    data["model"]["device"] = "cuda:99"
+    cfg_file.write_text(tomli_w.dumps(data))
+    notes = []
+    assert command.replay_config(recorded, out, notes).model.device == "auto"
+    assert notes[-1].startswith("model.device = 'cuda:99' as recorded, but torch sees ")
+    with pytest.raises(ConfigError, match=r"model.device = 'cuda:99' but torch sees"):
+        command.replay_config(recorded, out + ["model.device=cuda:99"], [])

@@ -136,10 +136,11 @@ def test_in_loop_evaluation_generates_on_the_engines_device(tmp_path, small_run,
     run builds, the training one and the evaluations' (steps 0, 1, 2), is on the CPU."""
     from reroll.runtime import train
 
-    built = []
+    built, asked = [], []
     real = build.build_engine
 
     def spy(*args, **kwargs):
+        asked.append(kwargs.get("device"))  # None would mean "the policy's own device"
         core = real(*args, **kwargs)
         built.append(core.device)
         return core
@@ -149,6 +150,7 @@ def test_in_loop_evaluation_generates_on_the_engines_device(tmp_path, small_run,
                     "eval.n_examples=4", "eval.k=1")
     train(cfg, progress=False)
     assert built == [torch.device("cpu")] * 4  # the run's engine, then 3 evaluations
+    assert asked == ["cpu"] * 4  # each one placed by engine.device, not left to the policy's
 
 
 def test_gradient_checkpointing_gives_the_same_gradients(tiny_dir, device):

@@ -163,3 +163,22 @@ def test_countdown_empty_completion_is_wrong():
 def test_countdown_missing_fields_raise_naming_key():
     with pytest.raises(KeyError, match=r"example 'p7' has no fields\['target'\]"):
         judge("countdown", "1+2", fields={"numbers": [1, 2]})
+
+
+def test_to_number_values_and_what_it_keeps():
+    """Exact values for each written form; short texts are cached (the same Fraction comes
+    back), a text longer than 64 characters is parsed each time and never kept."""
+    from fractions import Fraction
+
+    from reroll.verifiers import answers
+
+    cases = {"-1,000.5": Fraction(-2001, 2), "3/4": Fraction(3, 4), "2.5e3": Fraction(2500),
+             "50%": Fraction(1, 2), "50\\%": Fraction(1, 2), "$ 12": Fraction(12),
+             "x": None, "1/0": None, "": None}
+    for text, want in cases.items():
+        assert answers.to_number(text) == want, text
+    assert answers.to_number("7/8") is answers.to_number("7/8")  # cached
+    long = "1" * 65
+    before = answers._cached_number.cache_info().currsize
+    assert answers.to_number(long) == Fraction(int(long))
+    assert answers._cached_number.cache_info().currsize == before  # not kept
