@@ -275,7 +275,7 @@ def module_copy(model, device, dtype):
     return copy.deepcopy(model, memo)
 
 
-def engine_device_of(cfg: RunConfig) -> str:
+def resolved_engine_device(cfg: RunConfig) -> str:
     """The device this process' torch engine runs on: engine.device, else model.device,
     resolved ("auto": cuda when there is one)."""
     from reroll.config_checks import engine_device, resolve_device
@@ -292,7 +292,7 @@ def run_engine(trainer, tok, cfg: RunConfig):
 
     if not ENGINES.trait(cfg.engine.name, "remote", False):
         core = build_engine(trainer.policy(), tok, cfg, version=trainer.version,
-                            device=engine_device_of(cfg))
+                            device=resolved_engine_device(cfg))
         head = getattr(trainer, "head_weights", None)  # ARRoL's quality head, same version
         if head is not None:
             core.load_head(head())

@@ -166,8 +166,9 @@ class EngineConfig:
     model.device. On a machine with two GPUs, model.device = "cuda:0" and engine.device =
     "cuda:1" give generation and training a device each (with runtime.max_staleness >= 1
     they then overlap); new weights are copied across at each publish. The local runtime's
-    in-loop held-out evaluation generates there too (`reroll eval` uses model.device). Ray engine actors take it too (with
-    runtime.engine_gpus > 0: auto or cuda, among their own GPUs)."""
+    in-loop held-out evaluation generates there too (`reroll eval` uses model.device). Ray
+    engine actors take it too (with runtime.engine_gpus > 0: auto or cuda, among their own
+    GPUs)."""
     base_url: str | list[str] = ""
     """engine.name = "openai": the server's URL (http://host:port), or a list of them:
     requests go to the one with the fewest in flight, and the requests of a server that

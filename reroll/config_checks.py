@@ -303,15 +303,15 @@ def _warnings(cfg: RunConfig) -> None:
     rt = cfg.runtime
     if rt.kind == "ray" and (rt.engine_gpus > 0) != (rt.trainer_gpus > 0):
         # the side that reserves nothing takes its device as the driver resolves it
-        key, name = (("model.device", cfg.model.device) if rt.engine_gpus > 0 else
-                     ("engine.device" if cfg.engine.device else "model.device",
-                      engine_device(cfg)))
-        side = "trainer" if rt.engine_gpus > 0 else "engine"
+        if rt.engine_gpus > 0:
+            reserving, bare, key, name = "engine", "trainer", "model.device", cfg.model.device
+        else:
+            key = "engine.device" if cfg.engine.device else "model.device"
+            reserving, bare, name = "trainer", "engine", engine_device(cfg)
         if name == "auto" and resolve_device(name) == "cpu":  # an explicit cpu is a choice
-            warn(f"runtime.{'engine' if side == 'trainer' else 'trainer'}_gpus > 0 but the "
-                 f"{side} actor(s) reserve no GPU: they take {key} = {name!r} as this driver "
-                 f"resolves it, the CPU; reserve GPUs for them too "
-                 f"(runtime.{side}_gpus) to put them on a GPU")
+            warn(f"runtime.{reserving}_gpus > 0 but the {bare} actor(s) reserve no GPU: they "
+                 f"take {key} = {name!r} as this driver resolves it, the CPU; reserve GPUs "
+                 f"for them too (runtime.{bare}_gpus) to put them on a GPU")
     adv = algo.ADVANTAGES.get(cfg.algo.advantage)
     if cfg.rollout.group_size == 1 and getattr(adv, "group_normalised", False):
         warn(f"rollout.group_size = 1 with algo.advantage = {cfg.algo.advantage!r}, which "

@@ -319,11 +319,11 @@ class Evaluator:
         self.test = task.test[: cfg.eval.n_examples]
 
     def __call__(self) -> dict[str, float]:
-        from reroll.build import engine_device_of
+        from reroll.build import resolved_engine_device
         from reroll.trainer.evaluate import evaluate
 
         return evaluate(self.trainer.policy(), self.tok, self.test, self.scorer, self.encode,
-                        self.cfg, k=1, device=engine_device_of(self.cfg))
+                        self.cfg, k=1, device=resolved_engine_device(self.cfg))
 
     def close(self) -> None:
         self.scorer.close()

@@ -23,5 +23,6 @@ def components(cfg: RunConfig, init_dir: Path, ckpt: Path | None) -> Components:
     task = build.build_task(cfg)
     # held-out evaluation generates where the run's engine does (engine.device), not on the
     # trainer's device
-    return Components(trainer=trainer, engine_core=core, scorer=build_rollout.build_scorer(cfg, task),
-                      eval_device=build.engine_device_of(cfg))
+    return Components(trainer=trainer, engine_core=core,
+                      scorer=build_rollout.build_scorer(cfg, task),
+                      eval_device=build.resolved_engine_device(cfg))

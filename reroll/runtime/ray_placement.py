@@ -52,17 +52,17 @@ def check_gpus(cfg: RunConfig) -> None:
              f"runtime.trainer_gpus = {rt.trainer_gpus:g} = {want:g} GPU(s)")
     if want > total + 1e-9:
         raise ConfigError(f"{asked}, but the Ray cluster has {total:g} GPU(s): lower the "
-                         f"reservations or runtime.engine_workers, or add GPU nodes")
+                          f"reservations or runtime.engine_workers, or add GPU nodes")
     for key, one in (("engine_gpus", rt.engine_gpus), ("trainer_gpus", rt.trainer_gpus)):
         if one > largest + 1e-9:
-            raise ConfigError(f"runtime.{key} = {one:g} GPUs for one actor, but no node of the "
-                             f"Ray cluster has more than {largest:g} (an actor's GPUs are on "
-                             f"one node)")
+            raise ConfigError(f"runtime.{key} = {one:g} GPUs for one actor, but no node of "
+                              f"the Ray cluster has more than {largest:g} (an actor's GPUs are "
+                              f"on one node)")
     if not packs([rt.trainer_gpus] + [rt.engine_gpus] * workers, nodes):
-        raise ConfigError(f"{asked} do not fit on the Ray cluster's GPUs ({len(nodes)} node(s) "
-                         f"with {', '.join(f'{n:g}' for n in nodes)}): a fraction of a GPU must "
-                         f"fit within one GPU beside the others' fractions, a whole number "
-                         f"takes that many whole GPUs of one node")
+        raise ConfigError(f"{asked} do not fit on the Ray cluster's GPUs ({len(nodes)} "
+                          f"node(s) with {', '.join(f'{n:g}' for n in nodes)}): a fraction of a "
+                          f"GPU must fit within one GPU beside the others' fractions, a whole "
+                          f"number takes that many whole GPUs of one node")
 
 
 def packs(requests: list[float], nodes: list[float]) -> bool:
