@@ -1,23 +1,23 @@
-"""The README's custom-dataset example (its JSONL rows and config) loads as written: the
+"""The custom-dataset example of docs/extending.md (its JSONL rows and config) loads as written: the
 rows become examples with their answers and SFT demonstrations, split by id."""
 
 import json
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 
 
 def test_readme_jsonl_example_loads(tmp_path, monkeypatch):
     from reroll import build
     from reroll.config import load_config
 
-    text = README.read_text()
+    text = DOC.read_text()
     rows = [json.loads(x) for x in re.search(r"```jsonl\n(.*?)```", text, re.S)[1].splitlines()]
     config = re.search(r"```toml\n# configs/my_data.toml\n(.*?)```", text, re.S)[1]
     data = tmp_path / "data"
     data.mkdir()
-    with open(data / "problems.jsonl", "w") as f:  # the README's rows, 20 ids each
+    with open(data / "problems.jsonl", "w") as f:  # the doc's rows, 20 ids each
         for i in range(40):
             f.write(json.dumps({**rows[i % 2], "id": f"p{i}"}) + "\n")
     (tmp_path / "my_data.toml").write_text(config)
