@@ -11,7 +11,7 @@ steps and evaluation; a method changes only its ``[control]`` keys, at their def
 is tuned here). Seeds via ``train.seed``. Runs go one after another (2 cores) through
 ``reroll train``, unchanged.
 
-ARRoL (ALGORITHMS.md 3.8, ``control.pruner = "arrol"``): ``arrol`` generates 12 samples a
+ARRoL (``control.pruner = "arrol"``): ``arrol`` generates 12 samples a
 group (overprovision 1.5) and cuts them to 8 inside the engine at its checkpoint (default:
 max_new_tokens // 4 = 1 response token here), so a step still trains 16 x 8 samples (plus
 any that ended before the checkpoint); its tokens count the pruned samples' tokens too.
@@ -20,7 +20,7 @@ members apart) and ``arrol-at2-hidden`` also drops the head's log-prob features 
 state and position only, as in the paper). Diagnostics: pruned samples and head accuracy per
 step, share of groups whose trained members hold both outcomes.
 
-DUET (ALGORITHMS.md 3.4): ``duet-alloc`` is its token-budget allocator alone, from the
+DUET: ``duet-alloc`` is its token-budget allocator alone, from the
 shared warm start. Its marker gate needs completions with an answer marker, which the plain
 task does not write, so ``duet`` (allocator + gate: stop 4 tokens after ``#``, abort at 8
 tokens with no marker unless the 5% draw keeps it) and its own baseline ``fixed-marker``

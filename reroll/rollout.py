@@ -1,7 +1,7 @@
 """The records every stage shares: Example, Score, Span, Rollout, Group (and SamplingParams
 with its per-request rules, from `reroll.sampling_params`).
 
-Owns the data model of DESIGN.md section 2. Plain dataclasses with a JSON round trip; this
+Owns the data model (docs/architecture.md). Plain dataclasses with a JSON round trip; this
 module must import neither torch nor ray, so that any process (a scoring worker, a Ray
 actor, a notebook reading recorded rollouts) can load records cheaply.
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class StopRule:
     """A per-request stop rule on top of EOS, stop strings and the length limit, decided by a
-    control policy (DUET's marker gate, ALGORITHMS.md 3.4) and applied by the engine as it
+    control policy (DUET's marker gate, `reroll.control.duet`) and applied by the engine as it
     samples. Positions count the tokens sampled in the call (the whole response of a
     single-turn sample), across resumes:
 
@@ -47,7 +47,7 @@ class StopRule:
 
 @dataclass(frozen=True)
 class BranchRule:
-    """LATR's branching rule (ALGORITHMS.md 3.12, m = 2), decided by a workflow and applied
+    """LATR's branching rule (two candidate tokens), decided by a workflow and applied
     by the engine as it samples (`reroll.engine.branch`): at every token a request carrying
     it samples, with ``p_top >= p_j`` the two most likely tokens of the distribution sampled
     from (after temperature, top-k, top-p), a child branches off when ``p_j > tau_abs`` and
@@ -70,7 +70,7 @@ class BranchRule:
 
 @dataclass(frozen=True)
 class PruneRule:
-    """A group-shared pruning checkpoint (ARRoL's pruner, ALGORITHMS.md 3.8), decided by a
+    """A group-shared pruning checkpoint (ARRoL's pruner, `reroll.control.arrol`), decided by a
     control policy and applied by the engine: the ``size`` members of one group (same
     ``group_id``) are generated together; when they reach ``at`` sampled response tokens
     the engine predicts each one's success from its hidden state there and retires all but
@@ -95,8 +95,8 @@ class PruneRule:
 
 @dataclass(frozen=True)
 class Draft:
-    """Tokens proposed for the start of a response (an earlier epoch's response: SPEC-RL,
-    ALGORITHMS.md 3.2; a suffix match over recent rollouts: DAS), which the engine verifies
+    """Tokens proposed for the start of a response (an earlier epoch's response: SPEC-RL;
+    a suffix match over recent rollouts: DAS), which the engine verifies
     under the current policy before it samples anything (`reroll.engine.speculative`).
 
     Draft token ``x_t`` is accepted with probability ``min(1, lenience * p(x_t) / q(x_t))``,

@@ -9,7 +9,7 @@ Owns the ``ADVANTAGES`` registry. Every entry has the signature
 the loss (MC-GRPO's pivot). Outcome-reward methods broadcast the scalar over a sample's
 tokens; that is the caller's job. Advantages are a pure function of the groups, so a recorded
 run can be replayed under another estimator. Must not know about tokens, models or configs.
-See ALGORITHMS.md sections 1.3, 1.7, 1.8, 1.10 and 1.11.
+Each estimator's paper and rule: docs/algorithms.md (advantage estimators).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def reinforce_pp(rewards: Tensor, components: Tensor, group_index: Tensor,
                  token_counts: Tensor | None = None, *, baseline: bool = False,
                  eps: float = 1e-6) -> tuple[Tensor, Tensor]:
     """REINFORCE++: the return (the outcome reward, gamma = 1) whitened over all valid tokens
-    of the batch (ALGORITHMS.md 1.8): with ``token_counts`` [N] (the trainer passes each
+    of the batch: with ``token_counts`` [N] (the trainer passes each
     sample's trainable tokens) a sample weighs as many tokens as it has.
 
     ``baseline=True`` subtracts the group mean first (REINFORCE++-baseline), with no per-group

@@ -9,7 +9,7 @@ Owns the ``AGGREGATIONS`` registry. Every entry has the signature
 this micro-batch. Every mode is a sum of per-sequence terms divided by such a global constant,
 so the micro-batch losses sum exactly to the whole mini-batch loss (and their gradients to
 its gradient), however the mini-batch is split. Must not know about surrogates or models.
-See ALGORITHMS.md 1.1.
+The modes and the methods that use them: docs/algorithms.md (aggregations).
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ Owns the ``CORRECTIONS`` registry. Every entry has the signature
 
 ``mu`` is the distribution the engine sampled from; ``pi_prox`` the trainer's weights at the
 start of the update. The weight multiplies the per-token surrogate (the decoupled objective,
-ALGORITHMS.md 2.1/2.2); the returned mask drops tokens or whole sequences (masked IS /
-rejection, 2.4). Weights are 0 wherever the returned mask is 0. Must not know about the
+docs/algorithms.md); the returned mask drops tokens or whole sequences (masked IS /
+rejection). Weights are 0 wherever the returned mask is 0. Must not know about the
 surrogate, models or staleness policy. The trait ``row_local=True`` says a sample's weights
 and mask depend on that sample's tokens alone (every correction here: per token or per
 sequence), so the trainer may leave other samples out of a pass without changing them.
@@ -34,7 +34,7 @@ LOG_CLAMP = 20.0  # exp(+-20): ratios beyond are as good as infinite or zero
 def _log_rho(prox: Tensor, behav: Tensor, mask: Tensor, name: str) -> tuple[Tensor, Tensor]:
     """(bool mask, log rho [B, T], 0 off the mask; not clamped), no grad. Per-token uses
     clamp each token's log-ratio; per-sequence uses clamp the sum (`_seq_sum`), so large
-    per-token ratios of opposite sign cancel exactly as in the product (ALGORITHMS.md 2.4)."""
+    per-token ratios of opposite sign cancel exactly as in the product."""
     if prox.shape != behav.shape or prox.shape != mask.shape or prox.dim() != 2:
         raise ValueError(f"correction {name!r}: prox_logprobs {tuple(prox.shape)}, behav_logprobs "
                          f"{tuple(behav.shape)} and mask {tuple(mask.shape)} must share one [B, T]")

@@ -8,7 +8,7 @@ per sampled token, with delta = log pi(a) - log pi_ref(a):
 k1 = delta, k2 = delta^2 / 2, k3 = exp(-delta) - 1 + delta. Placement is the caller's
 choice: in the loss (aggregated like the policy loss, gradient flows through ``logprobs``)
 or in the reward (``kl_reward_penalty``, no gradient). Must not know about models or
-configs. See ALGORITHMS.md 1.9.
+configs. Estimators and placement: docs/algorithms.md (KL).
 """
 
 from __future__ import annotations

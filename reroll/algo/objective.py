@@ -2,7 +2,8 @@
 
 Owns ``LossInputs`` (one micro-batch, aligned on response token positions) and
 ``Objective``, built from an ``AlgoConfig`` by ``build_objective``. The per-token loss is the
-decoupled objective (ALGORITHMS.md 2.1/2.2)
+decoupled objective of AReaL (docs/algorithms.md): the trust region against the proximal
+policy, the sampler/trainer gap corrected by a separate weight,
 
     l_t = s_i * w_t * surrogate(pi_theta / pi_prox, A_t),   w_t = correction(pi_prox / mu)
 

@@ -2,7 +2,7 @@
 
 Owns the length penalty only; adding it to the correctness reward (and keeping correctness
 separately for the dynamic-sampling filter) is the loop's job. Must not know about groups,
-verifiers or configs. See ALGORITHMS.md 1.5.
+verifiers or configs. Method and keys: docs/algorithms.md (DAPO).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""VCPO's variance controls for off-policy updates (ALGORITHMS.md 2.6), as pure math.
+"""VCPO's variance controls for off-policy updates (docs/algorithms.md), as pure math.
 
 Owns three things:
 

@@ -103,7 +103,7 @@ class Controller:
 
     # ---- a group is complete -----------------------------------------------------------
     def finish(self, g: Group) -> None:
-        """DOT (ALGORITHMS.md 3.11): in a group where every sample succeeded, a sample whose
+        """DOT (outlier truncation): in a group where every sample succeeded, a sample whose
         policy-token length lies above the group's outlier threshold (mean + k std, or a
         quantile) loses ``penalty`` reward, so among equally correct answers the outlying
         long ones get a negative advantage; groups with a failure (hard prompts) keep their

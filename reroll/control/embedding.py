@@ -1,4 +1,4 @@
-"""DOTS's difficulty prediction for prompts not rolled out recently (ALGORITHMS.md 3.9): a
+"""DOTS's difficulty prediction for prompts not rolled out recently (docs/algorithms.md): a
 prompt embedding and attention over a reference set of prompts whose success rates were
 observed. Pure functions over numpy arrays.
 

@@ -7,7 +7,7 @@ Owns the ``FILTERS`` registry. Every entry has the signature
 one decision per group: ``None`` keeps the group, a short reason string (a metric key the loop
 counts) drops it. ``group_values`` holds, per group, the per-sample metric the filter looks at
 (DAPO uses correctness, not the shaped reward). Over-sampling until enough groups survive is
-the loop's job. Must not know about rollouts, torch or the scheduler. See ALGORITHMS.md 1.5.
+the loop's job. Must not know about rollouts, torch or the scheduler. DAPO's dynamic sampling: docs/algorithms.md.
 """
 
 from __future__ import annotations

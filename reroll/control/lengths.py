@@ -1,5 +1,5 @@
 """Length schedules: the response limit in force for the groups started at a policy version
-(ALGORITHMS.md 3.10). Owns the ``LENGTHS`` registry; an entry is built as ``cls(max_new_tokens,
+(SIRI's schedule; docs/algorithms.md). Owns the ``LENGTHS`` registry; an entry is built as ``cls(max_new_tokens,
 *, hyperparameters)`` (``rollout.max_new_tokens``, the most any schedule may give, since the
 engine sizes its cache for it) and called as ``schedule(version) -> int``. The limit a sample
 was generated under is recorded in its sampling parameters, where length shaping reads it.

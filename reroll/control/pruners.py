@@ -38,7 +38,7 @@ PRUNED = "arrol_pruned"  # the loss_exclusion of a pruned sample
                                    "lr": "(0, inf)", "warmup": "[0, inf)", "hidden": "[0, inf)",
                                    "updates": "[1, inf)"})
 class ARRoL:
-    """ARRoL (ALGORITHMS.md 3.8): ceil(overprovision x group_size) samples per group, cut to
+    """ARRoL (online pruning; docs/algorithms.md): ceil(overprovision x group_size) samples per group, cut to
     group_size inside the engine at `at` response tokens so that the survivors balance
     predicted successes and failures (a quality head on the policy's hidden states, trained
     online); random cuts until the head has seen `warmup` finished samples. Pruned samples

@@ -1,4 +1,4 @@
-"""Per-prompt statistics that persist across steps (ALGORITHMS.md 5.3): what every adaptive
+"""Per-prompt statistics that persist across steps: what every adaptive
 control policy (allocators, selectors) reads about a prompt's difficulty.
 
 Owns one `PromptRecord` per prompt seen: cumulative trials and successes, the step it was

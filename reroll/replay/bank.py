@@ -1,4 +1,4 @@
-"""AR3PO response reuse (ALGORITHMS.md 3.3): a bank of past correct answers per prompt, one
+"""AR3PO response reuse (docs/algorithms.md): a bank of past correct answers per prompt, one
 of which replaces a member of a group that has no correct answer, so the group has reward
 variance and the prompt still teaches something.
 
@@ -14,7 +14,7 @@ is taken off (it was relative to that group), and its sample weight is reset to 
 1/q weight belonged to that group's keep draw); pruned samples are never banked. ``max_age``
 (versions, 0: none) ignores answers sampled longer ago than that.
 
-Off-policy handling (ALGORITHMS.md leaves it open; both conventions are recorded): the
+Off-policy handling (the method leaves it open; both conventions are recorded): the
 reused sample keeps the behaviour log-probs it was sampled with, so the decoupled
 objective weighs it by ``pi_prox / mu`` (truncated by the configured correction), the same
 as every other off-policy token. Knows nothing of engines, schedulers or the trainer.

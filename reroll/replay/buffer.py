@@ -1,4 +1,4 @@
-"""Rollout replay (DOTS+RR, ALGORITHMS.md 3.9): a bounded buffer of recent informative groups
+"""Rollout replay (DOTS+RR, docs/algorithms.md): a bounded buffer of recent informative groups
 from which part of every step's batch is drawn instead of being generated.
 
 A group enters the buffer when a step consumed it and its rewards vary (0 < accuracy < 1:
@@ -11,7 +11,7 @@ by (seed, draw number), so it repeats exactly and resumes with the checkpointed 
 A drawn group is a *copy* (`replay_copy`): new group and sample ids, ``parent_id`` naming
 the original sample, and the policy spans relabelled ``replayed`` (their versions kept), so
 the record says what was trained twice. Its behaviour log-probs are the recorded ones: the
-decoupled objective's ``pi_prox / mu`` weight is the off-policy correction (DESIGN.md 5).
+decoupled objective's ``pi_prox / mu`` weight is the off-policy correction.
 Knows nothing of engines, schedulers or the trainer.
 """
 

@@ -4,7 +4,7 @@ registry `DRAFTERS`), and the small in-memory store of earlier responses they dr
 The engine verifies whatever draft a sample carries (`reroll.rollout.Draft`,
 `reroll.engine.speculative`); a drafter only proposes it:
 
-* ``spec_rl`` (SPEC-RL, ALGORITHMS.md 3.2): sample ``i`` of a prompt gets response ``i``
+* ``spec_rl`` (SPEC-RL): sample ``i`` of a prompt gets response ``i``
   (cyclically) of the prompt's group consumed last time, with its recorded behaviour
   log-probs as ``q``: a token is kept with probability ``min(1, lenience * p / q)``. The
   residual at the first rejection sees only ``q`` of the drafted token, so this keeps the

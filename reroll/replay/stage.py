@@ -16,7 +16,8 @@ reuse (`ResponseBank`) and speculative drafts (`Drafting`), as the pipeline call
   meets is then timing-dependent, like any async run's batch composition.
 
 Replayed and reused samples are not "stale" for the admission rule (they were never
-admitted again); their off-policy weight is the objective's (DESIGN.md 5). Knows nothing of
+admitted again); their off-policy weight is the objective's (`pi_prox / mu`, truncated by the
+configured correction). Knows nothing of
 engines, threads or the trainer.
 """
 
