@@ -16,9 +16,8 @@ def _line(ax, xs, ys, label: str | None = None, **kw) -> None:
     if len(xs) < 30:
         ax.plot(xs, ys, marker=".", label=label, **kw)
         return
-    w = max(2, len(ys) // 50)  # raw values faint, a moving average over ~2% of the run on top
-    avg = [sum(ys[max(0, i - w + 1): i + 1]) / len(ys[max(0, i - w + 1): i + 1])
-           for i in range(len(ys))]
+    # raw values faint, a moving average over ~2% of the run on top
+    avg = rd.moving_average(ys, max(2, len(ys) // 50))
     line = ax.plot(xs, ys, alpha=0.25, lw=0.6, **kw)[0]
     ax.plot(xs, avg, lw=1.6, color=line.get_color(), label=label, **kw)
 
@@ -36,9 +35,7 @@ def _keys(keys: list[tuple[str, str]]) -> Callable:
 
 
 def _reward(ax, run: rd.Run) -> bool:
-    same = all(r.get("reward/accuracy") == r.get("reward/mean") for r in run.rows)
-    return _keys([("reward/mean", "reward (= train accuracy)" if same else "reward")]
-                 + ([] if same else [("reward/accuracy", "train accuracy")]))(ax, run)
+    return _keys(rd.reward_keys(run))(ax, run)
 
 
 def _held_out(ax, run: rd.Run) -> bool:

@@ -38,6 +38,24 @@ class Run:
         return sorted({k for r in self.rows for k in r if rx.fullmatch(k)})
 
 
+def reward_keys(run: Run) -> list[tuple[str, str]]:
+    """The reward curve's (key, label) pairs: the reward, and train accuracy only where it
+    differs from the reward (a binary reward makes the two one curve)."""
+    same = all(r.get("reward/accuracy") == r.get("reward/mean") for r in run.rows)
+    if same:
+        return [("reward/mean", "reward (= train accuracy)")]
+    return [("reward/mean", "reward"), ("reward/accuracy", "train accuracy")]
+
+
+def moving_average(ys: list[float], window: int) -> list[float]:
+    """The mean of each value and the up to ``window - 1`` values before it."""
+    out = []
+    for i in range(len(ys)):
+        part = ys[max(0, i - window + 1): i + 1]
+        out.append(sum(part) / len(part))
+    return out
+
+
 def run_names(paths: list[Path]) -> list[str]:
     """The shortest path suffixes that tell the runs apart (``a/rl`` and ``b/rl``)."""
     parts = [p.resolve().parts for p in paths]

@@ -50,15 +50,11 @@ def _lines(keys: list[tuple[str, str]], x: str = "step") -> Callable:
 
 
 def _reward(x: str) -> Callable:
-    """Reward, and train accuracy only where it differs from the reward (binary rewards
-    make the two one curve)."""
+    """The reward curve of `report_data.reward_keys`, against ``x``."""
     def traces(runs: list[rd.Run], colours: list[str]) -> list:
         out = []
         for run, colour in zip(runs, colours):
-            same = all(r.get("reward/accuracy") == r.get("reward/mean") for r in run.rows)
-            keys = [("reward/mean", "reward" + (" (= train accuracy)" if same else ""))]
-            keys += [] if same else [("reward/accuracy", "train accuracy")]
-            out += _lines(keys, x)([run], [colour])
+            out += _lines(rd.reward_keys(run), x)([run], [colour])
         return out
     return traces
 

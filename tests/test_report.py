@@ -3,6 +3,7 @@ run (every panel whose metrics exist is drawn, the others say "not recorded", pl
 inline, rollouts are coloured by policy lag)."""
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -54,6 +55,42 @@ def test_lag_shares_time_split_and_counts():
     assert rd.time_split(run) == {"train": 2.0}  # (1 + 3) / 2
     assert rd.last_counts(run, "pipeline/dropped_") == {"zero_variance": 5}
     assert rd.last_counts(run, "score_errors/") == {"math": 1}
+
+
+def test_reward_keys_and_moving_average():
+    # a binary reward: accuracy equals the mean on every row, so one curve
+    same = fake_run([{"reward/mean": 0.5, "reward/accuracy": 0.5}, {"reward/mean": 1.0,
+                                                                  "reward/accuracy": 1.0}])
+    assert rd.reward_keys(same) == [("reward/mean", "reward (= train accuracy)")]
+    shaped = fake_run([{"reward/mean": 0.7, "reward/accuracy": 0.5}])
+    assert rd.reward_keys(shaped) == [("reward/mean", "reward"),
+                                      ("reward/accuracy", "train accuracy")]
+    # window 2 over [1, 3, 5, 9]: 1, (1+3)/2, (3+5)/2, (5+9)/2
+    assert rd.moving_average([1, 3, 5, 9], 2) == [1.0, 2.0, 4.0, 7.0]
+    # window 3: 1, 2, (1+3+5)/3, (3+5+9)/3
+    assert rd.moving_average([1, 3, 5, 9], 3) == [1.0, 2.0, 3.0, pytest.approx(17 / 3)]
+    assert rd.moving_average([4, 8], 1) == [4.0, 8.0]
+
+
+def test_plot_runs_script_draws_two_runs(tmp_path, monkeypatch):
+    import json
+    import runpy
+    import sys
+
+    dirs = []
+    for name, accs in (("a", [0.2, 0.6]), ("b", [0.3, 0.5])):
+        d = tmp_path / name
+        d.mkdir()
+        rows = [{"step": s, "reward/mean": 0.1 * s} for s in range(1, 5)]
+        rows += [{"step": 2 * i, "eval/greedy_accuracy": a, "eval/n_examples": 50}
+                 for i, a in enumerate(accs)]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        dirs.append(f"{name}={d}")
+    out = tmp_path / "curves.png"
+    script = Path(__file__).resolve().parents[1] / "scripts" / "plot_runs.py"
+    monkeypatch.setattr(sys, "argv", ["plot_runs.py", str(out), *dirs])
+    runpy.run_path(str(script), run_name="__main__")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_length_quantiles_and_sample_groups():
