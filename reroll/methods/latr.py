@@ -59,8 +59,9 @@ def tree_parent(i: int, branch_at: tuple[int, ...], width: int) -> tuple[int, in
 
 
 async def positions_trees(ctx: EpisodeContext, group: Group) -> None:
-    """Generate every unfinished member: a root from its prompt, any other member as a fork
-    of its parent (a member already forked, restored from a checkpoint, resumes from its own
+    """Forks at fixed response positions (``rollout.tree_branch_at``), ``tree_width`` ways
+    each. Generates every unfinished member: a root from its prompt, any other member as a
+    fork of its parent (a member already forked, restored from a checkpoint, resumes from its own
     record); record and score each as it finishes; in rounds when the allocator grows
     groups."""
     opts = ctx.tree or TreeOptions()
@@ -102,8 +103,9 @@ def entropy_record(r: Rollout, opts: TreeOptions, index_of: dict[str, int]) -> d
 
 
 async def entropy_trees(ctx: EpisodeContext, group: Group) -> None:
-    """Generate every unfinished member (a fresh tree through ``engine.branch``, anything
-    else through ``engine.generate``), record and score each as it finishes; in rounds when
+    """LATR's rule: a spare branches off where a member's top two tokens are both likely
+    (``tree_tau_abs``, ``tree_tau_rel``). Generates every unfinished member (a fresh tree
+    through ``engine.branch``, anything else through ``engine.generate``), record and score each as it finishes; in rounds when
     the allocator grows groups (a new block of ``w`` members is a new tree; members added to
     a started tree are sampled independently)."""
     opts = ctx.tree or TreeOptions()
