@@ -121,6 +121,7 @@ def check_sandbox(cfg: RunConfig, task) -> None:
 def episode_context(cfg: RunConfig, tok, engine, scorer, shaping=None):
     """What a workflow awaits: the engine, the scorer, codecs, the environment and limits."""
     from reroll.workflows import EpisodeContext
+    from reroll.workflows.tree import TreeOptions
 
     make_env = None
     if cfg.rollout.env:
@@ -133,10 +134,7 @@ def episode_context(cfg: RunConfig, tok, engine, scorer, shaping=None):
                           encode_observation=encode_observation(tok, cfg.task.chat),
                           shape_reward=shaping, make_env=make_env, max_turns=r.max_turns,
                           max_new_tokens=r.max_new_tokens, max_episode_tokens=r.max_episode_tokens,
-                          tree_branch_at=tuple(r.tree_branch_at), tree_width=r.tree_width,
-                          tree_credit=r.tree_credit, tree_credit_scale=r.tree_credit_scale,
-                          tree_branch=r.tree_branch, tree_tau_abs=r.tree_tau_abs,
-                          tree_tau_rel=r.tree_tau_rel)
+                          tree=TreeOptions.from_config(r))
 
 
 def demo_turns(cfg: RunConfig):

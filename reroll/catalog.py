@@ -51,6 +51,8 @@ CATALOG = [
     Catalogued("verifiers", "reroll.verifiers", "VERIFIERS", "reward.verifiers", many=True),
     Catalogued("tasks", "reroll.tasks", "TASKS", "task.name", "task.args"),
     Catalogued("workflows", "reroll.workflows", "WORKFLOWS", "rollout.workflow"),
+    Catalogued("tree_branches", "reroll.workflows.tree", "TREE_BRANCHES", "rollout.tree_branch"),
+    Catalogued("tree_credits", "reroll.algo.tree_credit", "TREE_CREDITS", "rollout.tree_credit"),
     Catalogued("envs", "reroll.envs", "ENVIRONMENTS", "rollout.env", "rollout.env_args"),
     Catalogued("engines", "reroll.engine", "ENGINES", "engine.name"),
     Catalogued("servers", "reroll.engine", "SERVERS", "engine.server"),

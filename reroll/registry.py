@@ -94,6 +94,23 @@ def check_range(key: str, value: Any, rng: Range | Choice | str, where: str = ""
     return None
 
 
+PLUGINS = ("reroll.methods",)
+"""Modules imported on a registry's first lookup: the method modules register their
+components into the stages' registries, and no stage imports them itself."""
+_plugins_loaded = False
+
+
+def load_plugins() -> None:
+    """Import `PLUGINS` once (a lookup made while they import finds what is there so far)."""
+    global _plugins_loaded
+    if not _plugins_loaded:
+        _plugins_loaded = True
+        import importlib
+
+        for name in PLUGINS:
+            importlib.import_module(name)
+
+
 class Registry:
     def __init__(self, kind: str):
         self.kind = kind
@@ -126,12 +143,15 @@ class Registry:
         return self._traits.get(name, {}).get(key, default)
 
     def names(self) -> list[str]:
+        load_plugins()
         return sorted(self._items)
 
     def __contains__(self, name: str) -> bool:
+        load_plugins()
         return name in self._items
 
     def get(self, name: str) -> Callable:
+        load_plugins()
         if name not in self._items:
             raise RegistryError(
                 f"unknown {self.kind} {name!r}{closest(name, self.names())}; "

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 from reroll.control.allocators import ALLOCATORS
 from reroll.control.controller import Controller, ValueOf
-from reroll.control.duet import MarkerGate
 from reroll.control.lengths import LENGTHS
 from reroll.control.prompts import PromptStream
 from reroll.control.pruners import build_pruner, check_pruner, generated_group_size
@@ -97,8 +96,11 @@ def build_control(cfg: RunConfig, examples: list[Example], value_of: ValueOf,
     c = cfg.control
     dot = ({"k": c.dot_k, "quantile": c.dot_quantile, "penalty": c.dot_penalty}
            if c.dot_k > 0 or c.dot_quantile > 0 else None)
-    gate = (MarkerGate(list(marker), grace=c.duet_grace, horizon=c.duet_horizon, q=c.duet_q)
-            if c.duet_abort else None)
+    gate = None
+    if c.duet_abort:
+        from reroll.methods.duet import MarkerGate
+
+        gate = MarkerGate(list(marker), grace=c.duet_grace, horizon=c.duet_horizon, q=c.duet_q)
     ctl = Controller(allocator, PromptStats(c.history), value_of=value_of,
                      success_at=c.success_at, length=length, dot=dot, gate=gate,
                      pruner=build_pruner(cfg))

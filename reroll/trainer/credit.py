@@ -1,20 +1,22 @@
 """Per-token advantages of a batch: each sample's scalar broadcast over its tokens, except in
-tree groups whose record asks for segment credit.
+tree groups whose recorded credit gives per-token advantages.
 
 Owns the step from per-sample advantages [N] to the per-token advantages and loss mask
 [N, T] the objective takes. A tree group (`reroll.workflows.tree`) records on every member
-``control["tree"] = {"parent": member or None, "credit": ..., "shared": inherited tokens}``;
-with ``credit = "segments"`` (and ``"scale"``) its rows get `reroll.algo.tree_credit`'s
-per-token advantages in place of the estimator's scalar, and a member's inherited tokens
-leave its loss (each token is trained once, in the member that sampled it). Everything comes
+``control["tree"] = {"parent": member or None, "credit": ..., "shared": inherited tokens}``
+(plus ``"scale"`` for a scaled credit); the credit named there
+(`reroll.algo.tree_credit.TREE_CREDITS`) either leaves the rows alone ("leaves") or gives
+per-token advantages in place of the estimator's scalar (TreeRL's "segments"), and then a
+member's tokens it did not sample leave its loss (each token is trained once, in the member
+that sampled it). Everything comes
 from the records, so a resumed run and `reroll replay` compute the same advantages; nothing
 is stored. Every other row is the scalar broadcast, bitwise as before.
 
 The metrics say what the trees cost and save: ``tree/tokens_held`` (policy tokens in the
 tree groups' sequences, inherited ones once per member that holds them),
 ``tree/tokens_trained`` (those in the loss) and ``tree/trained_share`` (their ratio: 1 with
-leaf credit, the generated share with segment credit). With segment groups in the batch a
-segment member's entry of the per-sample advantages (``adv/mean``, ``adv/abs_mean``) is the
+leaf credit, the generated share with segment credit). With per-token credit in the batch a
+member's entry of the per-sample advantages (``adv/mean``, ``adv/abs_mean``) is the
 mean of its tokens' advantages (0 when it trains none). Knows nothing of models or losses.
 """
 
@@ -24,11 +26,11 @@ from collections.abc import Sequence
 
 import torch
 
-from reroll.algo.tree_credit import token_advantages as tree_token_advantages
+from reroll.algo.tree_credit import TREE_CREDITS
 from reroll.rollout import Group
 
 
-def tree_record(g: Group) -> dict | None:
+def tree_credit_of(g: Group) -> dict | None:
     """The group's tree credit (``{"credit", "scale"}``), or None for a group that is not a
     tree; members that disagree are an error naming the group."""
     recs = [r.control.get("tree") for r in g.rollouts]
@@ -41,17 +43,19 @@ def tree_record(g: Group) -> dict | None:
     return {"credit": kinds.pop(), "scale": bool(recs[0].get("scale", True))}
 
 
-def segment_rows(g: Group, rewards: list[float], scale: bool
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(advantages [n, L-1], trained [n, L-1]) of a segment-credit group with its members'
-    ``rewards``, aligned as a batch is (column t predicts token t + 1), L its longest
-    member."""
+def tree_rows(g: Group, rewards: list[float], rec: dict
+              ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(advantages [n, L-1], trained [n, L-1]) of a tree group whose credit ``rec`` (from
+    `tree_credit_of`) is per-token, with its members' ``rewards``, aligned as a batch is
+    (column t predicts token t + 1), L its longest member; None for a credit that keeps the
+    scalar broadcast."""
     rs = g.rollouts
     tree = [r.control["tree"] for r in rs]
-    adv, own = tree_token_advantages([t["parent"] for t in tree], [t["shared"] for t in tree],
-                                     [len(r.tokens) for r in rs], rewards,
-                                     rs[0].prompt_len, scale)  # [n, L], [n, L]
-    return adv[:, 1:], own[:, 1:]
+    out = TREE_CREDITS.get(rec["credit"])([t["parent"] for t in tree],
+                                          [t["shared"] for t in tree],
+                                          [len(r.tokens) for r in rs], rewards,
+                                          rs[0].prompt_len, rec["scale"])  # [n, L], [n, L]
+    return None if out is None else (out[0][:, 1:], out[1][:, 1:])
 
 
 def token_advantages(groups: Sequence[Group], rewards: torch.Tensor, adv: torch.Tensor,
@@ -65,14 +69,16 @@ def token_advantages(groups: Sequence[Group], rewards: torch.Tensor, adv: torch.
     held = trained = 0.0
     row, seg = 0, False
     for g in groups:
-        n, rec = len(g.rollouts), tree_record(g)
+        n, rec = len(g.rollouts), tree_credit_of(g)
+        rows = None
         if rec is not None:
             held += float(mask[row:row + n].sum())
-        if rec is not None and rec["credit"] == "segments":
+            rows = tree_rows(g, rewards[row:row + n].tolist(), rec)
+        if rows is not None:
             if not seg:  # copies only when a row changes: other batches are left as they were
                 adv_tok, mask, adv = adv_tok.clone(), mask.clone(), adv.clone()
                 seg = True
-            a, own = segment_rows(g, rewards[row:row + n].tolist(), rec["scale"])  # [n, l]
+            a, own = rows  # [n, l], [n, l]
             width = a.shape[1]
             keep = mask[row:row + n, :width] * own.to(mask.device, mask.dtype)  # [n, l]
             mask[row:row + n] = 0.0

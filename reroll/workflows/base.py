@@ -16,11 +16,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reroll.engine.base import Engine
 from reroll.registry import Registry
 from reroll.rollout import Example, Group, Rollout, Score
+
+if TYPE_CHECKING:
+    from reroll.workflows.tree import TreeOptions
 
 WORKFLOWS = Registry("workflow")
 Workflow = Callable[["EpisodeContext", Group], Awaitable[None]]
@@ -46,21 +49,8 @@ class EpisodeContext:
     """Per turn (single_turn: the whole response)."""
     max_episode_tokens: int = 0
     """Policy-sampled tokens per episode over all turns (0: max_turns * max_new_tokens)."""
-    tree_branch_at: tuple[int, ...] = ()
-    """tree: response positions where each branch forks (`RolloutConfig.tree_branch_at`)."""
-    tree_width: int = 2
-    """tree: branches at each of those positions ("entropy": members per tree)."""
-    tree_credit: str = "leaves"
-    """tree: how the groups are trained, recorded on each member (`RolloutConfig.tree_credit`)."""
-    tree_credit_scale: bool = True
-    """tree, segment credit: the 1 / sqrt(leaves) factor (`RolloutConfig.tree_credit_scale`)."""
-    tree_branch: str = "positions"
-    """tree: "positions" (forks at `tree_branch_at`) or "entropy" (LATR's branching rule,
-    `reroll.workflows.tree_entropy`)."""
-    tree_tau_abs: float = 0.15
-    """tree, "entropy": the alternative token's least probability (`BranchRule.tau_abs`)."""
-    tree_tau_rel: float = 0.25
-    """tree, "entropy": the largest gap to the top token (`BranchRule.tau_rel`)."""
+    tree: TreeOptions | None = None
+    """The tree workflow's options (`reroll.workflows.tree.TreeOptions`; None: its defaults)."""
     grow: Callable[[Group], int] | None = None
     """Adaptive allocation: after a round of a group is scored, adds the samples the
     allocator asks for and returns how many (0: the group is complete). None: groups keep

@@ -1,4 +1,4 @@
-"""TreeRL segment credit (`reroll.algo.tree_credit`) against values computed by hand: two
+"""TreeRL segment credit (`reroll.methods.treerl`) against values computed by hand: two
 trees of four leaves (w = 2, forks at response positions 2 and 4) with and without the
 1/sqrt(leaves) scale, a member that stopped before a fork position, a fork at response
 position 0, a partial tree, and the errors."""
@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from reroll.algo.tree_credit import segment_advantages, token_advantages, tree_segments
+from reroll.methods.treerl import segment_advantages, segment_credit, tree_segments
 
 P = 2  # prompt tokens: positions 0 and 1
 # Two trees of w = 2, d = (2, 4): members 0..3 and 4..7 with digits 00, 01, 10, 11.
@@ -71,7 +71,7 @@ SCALED = [
 
 @pytest.mark.parametrize("scale, expect", [(False, UNSCALED), (True, SCALED)])
 def test_two_trees_of_four_leaves_by_hand(scale, expect):
-    adv, own = token_advantages(PARENTS, SHARED, LENGTHS, REWARDS, P, scale)
+    adv, own = segment_credit(PARENTS, SHARED, LENGTHS, REWARDS, P, scale)
     assert own.tolist() == [[bool(x) for x in row] for row in TRAINED]
     assert torch.allclose(adv, torch.tensor(expect, dtype=torch.float32), atol=1e-7)
 
@@ -127,7 +127,7 @@ def test_a_partial_trees_chain_of_single_children_is_one_node():
 
 
 def test_each_sampled_token_is_trained_once():
-    adv, own = token_advantages(PARENTS, SHARED, LENGTHS, REWARDS, P)
+    adv, own = segment_credit(PARENTS, SHARED, LENGTHS, REWARDS, P)
     for i, (n, p) in enumerate(zip(LENGTHS, PARENTS)):
         first = P if p is None else SHARED[i]
         assert own[i].nonzero().flatten().tolist() == list(range(first, n))
@@ -141,4 +141,4 @@ def test_bad_trees_and_missing_rewards_are_named():
     with pytest.raises(ValueError, match="member 1 inherits 6 tokens of member 0"):
         tree_segments([None, 0], [0, 6], [5, 8], P)
     with pytest.raises(ValueError, match="finite reward"):
-        token_advantages([None, 0], [0, 3], [4, 5], [1.0, None], P)
+        segment_credit([None, 0], [0, 3], [4, 5], [1.0, None], P)

@@ -5,7 +5,7 @@ import pytest
 from tree_helpers import run_tree, tree_group
 
 from reroll.config import ConfigError, load_config
-from reroll.workflows.tree import tree_parent
+from reroll.methods.latr import tree_parent
 
 
 def test_tree_shape_by_hand():

@@ -1,4 +1,4 @@
-"""The tree workflow's "entropy" mode (LATR's branching rule, reroll.workflows.tree_entropy):
+"""The tree workflow's "entropy" mode (LATR's branching rule, reroll.methods.latr):
 groups keep n members whether the rule fires or not, spares it leaves are sampled alone, a
 run repeats exactly, the "positions" mode is unchanged, a restored tree goes on without
 re-attaching its spares, and tiny training runs (records, metrics, resume, asynchronous)."""
@@ -12,10 +12,10 @@ from tree_helpers import run_tree, tree_group
 
 from reroll.config import ConfigError, load_config
 from reroll.engine import EngineService, TorchEngine
+from reroll.methods.latr import tree_parent
 from reroll.rollout import Rollout, Span, grow_group
 from reroll.runlog import read_metrics, read_rollouts
 from reroll.runtime import train
-from reroll.workflows.tree import tree_parent
 
 ALWAYS = {"tree_tau_abs": 0.0, "tree_tau_rel": 1.0}  # any second candidate, any gap: fires
 

@@ -9,11 +9,11 @@ from safetensors.torch import load_file
 from tree_helpers import run_tree_group
 
 from reroll.config import ConfigError, load_config
+from reroll.methods.latr import tree_parent
 from reroll.rollout import Score
 from reroll.runlog import read_metrics, read_rollouts
 from reroll.runtime import train
 from reroll.trainer import credit
-from reroll.workflows.tree import tree_parent
 
 TREE = ["rollout.workflow=tree", "rollout.tree_branch_at=[1]"]
 SEGMENTS = [*TREE, "rollout.tree_credit=segments"]

@@ -9,8 +9,18 @@ from reroll import build_rollout
 from reroll.engine import EngineService, TorchEngine
 from reroll.rollout import Example, Group, SamplingParams, Score, grow_group, new_group
 from reroll.workflows import WORKFLOWS, EpisodeContext
+from reroll.workflows.tree import TreeOptions
 
 PROMPT = "3+4="
+
+
+def tree_options(kw: dict) -> dict:
+    """``kw`` with its ``tree_*`` keywords (the ``rollout.tree_*`` names) gathered into the
+    context's ``tree`` options."""
+    tree = {k.removeprefix("tree_"): kw.pop(k) for k in list(kw) if k.startswith("tree_")}
+    if "branch_at" in tree:
+        tree["branch_at"] = tuple(tree["branch_at"])
+    return {**kw, "tree": TreeOptions(**tree)}
 
 
 class Constant:
@@ -46,7 +56,7 @@ def run_tree(model, tok, g: Group, **ctx_kw) -> dict[str, float]:
         engine = EngineService(core)
         ctx = EpisodeContext(engine=engine, scorer=Constant(), decode=build_rollout.decoder(tok),
                              encode_observation=build_rollout.encode_observation(tok),
-                             max_new_tokens=6, **ctx_kw)
+                             max_new_tokens=6, **tree_options(ctx_kw))
         await WORKFLOWS.get("tree")(ctx, g)
         await engine.close()
         return core.stats()
@@ -74,7 +84,7 @@ def run_tree_group(model, tok, scorer, n, max_new_tokens, rounds=(), **tree):
         ctx = EpisodeContext(engine=engine, scorer=scorer, decode=build_rollout.decoder(tok),
                              encode_observation=build_rollout.encode_observation(tok),
                              max_new_tokens=max_new_tokens, grow=grow if rounds else None,
-                             **tree)
+                             **tree_options(tree))
         g = new_group(Example("p0", "3+4=", "7"), n, prompt, sp, 0)
         for r in g.rollouts:
             r.sampling.seed = 10 + r.index_in_group

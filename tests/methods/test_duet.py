@@ -1,4 +1,4 @@
-"""DUET (ALGORITHMS.md 3.4): the informativeness and size rules by hand, the engine's stop
+"""DUET (`reroll.methods.duet`): the informativeness and size rules by hand, the engine's stop
 rule on scripted tokens and on a real tiny model, the gate's weights and records, the
 token-budget allocator's sizes and price, the config checks, and a real run that logs the
 gate's counts and makes the same decisions after a resume."""
@@ -7,11 +7,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from reroll.control import rules
-from reroll.control.allocators import DUETAllocator
-from reroll.control.duet import ABORTED, MarkerGate, keep_draw, marker_at
 from reroll.control.stats import PromptStats
 from reroll.engine.requests import make_request
+from reroll.methods import duet
+from reroll.methods.duet import ABORTED, DUETAllocator, MarkerGate, keep_draw, marker_at
 from reroll.rollout import Group, Rollout, SamplingParams, StopRule
 from reroll.runlog import read_metrics, read_rollouts
 from reroll.runtime import train
@@ -20,24 +19,24 @@ from reroll.runtime import train
 
 
 def test_informativeness_is_the_bernoulli_variance_at_the_posterior_mean():
-    assert rules.duet_informativeness(0, 0) == 0.25  # unseen: p = 1/2
+    assert duet.duet_informativeness(0, 0) == 0.25  # unseen: p = 1/2
     # 3 of 4, prior 1: p = (1 + 3) / (2 + 4) = 2/3 -> 2/3 * 1/3 = 2/9
-    assert rules.duet_informativeness(3, 4) == pytest.approx(2 / 9)
+    assert duet.duet_informativeness(3, 4) == pytest.approx(2 / 9)
     # 8 of 8: p = 9/10 -> 0.09; prior 2: p = 10/12 -> 10/12 * 2/12 = 20/144
-    assert rules.duet_informativeness(8, 8) == pytest.approx(0.09)
-    assert rules.duet_informativeness(8, 8, prior=2.0) == pytest.approx(20 / 144)
+    assert duet.duet_informativeness(8, 8) == pytest.approx(0.09)
+    assert duet.duet_informativeness(8, 8, prior=2.0) == pytest.approx(20 / 144)
     with pytest.raises(ValueError, match="successes must be <= trials"):
-        rules.duet_informativeness(5, 4)
+        duet.duet_informativeness(5, 4)
 
 
 def test_size_is_informativeness_over_price_times_length_rounded_and_clipped():
     kw = dict(n_min=2, n_max=16)
-    assert rules.duet_size(0.25, 1.0, mu=0.03125, **kw) == 8  # 0.25 / 0.03125
-    assert rules.duet_size(0.25, 2.0, mu=0.03125, **kw) == 4  # twice as long: half
-    assert rules.duet_size(0.09, 1.0, mu=0.03125, **kw) == 3  # 2.88 rounds to 3
-    assert rules.duet_size(0.25, 0.5, mu=0.01, **kw) == 16  # 50, clipped to n_max
-    assert rules.duet_size(0.01, 1.0, mu=0.03125, **kw) == 2  # 0.32, clipped to n_min
-    assert rules.duet_size(0.25, 1.0, mu=0.0, **kw) == 16  # free tokens: n_max
+    assert duet.duet_size(0.25, 1.0, mu=0.03125, **kw) == 8  # 0.25 / 0.03125
+    assert duet.duet_size(0.25, 2.0, mu=0.03125, **kw) == 4  # twice as long: half
+    assert duet.duet_size(0.09, 1.0, mu=0.03125, **kw) == 3  # 2.88 rounds to 3
+    assert duet.duet_size(0.25, 0.5, mu=0.01, **kw) == 16  # 50, clipped to n_max
+    assert duet.duet_size(0.01, 1.0, mu=0.03125, **kw) == 2  # 0.32, clipped to n_min
+    assert duet.duet_size(0.25, 1.0, mu=0.0, **kw) == 16  # free tokens: n_max
 
 
 # ---- the stop rule on scripted tokens (what the engine calls per token) -----------------

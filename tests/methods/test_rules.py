@@ -1,27 +1,19 @@
-"""Rollout-control rules against values computed by hand (arithmetic in the comments)."""
+"""The methods' rollout-control rules (and the shared ones in `reroll.control.rules`)
+against values computed by hand (arithmetic in the comments)."""
 
 import math
 import random
 
 import pytest
 
-from reroll.control.rules import (
-    ar3po_more,
-    beta_update,
-    dars_extra,
-    dot_threshold,
-    dots_weights,
-    dual_step,
-    duet_allocation,
-    duet_keep,
-    ema,
-    gdro_sizes,
-    info_score,
-    mw_update,
-    siri_max_len,
-    t_halfwidth,
-    xrpo_gain,
-)
+from reroll.control.rules import dot_threshold, dual_step, siri_max_len
+from reroll.methods.ar3po import ar3po_more
+from reroll.methods.dars import dars_extra
+from reroll.methods.dots import dots_weights
+from reroll.methods.duet import duet_allocation, duet_keep
+from reroll.methods.gdro import ema, gdro_sizes, mw_update
+from reroll.methods.vade import beta_update, info_score
+from reroll.methods.xrpo import t_halfwidth, xrpo_gain
 
 # Student-t quantiles from a printed table (two-sided 95%): t_{0.975,3} = 3.182446,
 # t_{0.975,4} = 2.776445, t_{0.975,5} = 2.570582; t_{0.95,9} = 1.833113 (two-sided 90%).

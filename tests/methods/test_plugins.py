@@ -1,0 +1,38 @@
+"""Methods are plug-ins: no stage imports `reroll.methods` at module level (a lookup in any
+registry imports them, `reroll.registry.PLUGINS`), and every method's entry is then found."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2] / "reroll"
+
+
+def test_no_stage_imports_the_methods_at_module_level():
+    bad = []
+    for path in ROOT.rglob("*.py"):
+        if path.parent.name == "methods":
+            continue
+        for node in ast.parse(path.read_text()).body:  # module level only
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom) else
+                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            bad += [f"{path.relative_to(ROOT)}: {n}" for n in names
+                    if n == "reroll.methods" or n.startswith("reroll.methods.")]
+    assert bad == []
+
+
+def test_a_lookup_registers_every_method():
+    code = ("import sys\n"
+            "from reroll.control.allocators import ALLOCATORS\n"
+            "from reroll.control.selectors import SELECTORS\n"
+            "from reroll.algo.tree_credit import TREE_CREDITS\n"
+            "from reroll.workflows.tree import TREE_BRANCHES\n"
+            "assert 'reroll.methods' not in sys.modules\n"
+            "print(ALLOCATORS.names(), SELECTORS.names(), TREE_CREDITS.names(), "
+            "TREE_BRANCHES.names())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.split("\n")[0] == (
+        "['ar3po', 'dars', 'duet', 'fixed', 'gdro', 'xrpo'] ['dots', 'gdro', 'vade'] "
+        "['leaves', 'segments'] ['entropy', 'positions']")
