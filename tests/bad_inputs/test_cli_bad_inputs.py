@@ -11,7 +11,7 @@ import warnings
 import pytest
 
 from reroll.cli import main
-from reroll.config import load_config
+from reroll.config_checks import load_checked
 
 REFUSED = [
     (["train.lr=-1e-3"], r"train.lr must be in \(0, inf\), got -0.001"),
@@ -75,7 +75,7 @@ def test_a_reward_module_in_the_working_directory_is_importable(tmp_path, monkey
         "def has_digit(prompts, completions, **kw):\n"
         "    return [float(any(c.isdigit() for c in completions[0]))]\n")
     monkeypatch.chdir(tmp_path)
-    cfg = load_config(None, ['reward.verifiers=[{name="python", args={fn="my_reward:has_digit"}}]'])
+    cfg = load_checked(None, ['reward.verifiers=[{name="python", args={fn="my_reward:has_digit"}}]'])
     assert cfg.reward.verifiers[0]["args"]["fn"] == "my_reward:has_digit"
 
 
@@ -93,21 +93,21 @@ WARNED = [
 @pytest.mark.parametrize("overrides,message", WARNED, ids=[" ".join(o) for o, _ in WARNED])
 def test_likely_mistakes_are_warned_about(overrides, message):
     with pytest.warns(UserWarning, match=message):
-        load_config(None, overrides)
+        load_checked(None, overrides)
 
 
 def test_sensible_configs_load_without_warnings():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        load_config(None, [])
-        load_config(None, ["rollout.group_size=1", "algo.advantage=reinforce_pp"])
+        load_checked(None, [])
+        load_checked(None, ["rollout.group_size=1", "algo.advantage=reinforce_pp"])
         # both sides reserve GPUs: with only the trainer's, engines left at auto land on a
         # GPU-less driver's CPU, which is warned about (tests/test_config.py)
-        load_config(None, ["runtime.kind=ray", "runtime.trainer_gpus=1", "runtime.engine_gpus=1",
-                           "eval.every=0"])
+        load_checked(None, ["runtime.kind=ray", "runtime.trainer_gpus=1", "runtime.engine_gpus=1",
+                            "eval.every=0"])
         root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
         for name in ("arithmetic", "calculator"):
-            load_config(os.path.join(root, "configs", f"{name}.toml"))
+            load_checked(os.path.join(root, "configs", f"{name}.toml"))
 
 
 def test_a_prompt_longer_than_the_model_holds_is_found_when_the_data_loads(tmp_path, capsys):
