@@ -15,6 +15,7 @@ from reroll.control.lengths import LENGTHS
 from reroll.control.prompts import PromptStream
 from reroll.control.pruners import build_pruner, check_pruner, generated_group_size
 from reroll.control.selectors import SELECTORS
+from reroll.control.staleness import admission_limit
 from reroll.control.stats import PromptStats
 from reroll.errors import ConfigError
 from reroll.replay.stage import fresh_groups
@@ -37,11 +38,10 @@ def check_control(cfg: RunConfig) -> None:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     check_duet(cfg)
-    import math
-
     rt = cfg.runtime
     batch = fresh_groups(cfg) * generated_group_size(cfg)  # samples generated per version
-    room = (rt.max_staleness + 1) * batch + math.ceil((rt.overprovision - 1.0) * batch)
+    room = admission_limit(0, max_staleness=rt.max_staleness, batch=batch,
+                           overprovision=rt.overprovision)
     if allocator.max_size() > room:
         raise ConfigError(
             f"control.allocator {c.allocator!r} may grow a group to {allocator.max_size()} "
