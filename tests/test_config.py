@@ -174,7 +174,6 @@ def test_ranges_live_in_the_fields_and_load_config_checks_only_keys_and_types(tm
     ranges = field_ranges(RunConfig)
     assert ranges["train.lr"] == "(0, inf)" and ranges["rollout.top_p"] == "(0, 1]"
     assert ranges["log_every"] == "[1, inf)" and ranges["reward.timeout_s"] == "(0, inf)"
-    assert len(ranges) == 64
     assert load_config(None, ["train.lr=0"]).train.lr == 0  # parsed, not yet checked
     with pytest.raises(ConfigError, match=r"^train.lr must be in \(0, inf\), got 0.0$"):
         load_checked(None, ["train.lr=0"])

@@ -47,7 +47,7 @@ class TaskConfig:
     name: str = "arithmetic"
     """Registered task: arithmetic, countdown, jsonl, parquet."""
     args: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments of the task builder, checked against its signature at load."""
+    """Keyword arguments of the task builder, checked against its signature with the config."""
     seed: int = 0
     """Seed of the task's generator and of its train/test split."""
     skip_long_prompts: bool = False
@@ -80,7 +80,7 @@ class RolloutConfig:
     env: str = ""
     """Environment of the multi_turn workflow (registry `reroll.envs.ENVIRONMENTS`)."""
     env_args: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments of the environment, checked against its signature at load."""
+    """Keyword arguments of the environment, checked against its signature with the config."""
     max_turns: int = ranged(4, "[1, inf)")
     """multi_turn: most policy turns per episode."""
     max_episode_tokens: int = ranged(0, "[0, inf)")

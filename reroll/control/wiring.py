@@ -52,7 +52,7 @@ def check_control(cfg: RunConfig) -> None:
 
 
 def check_duet(cfg: RunConfig) -> None:
-    """DUET's marker gate: what it cannot do is refused when the config loads. (A gate
+    """DUET's marker gate: what it cannot do is refused when the config is checked. (A gate
     with no marker at all is found when the task is built: `build_rollout.answer_marker_ids`.)"""
     c, r = cfg.control, cfg.rollout
     if not c.duet_abort:

@@ -191,3 +191,15 @@ def test_sft_into_an_existing_run_does_not_suggest_a_resume_it_lacks(runs, capsy
         main(["sft", "-", *SMALL, f"out_dir={out}", "--resume"])
     assert e.value.code == 2 and "unrecognized arguments: --resume" in capsys.readouterr().err
     assert tree(out) == before
+
+
+@pytest.mark.parametrize("command", [["sft"], ["eval", "--checkpoint", "nowhere"], ["config"]])
+def test_every_command_that_loads_a_config_refuses_a_bad_one_first(tmp_path, capsys, command):
+    """Loading only parses; each command checks the config before it does anything (`reroll
+    train` through `reroll.runtime.train`, covered above)."""
+    out = tmp_path / "run"
+    code = main([command[0], "-", f"out_dir={out}", "train.lr=0", *command[1:]])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith(f"reroll {command[0]}: error: train.lr must be in (0, inf)"), err
+    assert not out.exists()
