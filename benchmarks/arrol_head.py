@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from reroll import build, build_rollout
-from reroll.config import load_config
+from reroll.config_checks import load_checked
 from reroll.control.arrol import QualityHead, survivors
 from reroll.engine import TorchEngine
 from reroll.rollout import Rollout, SamplingParams
@@ -48,7 +48,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     ck = checkpoint.latest(args.run)
-    cfg = load_config(args.run / "config.toml", [])
+    cfg = load_checked(args.run / "config.toml", [])
     at = (cfg.control.pruner_args.get("at") or max(1, cfg.rollout.max_new_tokens // 4))
     model, tok = build.load_model(ck / "model", cfg, dtype="float32")
     saved = checkpoint.read_extra(ck, HEAD_FILE)["head"]

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 from reroll import build, build_rollout
-from reroll.config import load_config
+from reroll.config_checks import load_checked
 from reroll.runlog import read_metrics
 from reroll.runtime import train
 from reroll.trainer.evaluate import evaluate
@@ -80,7 +80,7 @@ def warm_start(out: Path, base: list[str]) -> Path:
     target = out / "sft"
     if (target / "model" / "config.json").is_file():
         return target
-    cfg = load_config(None, base)
+    cfg = load_checked(None, base)
     build.prepare_process(cfg)
     model, tok = build.load_model(build.model_dir(cfg, out / "base"), cfg)
     sft(model, tok, build.build_task(cfg).train, build_rollout.encode_prompt(tok), steps=SFT_STEPS,
@@ -124,8 +124,8 @@ def run_variant(out: Path, name: str, overrides: list[str], init: Path, steps: i
     run = out / "runs" / name.replace(" ", "_").replace("=", "").replace("(", "").replace(")", "")
     for d in (run, run.with_name(run.name + ".weights")):
         shutil.rmtree(d, ignore_errors=True)
-    cfg = load_config(None, base + [f"out_dir={run}", f"init={init}", f"train.steps={steps}",
-                                    f"ckpt_every={every}", "eval.every=0", *overrides])
+    cfg = load_checked(None, base + [f"out_dir={run}", f"init={init}", f"train.steps={steps}",
+                                     f"ckpt_every={every}", "eval.every=0", *overrides])
     with CheckpointCopier(run, run.with_name(run.name + ".weights")):
         train(cfg, progress=False)
     return run, engine_slots(cfg)
@@ -134,7 +134,7 @@ def run_variant(out: Path, name: str, overrides: list[str], init: Path, steps: i
 def held_out_curve(run: Path, acc0: float, base: list[str]) -> list[tuple[float, float]]:
     """(wall seconds of loop steps so far, greedy accuracy) at step 0 and every checkpoint."""
     rows = read_metrics(run)
-    cfg = load_config(None, base)
+    cfg = load_checked(None, base)
     task = build.build_task(cfg)
     scorer = build_rollout.build_scorer(cfg, task)
     wall, points = 0.0, [(0.0, acc0)]
@@ -152,7 +152,7 @@ def held_out_curve(run: Path, acc0: float, base: list[str]) -> list[tuple[float,
 
 
 def initial_accuracy(init: Path, base: list[str]) -> float:
-    cfg = load_config(None, base)
+    cfg = load_checked(None, base)
     task = build.build_task(cfg)
     scorer = build_rollout.build_scorer(cfg, task)
     try:
@@ -293,7 +293,7 @@ def main() -> None:
     if repeat is not None and args.seeds == 1:  # with seeds, their spread is the noise
         variants["sync (repeat)"] = repeat  # always last
     base = BASE + args.set
-    rc = load_config(None, base).rollout
+    rc = load_checked(None, base).rollout
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,

@@ -38,11 +38,11 @@ def main() -> None:
     a = ap.parse_args()
     import torch
 
-    from reroll.config import load_config
+    from reroll.config_checks import load_checked
     from reroll.models import build_tiny, load
 
     torch.set_num_threads(a.threads)
-    mc = load_config(str(REPO / "configs" / "arithmetic.toml"), []).model
+    mc = load_checked(str(REPO / "configs" / "arithmetic.toml"), []).model
     if a.hidden:
         mc.hidden_size, mc.intermediate_size, mc.num_layers = a.hidden, 4 * a.hidden, a.layers
         mc.num_heads = mc.num_kv_heads = max(1, a.hidden // 64)

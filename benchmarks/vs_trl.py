@@ -50,14 +50,14 @@ def setup(init: Path | None, tmp: Path):
     """The SFT checkpoint (built once with the main job's recipe), the run config, the
     task, the tokenizer and an evaluator shared by every contestant."""
     from reroll import build
-    from reroll.config import load_config
+    from reroll.config_checks import load_checked
 
     if init is None:
         init = tmp / "sft"
         subprocess.run([sys.executable, "-m", "reroll.cli", "sft", str(CONFIG),
                         f"out_dir={init}"], check=True, cwd=REPO)
     model_dir = build.weights_dir(init)
-    cfg = load_config(str(CONFIG), [f"init={init}"])
+    cfg = load_checked(str(CONFIG), [f"init={init}"])
     tok = build.load_tokenizer(model_dir)
     task = build.build_task(cfg)
     return cfg, model_dir, tok, task
@@ -105,9 +105,9 @@ def reward_fn(tok, task):
 
 
 def build_cfg():
-    from reroll.config import load_config
+    from reroll.config_checks import load_checked
 
-    return load_config(str(CONFIG), [])
+    return load_checked(str(CONFIG), [])
 
 
 # ---- TRL ---------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from reroll.config import RunConfig
+from reroll.devices import resolve_device, resolved_engine_device
 
 
 def torch_threads(cfg: RunConfig) -> int:
@@ -105,7 +106,6 @@ def model_dir(cfg: RunConfig, run_dir: Path) -> Path:
 def load_model(path: Path, cfg: RunConfig, dtype: str | None = None):
     """(model, tokenizer) from ``path``, in ``dtype`` (default `model.dtype`), on
     `model.device` ("auto": cuda when there is one)."""
-    from reroll.config_checks import resolve_device
     from reroll.models import load
 
     quiet_transformers()
@@ -273,14 +273,6 @@ def module_copy(model, device, dtype):
             memo[id(t)] = (torch.nn.Parameter(new, requires_grad=t.requires_grad)
                            if isinstance(t, torch.nn.Parameter) else new)
     return copy.deepcopy(model, memo)
-
-
-def resolved_engine_device(cfg: RunConfig) -> str:
-    """The device this process' torch engine runs on: engine.device, else model.device,
-    resolved ("auto": cuda when there is one)."""
-    from reroll.config_checks import engine_device, resolve_device
-
-    return resolve_device(engine_device(cfg))
 
 
 def run_engine(trainer, tok, cfg: RunConfig):

@@ -23,7 +23,7 @@ def cmd_train(args) -> int:
     from reroll.runtime import train
     from reroll.stopping import StopFlag, Stopped, stop_on_signals
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides)  # checked by train, before any work
     try:
         with stop_on_signals(StopFlag()) as flag:
             last = train(cfg, resume=args.resume, progress=not args.no_progress, stop=flag)
@@ -39,12 +39,12 @@ def cmd_sft(args) -> int:
     import torch
 
     from reroll import build, build_rollout
-    from reroll.config import load_config
+    from reroll.config_checks import load_checked
     from reroll.runlog import RunDir
     from reroll.trainer.precision import MASTER_DTYPE, autocast_dtype
     from reroll.trainer.sft import save_model, sft
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_checked(args.config, args.overrides)
     build.prepare_process(cfg)
     torch.manual_seed(cfg.train.seed)
     rd = RunDir(cfg, kind="sft")
@@ -70,10 +70,11 @@ def cmd_sft(args) -> int:
 
 def cmd_eval(args) -> int:
     from reroll import build, build_rollout
-    from reroll.config import ConfigError, load_config
+    from reroll.config import ConfigError
+    from reroll.config_checks import load_checked
     from reroll.trainer.evaluate import evaluate
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_checked(args.config, args.overrides)
     build.prepare_process(cfg)
     if args.output:  # fail now, not after a long evaluation
         out = Path(args.output)

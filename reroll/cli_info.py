@@ -76,14 +76,15 @@ def split_config_args(items: list[str]) -> tuple[str | None, list[str], str]:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from reroll.config import RunConfig, load_config
+    from reroll.config import RunConfig
+    from reroll.config_checks import load_checked
     from reroll.config_docs import describe
 
     config, overrides, key = split_config_args(args.items)
     if args.defaults:
         cfg = RunConfig()
     else:
-        cfg = load_config(config, overrides)
+        cfg = load_checked(config, overrides)
     print(describe(cfg, only=key))
     return 0
 

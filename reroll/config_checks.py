@@ -3,83 +3,31 @@ hyperparameters (against each component's signature and declared ranges, so a ty
 out-of-range value fails before any work starts), ranges of every numeric field,
 combinations that would silently do nothing or break a promise (a "synchronous" run with
 stale tokens), and warnings for values that are legal but almost surely wrong. Imports the
-registries, so `reroll.config` itself stays free of torch; `load_config` calls `validate`."""
+registries (inside the checks), so `reroll.config` itself stays free of them and of torch.
+Where a run is assembled (the CLI commands, `reroll.runtime.train`, `reroll replay`) calls
+`validate`, or `load_checked` to load and check at once. Knows nothing of how a run runs."""
 
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING
+from pathlib import Path
 
+from reroll.config import RunConfig, check_ranges, load_config
+from reroll.devices import cuda_visible, engine_device, is_cuda_name, resolve_device
 from reroll.errors import ConfigError
-
-if TYPE_CHECKING:
-    from reroll.config import RunConfig
-
-# the valid interval of every numeric field (keys as on the command line)
-RANGES = {
-    "log_every": "[1, inf)", "ckpt_every": "[1, inf)", "record_every": "[0, inf)",
-    "model.hidden_size": "[1, inf)", "model.num_layers": "[1, inf)",
-    "model.num_heads": "[1, inf)", "model.num_kv_heads": "[1, inf)",
-    "model.intermediate_size": "[1, inf)", "model.max_position": "[2, inf)",
-    "rollout.group_size": "[1, inf)", "rollout.batch_groups": "[1, inf)",
-    "rollout.max_new_tokens": "[1, inf)", "rollout.temperature": "[0, inf)",
-    "rollout.top_p": "(0, 1]", "rollout.top_k": "[0, inf)", "rollout.max_turns": "[1, inf)",
-    "rollout.max_episode_tokens": "[0, inf)", "rollout.tree_tau_abs": "[0, 1)",
-    "rollout.tree_tau_rel": "(0, 1]", "engine.max_batch": "[0, inf)",
-    "engine.timeout_s": "(0, inf)",
-    "reward.workers": "[0, inf)", "reward.timeout_s": "(0, inf)",
-    "algo.kl_coef": "[0, inf)", "algo.overlong_buffer": "[0, inf)",
-    "algo.overlong_penalty": "[0, inf)", "algo.ess_base_ratio": "(0, 1]",
-    "algo.ess_is_cap": "[0, inf)",
-    "train.lr": "(0, inf)", "train.weight_decay": "[0, inf)", "train.warmup_steps": "[0, inf)",
-    "train.schedule_steps": "[0, inf)",
-    "train.grad_clip": "[0, inf)", "train.minibatches": "[1, inf)",
-    "train.micro_batch": "[1, inf)", "train.micro_batch_tokens": "[0, inf)",
-    "train.logprob_chunk": "[0, inf)",
-    "sft.steps": "[0, inf)", "sft.lr": "(0, inf)", "sft.batch_size": "[1, inf)",
-    "sft.warmup_steps": "[0, inf)",
-    "eval.n_examples": "[0, inf)", "eval.k": "[1, inf)", "eval.temperature": "[0, inf)",
-    "eval.every": "[0, inf)",
-    "runtime.max_staleness": "[0, inf)", "runtime.overprovision": "[1, inf)",
-    "runtime.engine_workers": "[1, inf)", "runtime.scoring_workers": "[0, inf)",
-    "runtime.threads": "[0, inf)", "runtime.engine_gpus": "[0, inf)",
-    "runtime.trainer_gpus": "[0, inf)", "control.history": "[1, inf)",
-    "control.duet_grace": "[0, inf)", "control.duet_horizon": "[0, inf)",
-    "control.duet_q": "(0, 1]",
-    "control.dot_k": "[0, inf)", "control.dot_quantile": "[0, 1)", "control.dot_penalty": "[0, inf)",
-    "replay.buffer_size": "[0, inf)", "replay.fresh_fraction": "(0, 1]",
-    "replay.max_age": "[0, inf)", "replay.reuse_per_prompt": "[1, inf)",
-    "replay.reuse_max_age": "[0, inf)",
-}
-
-
-def resolve_device(name: str) -> str:
-    """`model.device` as torch names it: "auto" is cuda when torch sees a GPU, else cpu."""
-    if name == "auto":
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
-
-
-def cuda_index(name: str) -> int:
-    """The device index of ``cuda`` (0) or ``cuda:N`` (N)."""
-    return int(name.split(":")[1]) if ":" in name else 0
 
 
 def _check_device(name: str, key: str = "model.device") -> None:
-    import re
-
     if name in ("auto", "cpu"):
         return
-    if not re.fullmatch(r"cuda(:\d+)?", name):
+    if not is_cuda_name(name):
         raise ConfigError(f"{key} must be auto, cpu, cuda or cuda:N, got {name!r}")
     import torch
 
     if not torch.cuda.is_available():
         raise ConfigError(f"{key} = {name!r} but torch sees no CUDA device "
                           f"(torch.cuda.is_available() is False); use {key}=cpu or auto")
-    if cuda_index(name) >= torch.cuda.device_count():
+    if not cuda_visible(name):
         raise ConfigError(f"{key} = {name!r} but torch sees "
                           f"{torch.cuda.device_count()} CUDA device(s)")
 
@@ -111,26 +59,19 @@ def _check_devices(cfg: RunConfig) -> None:
             _check_device(name, key)
 
 
-def engine_device(cfg: RunConfig) -> str:
-    """Where the torch engine runs: engine.device, else model.device (not yet resolved)."""
-    return cfg.engine.device or cfg.model.device
-
-
-def _get(cfg, key: str):
-    node = cfg
-    for part in key.split("."):
-        node = getattr(node, part)
-    return node
+def load_checked(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
+    """`reroll.config.load_config`, then `validate`: a config a run may start from."""
+    cfg = load_config(path, overrides)
+    validate(cfg)
+    return cfg
 
 
 def validate(cfg: RunConfig) -> None:
-    """Check registry-backed choices, ranges and combinations; warn on likely mistakes."""
-    from reroll.registry import RegistryError, check_range
+    """Check each field's declared range (`reroll.config.ranges`), registry-backed choices
+    and combinations; warn on likely mistakes. Raises `ConfigError` for the first problem."""
+    from reroll.registry import RegistryError
 
-    for key, rng in RANGES.items():
-        err = check_range(key, _get(cfg, key), rng)
-        if err:
-            raise ConfigError(err)
+    check_ranges(cfg)
     try:
         _registries(cfg)
     except RegistryError as e:

@@ -2,9 +2,11 @@
 
 Components (advantage estimators, surrogates, aggregations, KL estimators, corrections,
 tasks, verifiers, filters) register under a name. Their hyperparameters are keyword-only
-parameters (after ``*``); ``Registry.bind`` checks a config's kwargs against that signature
-when the config loads, so an unknown or missing hyperparameter is a load-time error that
-names the component and the key. The trainer only looks things up: no branching on names.
+parameters (after ``*``); ``Registry.check_kwargs`` checks a config's kwargs against that
+signature and the declared ranges when the config is checked (before any work starts), so an
+unknown, missing or out-of-range hyperparameter is an error that names the component and
+the key; ``Registry.bind`` checks them again. The trainer only looks things up: no
+branching on names.
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ class Registry:
     def register(self, name: str, ranges: dict[str, str] | None = None, **traits: Any
                  ) -> Callable[[Callable], Callable]:
         """Register a component; ``ranges`` gives the valid interval of each numeric
-        hyperparameter (checked when the config loads); ``traits`` are facts about the
+        hyperparameter (checked with the config); ``traits`` are facts about the
         component that wiring may ask for (e.g. a verifier's ``cheap=True``)."""
 
         def deco(fn: Callable) -> Callable:

@@ -80,11 +80,11 @@ def small_run(on_device):
     of 4 samples, 4 new tokens) that trains a step in well under a second. The reward is "a
     digit anywhere in the completion", so an untrained model gets a gradient every step.
     The run's models go on ``--device``."""
-    from reroll.config import load_config
+    from reroll.config_checks import load_checked
 
     base = ["model.max_position=32", "task.args.digits=1", "task.args.n_train=80",
             "task.args.n_test=20", "rollout.group_size=4", "rollout.batch_groups=4",
             "rollout.max_new_tokens=4", "reward.workers=0", "log_every=1", "train.lr=3e-4",
             "runtime.threads=1",
             'reward.verifiers=[{name="format", args={pattern="[0-9]", fullmatch=false}}]']
-    return lambda out, *extra: load_config(None, base + [f"out_dir={out}", *on_device, *extra])
+    return lambda out, *extra: load_checked(None, base + [f"out_dir={out}", *on_device, *extra])

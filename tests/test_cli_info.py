@@ -15,7 +15,8 @@ import pytest
 from reroll.catalog import CATALOG, preset_files
 from reroll.cli import main
 from reroll.cli_info import split_config_args
-from reroll.config import RunConfig, load_config
+from reroll.config import RunConfig
+from reroll.config_checks import load_checked
 from reroll.config_docs import config_keys, describe, field_docs
 from reroll.errors import ConfigError
 
@@ -48,7 +49,7 @@ def test_version_is_the_package_metadata(capsys):
 
 
 def test_config_shows_resolved_value_beside_default_and_component_hyperparameters():
-    cfg = load_config(None, ["train.lr=3e-4", "algo.surrogate_args.clip_high=0.28"])
+    cfg = load_checked(None, ["train.lr=3e-4", "algo.surrogate_args.clip_high=0.28"])
     text = describe(cfg, only="train.lr")
     assert text.splitlines()[0] == "train.lr: float = 0.0003  (default 0.0001)"
     assert text.splitlines()[1] == "    AdamW learning rate."

@@ -2,7 +2,16 @@
 
 import pytest
 
-from reroll.config import ConfigError, RunConfig, build, dump_toml, load_config, parse_value
+from reroll.config import (
+    ConfigError,
+    RunConfig,
+    build,
+    dump_toml,
+    field_ranges,
+    load_config,
+    parse_value,
+)
+from reroll.config_checks import load_checked
 
 
 def write(tmp_path, text):
@@ -23,36 +32,36 @@ def test_overrides_convert_types(tmp_path):
 
 def test_unknown_key_names_key_and_closest(tmp_path):
     with pytest.raises(ConfigError, match=r"unknown config key 'train.lrr'.*'train.lr'"):
-        load_config(write(tmp_path, "[train]\nlrr = 1\n"), check=False)
+        load_config(write(tmp_path, "[train]\nlrr = 1\n"))
     with pytest.raises(ConfigError, match=r"unknown config key 'rollout.grup_size'"):
-        load_config(None, ["rollout.grup_size=4"], check=False)
+        load_config(None, ["rollout.grup_size=4"])
 
 
 def test_wrong_type_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match="train.steps: expected an integer"):
-        load_config(None, ["train.steps=many"], check=False)
+        load_config(None, ["train.steps=many"])
     with pytest.raises(ConfigError, match="train.steps: expected an integer"):
-        load_config(None, ["train.steps=2.5"], check=False)
+        load_config(None, ["train.steps=2.5"])
     with pytest.raises(ConfigError, match="runtime.partial_rollouts: expected true/false"):
-        load_config(None, ["runtime.partial_rollouts=maybe"], check=False)
+        load_config(None, ["runtime.partial_rollouts=maybe"])
     with pytest.raises(ConfigError, match="train: expected a table"):
-        load_config(None, ["train=3"], check=False)
+        load_config(None, ["train=3"])
 
 
 def test_missing_file_and_bad_toml(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
-        load_config(tmp_path / "nope.toml")
+        load_checked(tmp_path / "nope.toml")
     with pytest.raises(ConfigError, match="invalid TOML"):
-        load_config(write(tmp_path, "[train\n"))
+        load_checked(write(tmp_path, "[train\n"))
 
 
 def test_registry_choices_checked_at_load():
     with pytest.raises(ConfigError, match="unknown advantage 'grp'.*did you mean 'grpo'"):
-        load_config(None, ["algo.advantage=grp"])
+        load_checked(None, ["algo.advantage=grp"])
     with pytest.raises(ConfigError, match="no hyperparameter 'clip'"):
-        load_config(None, ["algo.surrogate_args.clip=0.3"])
+        load_checked(None, ["algo.surrogate_args.clip=0.3"])
     with pytest.raises(ConfigError, match="unknown task"):
-        load_config(None, ["task.name=chess"])
+        load_checked(None, ["task.name=chess"])
 
 
 def test_parse_value_and_dump_round_trip():
@@ -60,80 +69,80 @@ def test_parse_value_and_dump_round_trip():
     assert parse_value("[1, 2]") == [1, 2] and parse_value("hello") == "hello"
     import tomllib
 
-    cfg = load_config(None, ["train.steps=5", "task.args.digits=1"])
+    cfg = load_checked(None, ["train.steps=5", "task.args.digits=1"])
     again = build(RunConfig, tomllib.loads(dump_toml(cfg)))
     assert again == cfg
 
 
 def test_sft_schedule_checked_at_load():
     with pytest.raises(ConfigError, match="sft.schedule must be constant or linear"):
-        load_config(None, ["sft.schedule=cosine"])
+        load_checked(None, ["sft.schedule=cosine"])
     with pytest.raises(ConfigError, match="train.schedule must be constant or linear, got 'cos'"):
-        load_config(None, ["train.schedule=cos"])
+        load_checked(None, ["train.schedule=cos"])
 
 
 def test_shaping_with_a_components_only_advantage_is_rejected():
     # gdpo normalises reward components; a scalar-reward penalty would silently do nothing
     with pytest.raises(ConfigError, match="algo.overlong_buffer would have no effect"):
-        load_config(None, ["algo.advantage=gdpo", "algo.overlong_buffer=2"])
+        load_checked(None, ["algo.advantage=gdpo", "algo.overlong_buffer=2"])
     with pytest.raises(ConfigError, match="algo.kl_in_reward would have no effect"):
-        load_config(None, ["algo.advantage=gdpo", "algo.kl_in_reward=true", "algo.kl_coef=0.1"])
-    load_config(None, ["algo.advantage=gdpo", "algo.kl_coef=0.1"])  # KL in the loss is fine
+        load_checked(None, ["algo.advantage=gdpo", "algo.kl_in_reward=true", "algo.kl_coef=0.1"])
+    load_checked(None, ["algo.advantage=gdpo", "algo.kl_coef=0.1"])  # KL in the loss is fine
 
 
 def test_gpu_reservations_need_the_ray_runtime_and_a_gpu_device():
     for key in ("engine_gpus", "trainer_gpus"):
         with pytest.raises(ConfigError, match=f'runtime.{key} reserves GPUs for Ray actors: '
-                                              'it needs runtime.kind = "ray"'):
-            load_config(None, [f"runtime.{key}=1"])
+                                               'it needs runtime.kind = "ray"'):
+            load_checked(None, [f"runtime.{key}=1"])
         with pytest.raises(ConfigError, match=f"runtime.{key} > 0 .* model.device must be "
-                                              "auto or cuda, got 'cpu'"):
-            load_config(None, ["runtime.kind=ray", f"runtime.{key}=1", "model.device=cpu"])
+                                               "auto or cuda, got 'cpu'"):
+            load_checked(None, ["runtime.kind=ray", f"runtime.{key}=1", "model.device=cpu"])
         with pytest.raises(ConfigError, match=rf"runtime.{key} must be in \[0, inf\), got -1"):
-            load_config(None, ["runtime.kind=ray", f"runtime.{key}=-1"])
+            load_checked(None, ["runtime.kind=ray", f"runtime.{key}=-1"])
     with pytest.raises(ConfigError, match="model.device must be auto or cuda, got 'cuda:1'"):
-        load_config(None, ["runtime.kind=ray", "runtime.trainer_gpus=1", "model.device=cuda:1"])
+        load_checked(None, ["runtime.kind=ray", "runtime.trainer_gpus=1", "model.device=cuda:1"])
     with pytest.raises(ConfigError, match="runtime.engine_gpus = 1.5: more than one GPU must "
-                                          "be a whole number"):
-        load_config(None, ["runtime.kind=ray", "runtime.engine_gpus=1.5"])
+                                           "be a whole number"):
+        load_checked(None, ["runtime.kind=ray", "runtime.engine_gpus=1.5"])
     # each side on its own: GPUs reserved for the engines only leave the trainer's device to
     # the driver's check, and a trainer on the CPU is fine beside engines on their own GPUs
     with pytest.raises(ConfigError, match="model.device = 'cuda:99' but torch sees"):
-        load_config(None, ["runtime.kind=ray", "runtime.engine_gpus=1", "model.device=cuda:99",
-                           "engine.device=cuda"])
-    cfg = load_config(None, ["runtime.kind=ray", "runtime.engine_gpus=1", "model.device=cpu",
+        load_checked(None, ["runtime.kind=ray", "runtime.engine_gpus=1", "model.device=cuda:99",
                              "engine.device=cuda"])
+    cfg = load_checked(None, ["runtime.kind=ray", "runtime.engine_gpus=1", "model.device=cpu",
+                               "engine.device=cuda"])
     assert (cfg.model.device, cfg.engine.device) == ("cpu", "cuda")
     # "cuda" is the actors' to check (a CPU-only driver, as on a cluster's head node, is fine)
-    cfg = load_config(None, ["runtime.kind=ray", "runtime.engine_gpus=0.5",
-                             "runtime.trainer_gpus=1", "model.device=cuda"])
+    cfg = load_checked(None, ["runtime.kind=ray", "runtime.engine_gpus=0.5",
+                               "runtime.trainer_gpus=1", "model.device=cuda"])
     assert (cfg.runtime.engine_gpus, cfg.runtime.trainer_gpus) == (0.5, 1.0)
     with pytest.raises(ConfigError, match="model.device = 'cuda:99' but torch sees"):
-        load_config(None, ["runtime.kind=ray", "model.device=cuda:99"])  # no reservation: here
+        load_checked(None, ["runtime.kind=ray", "model.device=cuda:99"])  # no reservation: here
 
 
 def test_engine_device_is_checked_like_model_device():
     with pytest.raises(ConfigError, match="engine.device must be auto, cpu, cuda or cuda:N, "
-                                          "got 'gpu'"):
-        load_config(None, ["engine.device=gpu"])
+                                           "got 'gpu'"):
+        load_checked(None, ["engine.device=gpu"])
     with pytest.raises(ConfigError, match="engine.device = 'cuda:99' but torch sees"):
-        load_config(None, ["engine.device=cuda:99"])
+        load_checked(None, ["engine.device=cuda:99"])
     with pytest.raises(ConfigError, match="engine.device places the torch engine's model; "
-                                          "engine.name = 'openai'"):
-        load_config(None, ["engine.name=openai", 'engine.base_url="http://127.0.0.1:1"',
-                           "engine.device=cpu"])
+                                           "engine.name = 'openai'"):
+        load_checked(None, ["engine.name=openai", 'engine.base_url="http://127.0.0.1:1"',
+                             "engine.device=cpu"])
     with pytest.raises(ConfigError, match="runtime.engine_gpus > 0 .* engine.device must be "
-                                          "auto or cuda, got 'cpu'"):
-        load_config(None, ["runtime.kind=ray", "runtime.engine_gpus=1", "engine.device=cpu"])
-    assert load_config(None, ["engine.device=cpu"]).engine.device == "cpu"
+                                           "auto or cuda, got 'cpu'"):
+        load_checked(None, ["runtime.kind=ray", "runtime.engine_gpus=1", "engine.device=cpu"])
+    assert load_checked(None, ["engine.device=cpu"]).engine.device == "cpu"
 
 
 def test_scoring_actors_need_the_ray_runtime():
     with pytest.raises(ConfigError, match='runtime.scoring_workers .* needs runtime.kind = "ray"'):
-        load_config(None, ["runtime.scoring_workers=2"])
+        load_checked(None, ["runtime.scoring_workers=2"])
     with pytest.raises(ConfigError, match=r"runtime.scoring_workers must be in \[0, inf\), got -1"):
-        load_config(None, ["runtime.kind=ray", "runtime.scoring_workers=-1"])
-    assert load_config(None, ["runtime.kind=ray", "runtime.scoring_workers=2"]).runtime.scoring_workers == 2
+        load_checked(None, ["runtime.kind=ray", "runtime.scoring_workers=-1"])
+    assert load_checked(None, ["runtime.kind=ray", "runtime.scoring_workers=2"]).runtime.scoring_workers == 2
 
 
 def test_a_ray_side_without_gpus_beside_one_with_them_is_warned_when_it_lands_on_the_cpu():
@@ -147,12 +156,49 @@ def test_a_ray_side_without_gpus_beside_one_with_them_is_warned_when_it_lands_on
     if torch.cuda.is_available():
         pytest.skip("the driver resolves auto to cuda here")
     with pytest.warns(UserWarning, match=r"runtime.engine_gpus > 0 but the trainer actor\(s\) "
-                                         r"reserve no GPU: they take model.device = 'auto'"):
-        load_config(None, ["runtime.kind=ray", "runtime.engine_gpus=1", "eval.every=0"])
+                                          r"reserve no GPU: they take model.device = 'auto'"):
+        load_checked(None, ["runtime.kind=ray", "runtime.engine_gpus=1", "eval.every=0"])
     with pytest.warns(UserWarning, match=r"runtime.trainer_gpus > 0 but the engine actor\(s\) "
-                                         r"reserve no GPU: they take model.device = 'auto'"):
-        load_config(None, ["runtime.kind=ray", "runtime.trainer_gpus=1", "eval.every=0"])
+                                          r"reserve no GPU: they take model.device = 'auto'"):
+        load_checked(None, ["runtime.kind=ray", "runtime.trainer_gpus=1", "eval.every=0"])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        load_config(None, ["runtime.kind=ray", "runtime.trainer_gpus=1",
-                           "runtime.engine_gpus=1", "eval.every=0"])
+        load_checked(None, ["runtime.kind=ray", "runtime.trainer_gpus=1",
+                             "runtime.engine_gpus=1", "eval.every=0"])
+
+
+def test_ranges_live_in_the_fields_and_load_config_checks_only_keys_and_types(tmp_path):
+    """Each numeric field's interval sits in its field's metadata; loading parses and types
+    the config, and the range walk (`validate`, run by `load_checked` and by every command
+    that starts work) refuses a value outside it, naming the key and the interval."""
+    ranges = field_ranges(RunConfig)
+    assert ranges["train.lr"] == "(0, inf)" and ranges["rollout.top_p"] == "(0, 1]"
+    assert ranges["log_every"] == "[1, inf)" and ranges["reward.timeout_s"] == "(0, inf)"
+    assert load_config(None, ["train.lr=0"]).train.lr == 0  # parsed, not yet checked
+    with pytest.raises(ConfigError, match=r"^train.lr must be in \(0, inf\), got 0.0$"):
+        load_checked(None, ["train.lr=0"])
+    with pytest.raises(ConfigError, match=r"^rollout.top_p must be in \(0, 1\], got 1.5$"):
+        load_checked(None, ["rollout.top_p=1.5"])
+    with pytest.raises(ConfigError, match=r"^runtime.overprovision must be in \[1, inf\)"):
+        load_checked(None, ["runtime.overprovision=0.5"])
+
+
+def test_training_refuses_a_bad_config_before_any_work(tmp_path):
+    from reroll.runtime import train
+
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"train.micro_batch must be in \[1, inf\), got 0"):
+        train(load_config(None, ["train.micro_batch=0", f"out_dir={out}"]), progress=False)
+    assert not out.exists()
+
+
+def test_device_names_resolve_in_one_place():
+    from reroll.devices import cuda_index, engine_device, is_cuda_name, resolve_device
+
+    assert resolve_device("cpu") == "cpu" and resolve_device("cuda:1") == "cuda:1"
+    assert resolve_device("auto") in ("cpu", "cuda")
+    assert cuda_index("cuda") == 0 and cuda_index("cuda:3") == 3
+    assert is_cuda_name("cuda:2") and not is_cuda_name("gpu")
+    cfg = load_config(None, ["model.device=cpu"])
+    assert engine_device(cfg) == "cpu"
+    assert engine_device(load_config(None, ["model.device=cpu", "engine.device=auto"])) == "auto"

@@ -19,17 +19,17 @@ N = 12
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, device):
-    from reroll.config import load_config
+    from reroll.config_checks import load_checked
 
     out = tmp_path_factory.mktemp("export") / "run"
-    cfg = load_config(None, ["model.max_position=32", "task.args.digits=1",
-                             "task.args.n_train=40", "task.args.n_test=8",
-                             "rollout.group_size=4", "rollout.batch_groups=2",
-                             "rollout.max_new_tokens=4", "reward.workers=0", "train.lr=1e-2",
-                             "runtime.threads=1", "train.steps=2", f"out_dir={out}",
-                             f"model.device={device}",
-                             'reward.verifiers=[{name="format", args={pattern="[0-9]", '
-                             'fullmatch=false}}]'])
+    cfg = load_checked(None, ["model.max_position=32", "task.args.digits=1",
+                              "task.args.n_train=40", "task.args.n_test=8",
+                              "rollout.group_size=4", "rollout.batch_groups=2",
+                              "rollout.max_new_tokens=4", "reward.workers=0", "train.lr=1e-2",
+                              "runtime.threads=1", "train.steps=2", f"out_dir={out}",
+                              f"model.device={device}",
+                              'reward.verifiers=[{name="format", args={pattern="[0-9]", '
+                              'fullmatch=false}}]'])
     train(cfg, progress=False)
     return out
 

@@ -9,7 +9,8 @@ import torch
 from safetensors.torch import load_file
 
 from reroll import build, build_rollout
-from reroll.config import ConfigError, load_config
+from reroll.config import ConfigError
+from reroll.config_checks import load_checked
 from reroll.runlog import read_metrics, read_rollouts
 from reroll.runtime import train
 
@@ -30,7 +31,7 @@ def _on_device(on_device):
 
 
 def small_cfg(out, *extra):
-    return load_config(None, SMALL + DEVICE + [f"out_dir={out}", *extra])
+    return load_checked(None, SMALL + DEVICE + [f"out_dir={out}", *extra])
 
 
 def weights(run_dir, step):

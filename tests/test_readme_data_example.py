@@ -10,7 +10,7 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 
 def test_readme_jsonl_example_loads(tmp_path, monkeypatch):
     from reroll import build
-    from reroll.config import load_config
+    from reroll.config_checks import load_checked
 
     text = DOC.read_text()
     rows = [json.loads(x) for x in re.search(r"```jsonl\n(.*?)```", text, re.S)[1].splitlines()]
@@ -22,7 +22,7 @@ def test_readme_jsonl_example_loads(tmp_path, monkeypatch):
             f.write(json.dumps({**rows[i % 2], "id": f"p{i}"}) + "\n")
     (tmp_path / "my_data.toml").write_text(config)
     monkeypatch.chdir(tmp_path)  # the config's path is relative
-    cfg = load_config("my_data.toml")
+    cfg = load_checked("my_data.toml")
     task = build.build_task(cfg)
     assert len(task.train) + len(task.test) == 40 and task.test
     ex = next(e for e in task.train + task.test if e.prompt_id == "p0")

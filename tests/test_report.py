@@ -119,11 +119,11 @@ def test_response_spans_coloured_by_lag_and_environment_marked():
 
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory):
-    from reroll.config import load_config
+    from reroll.config_checks import load_checked
     from reroll.runtime import train
 
     out = tmp_path_factory.mktemp("report") / "run"
-    cfg = load_config(None, [
+    cfg = load_checked(None, [
         "model.max_position=32", "task.args.digits=1", "task.args.n_train=80",
         "task.args.n_test=20", "rollout.group_size=4", "rollout.batch_groups=4",
         "rollout.max_new_tokens=4", "reward.workers=0", "log_every=1", "train.lr=3e-4",

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from reroll.config import load_config
+from reroll.config_checks import load_checked
 from reroll.errors import ConfigError
 
 
@@ -41,9 +41,9 @@ def test_wandb_offline_logs_every_row_and_resume_keeps_the_run(small_run, tmp_pa
 
 def test_wandb_settings_are_checked_when_the_config_loads(monkeypatch):
     with pytest.raises(ConfigError, match="log.wandb_mode must be online, offline or disabled"):
-        load_config(None, ["log.wandb_mode=cloud"])
+        load_checked(None, ["log.wandb_mode=cloud"])
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "wandb" else real(name, *a))
     with pytest.raises(ConfigError, match=r"needs the wandb package: pip install 'reroll\[wandb\]'"):
-        load_config(None, ["log.wandb=true"])
+        load_checked(None, ["log.wandb=true"])

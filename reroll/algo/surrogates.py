@@ -16,7 +16,12 @@ not declare it.
 The loss is per token and zero off the mask; reducing it to a scalar is the job of
 ``aggregation.py``, and the behaviour correction pi_prox / mu is the job of
 ``corrections.py``. Metrics are 0-d tensors, token-weighted means over the mask. Must not
-know about models, configs or how the batch was built. See ALGORITHMS.md 1.2, 1.6, 2.1.
+know about models, configs or how the batch was built.
+
+A hyperparameter's valid interval is declared once, in ``register(ranges=...)``: the config
+check (`reroll.config_checks.validate`, through `Registry.check_kwargs`) and `Registry.bind`
+refuse a value outside it. The clip checks inside the functions guard direct Python calls,
+which pass through neither.
 """
 
 from __future__ import annotations

@@ -26,6 +26,16 @@ from __future__ import annotations
 import math
 
 
+def admission_limit(version: int, *, max_staleness: int, batch: int,
+                    overprovision: float = 1.0) -> int:
+    """The most samples that may have started (accepted or running) by policy ``version``:
+    ``(max_staleness + version + 1) * batch``, plus APRIL's extra
+    ``ceil((overprovision - 1) * batch)``. At version 0 it is the most one version may start
+    (a group larger than that could never start)."""
+    extra = math.ceil((overprovision - 1.0) * batch)
+    return (max_staleness + version + 1) * batch + extra
+
+
 def capacity(version: int, *, max_staleness: int, batch: int, accepted: int,
              running: int, overprovision: float = 1.0) -> int:
     """How many new samples may start now.
@@ -37,8 +47,8 @@ def capacity(version: int, *, max_staleness: int, batch: int, accepted: int,
     overprovision  APRIL: start this many times a batch's samples; the extra ones finish
                    later and carry over (their lag is allowed one extra version).
     """
-    extra = math.ceil((overprovision - 1.0) * batch)
-    limit = (max_staleness + version + 1) * batch + extra
+    limit = admission_limit(version, max_staleness=max_staleness, batch=batch,
+                            overprovision=overprovision)
     return max(0, limit - (accepted + running))
 
 

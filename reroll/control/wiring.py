@@ -14,6 +14,7 @@ from reroll.control.lengths import LENGTHS
 from reroll.control.prompts import PromptStream
 from reroll.control.pruners import build_pruner, check_pruner, generated_group_size
 from reroll.control.selectors import SELECTORS
+from reroll.control.staleness import admission_limit
 from reroll.control.stats import PromptStats
 from reroll.errors import ConfigError
 from reroll.replay.stage import fresh_groups
@@ -36,11 +37,10 @@ def check_control(cfg: RunConfig) -> None:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     check_duet(cfg)
-    import math
-
     rt = cfg.runtime
     batch = fresh_groups(cfg) * generated_group_size(cfg)  # samples generated per version
-    room = (rt.max_staleness + 1) * batch + math.ceil((rt.overprovision - 1.0) * batch)
+    room = admission_limit(0, max_staleness=rt.max_staleness, batch=batch,
+                           overprovision=rt.overprovision)
     if allocator.max_size() > room:
         raise ConfigError(
             f"control.allocator {c.allocator!r} may grow a group to {allocator.max_size()} "
@@ -51,7 +51,7 @@ def check_control(cfg: RunConfig) -> None:
 
 
 def check_duet(cfg: RunConfig) -> None:
-    """DUET's marker gate: what it cannot do is refused when the config loads. (A gate
+    """DUET's marker gate: what it cannot do is refused when the config is checked. (A gate
     with no marker at all is found when the task is built: `build_rollout.answer_marker_ids`.)"""
     c, r = cfg.control, cfg.rollout
     if not c.duet_abort:

@@ -88,14 +88,12 @@ def reset_placement(data: dict, notes: list[str]) -> None:
 def device_here(data: dict, notes: list[str]) -> None:
     """A recorded ``model.device`` of a GPU this machine lacks becomes ``auto`` (cuda where
     there is one, else the CPU), said in ``notes``; a replay is the same update anywhere."""
-    import re
-
     import torch
 
-    from reroll.config_checks import cuda_index
+    from reroll.devices import cuda_visible, is_cuda_name
 
     name = str(data.get("model", {}).get("device", "auto"))
-    if re.fullmatch(r"cuda(:\d+)?", name) and cuda_index(name) >= torch.cuda.device_count():
+    if is_cuda_name(name) and not cuda_visible(name):
         data["model"]["device"] = "auto"
         notes.append(f"model.device = {name!r} as recorded, but torch sees "
                      f"{torch.cuda.device_count()} CUDA device(s) here: the replay uses "
@@ -319,7 +317,7 @@ class Evaluator:
         self.test = task.test[: cfg.eval.n_examples]
 
     def __call__(self) -> dict[str, float]:
-        from reroll.build import resolved_engine_device
+        from reroll.devices import resolved_engine_device
         from reroll.trainer.evaluate import evaluate
 
         return evaluate(self.trainer.policy(), self.tok, self.test, self.scorer, self.encode,

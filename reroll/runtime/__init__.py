@@ -13,14 +13,17 @@ RUNTIMES = {"local": "reroll.runtime.local", "ray": "reroll.runtime.ray"}
 
 def train(cfg: RunConfig, resume: bool = False, progress: bool = True, stop=None) -> dict:
     """Run RL training as configured; returns the last logged metrics. ``stop``: a
-    `reroll.stopping.StopFlag` the loop checks between steps."""
+    `reroll.stopping.StopFlag` the loop checks between steps. The config is checked first
+    (`reroll.config_checks.validate`): a bad one raises `ConfigError` before any work."""
     import torch
 
     from reroll import build
+    from reroll.config_checks import validate
     from reroll.runlog import RunDir
     from reroll.runtime.compose import run
     from reroll.trainer import checkpoint
 
+    validate(cfg)
     build.prepare_process(cfg)
     torch.manual_seed(cfg.train.seed)
     runtime = importlib.import_module(RUNTIMES[cfg.runtime.kind])

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from reroll import build, build_rollout
 from reroll.config import RunConfig
+from reroll.devices import resolved_engine_device
 from reroll.runtime.compose import Components
 
 
@@ -25,4 +26,4 @@ def components(cfg: RunConfig, init_dir: Path, ckpt: Path | None) -> Components:
     # trainer's device
     return Components(trainer=trainer, engine_core=core,
                       scorer=build_rollout.build_scorer(cfg, task),
-                      eval_device=build.resolved_engine_device(cfg))
+                      eval_device=resolved_engine_device(cfg))

@@ -37,7 +37,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from reroll.config import RunConfig
-from reroll.config_checks import engine_device, resolve_device
+from reroll.devices import engine_device, resolve_device
 from reroll.rollout import Rollout
 from reroll.runtime.ray_placement import actor_device, check_gpus, init_ray, placement
 from reroll.runtime.ray_trainer import RayTrainer, TrainerActor

@@ -17,7 +17,7 @@ from typing import Any
 import ray
 
 from reroll.config import ConfigError, RunConfig
-from reroll.config_checks import cuda_index, resolve_device
+from reroll.devices import cuda_visible, resolve_device
 
 
 def init_ray(engine_workers: int) -> None:
@@ -93,7 +93,7 @@ def actor_device(name: str, reserved: float, key: str = "model.device") -> str:
 
     device = resolve_device(name)
     if device.startswith("cuda"):
-        if cuda_index(device) >= torch.cuda.device_count():
+        if not cuda_visible(device):
             gpus = ray.get_runtime_context().get_accelerator_ids().get("GPU", [])
             raise RuntimeError(
                 f"{key} = {name!r} in a Ray actor that sees "

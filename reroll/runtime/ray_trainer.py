@@ -18,7 +18,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from reroll.config import RunConfig
-from reroll.config_checks import resolve_device
+from reroll.devices import resolve_device
 from reroll.rollout import Group
 from reroll.runtime.ray_placement import actor_device, init_ray, placement
 

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     from reroll import build
-    from reroll.config_checks import resolve_device
+    from reroll.devices import resolve_device
     from reroll.engine import TorchEngine
     from reroll.models import load
     from reroll.serve.app import create_app

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from reroll.algo import LossInputs, build_objective
-from reroll.config import load_config
+from reroll.config_checks import load_checked
 
 PRESETS = ["grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp", "mc_grpo", "gdpo"]
 
@@ -12,7 +12,7 @@ PRESETS = ["grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp", "mc_grpo",
 @pytest.mark.parametrize("name", PRESETS)
 def test_preset_loads_builds_and_gives_finite_loss_and_gradient(name, device):
     """Advantages on the CPU (as the trainer computes them), the loss on ``device``."""
-    cfg = load_config(None, [f"preset={name}"])
+    cfg = load_checked(None, [f"preset={name}"])
     obj = build_objective(cfg.algo)
     G, n_groups, T, V = cfg.rollout.group_size, 3, 6, 7
     N = G * n_groups
@@ -45,10 +45,10 @@ def test_preset_loads_builds_and_gives_finite_loss_and_gradient(name, device):
 
 
 def test_preset_keys_are_applied_and_user_keys_win():
-    dapo = load_config(None, ["preset=dapo"])
+    dapo = load_checked(None, ["preset=dapo"])
     assert dapo.algo.surrogate_args == {"clip_low": 0.2, "clip_high": 0.28}
     assert dapo.algo.dynamic_sampling and dapo.algo.overlong_buffer == 2
-    assert load_config(None, ["preset=mc_grpo"]).rollout.group_size == 3
-    mine = load_config(None, ["preset=dapo", "algo.kl_coef=0.01", "rollout.group_size=4"])
+    assert load_checked(None, ["preset=mc_grpo"]).rollout.group_size == 3
+    mine = load_checked(None, ["preset=dapo", "algo.kl_coef=0.01", "rollout.group_size=4"])
     assert mine.algo.kl_coef == 0.01 and mine.rollout.group_size == 4
     assert mine.algo.surrogate_args["clip_high"] == 0.28

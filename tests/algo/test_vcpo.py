@@ -14,7 +14,8 @@ from reroll.algo.vcpo import (
     opob_baseline,
     seq_log_weights,
 )
-from reroll.config import AlgoConfig, ConfigError, load_config
+from reroll.config import AlgoConfig, ConfigError
+from reroll.config_checks import load_checked
 
 INF = math.inf
 
@@ -126,7 +127,7 @@ def test_objective_lr_scale_with_the_option_on_and_off():
 def test_bad_vcpo_settings_are_refused_at_load(override, match):
     extra = ["algo.advantage=opob"] if "advantage_args" in override else []
     with pytest.raises(ConfigError, match=match):
-        load_config(None, [*extra, override])
+        load_checked(None, [*extra, override])
 
 
 # ---- the off-policy optimal baseline ------------------------------------------------------
@@ -224,7 +225,7 @@ def test_opob_without_the_trainers_inputs_says_what_is_missing():
 
 
 def test_the_vcpo_preset_turns_on_both_halves():
-    cfg = load_config(None, ["preset=vcpo"])
+    cfg = load_checked(None, ["preset=vcpo"])
     obj = build_objective(cfg.algo)
     assert obj.ess_lr and obj.ess_rule == "sqrt" and obj.wants("grad_sq_norms")
     assert build_objective(AlgoConfig()).wants("grad_sq_norms") is False  # off by default

@@ -11,7 +11,7 @@ import warnings
 import pytest
 
 from reroll.cli import main
-from reroll.config import load_config
+from reroll.config_checks import load_checked
 
 REFUSED = [
     (["train.lr=-1e-3"], r"train.lr must be in \(0, inf\), got -0.001"),
@@ -75,7 +75,7 @@ def test_a_reward_module_in_the_working_directory_is_importable(tmp_path, monkey
         "def has_digit(prompts, completions, **kw):\n"
         "    return [float(any(c.isdigit() for c in completions[0]))]\n")
     monkeypatch.chdir(tmp_path)
-    cfg = load_config(None, ['reward.verifiers=[{name="python", args={fn="my_reward:has_digit"}}]'])
+    cfg = load_checked(None, ['reward.verifiers=[{name="python", args={fn="my_reward:has_digit"}}]'])
     assert cfg.reward.verifiers[0]["args"]["fn"] == "my_reward:has_digit"
 
 
@@ -93,21 +93,21 @@ WARNED = [
 @pytest.mark.parametrize("overrides,message", WARNED, ids=[" ".join(o) for o, _ in WARNED])
 def test_likely_mistakes_are_warned_about(overrides, message):
     with pytest.warns(UserWarning, match=message):
-        load_config(None, overrides)
+        load_checked(None, overrides)
 
 
 def test_sensible_configs_load_without_warnings():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        load_config(None, [])
-        load_config(None, ["rollout.group_size=1", "algo.advantage=reinforce_pp"])
+        load_checked(None, [])
+        load_checked(None, ["rollout.group_size=1", "algo.advantage=reinforce_pp"])
         # both sides reserve GPUs: with only the trainer's, engines left at auto land on a
         # GPU-less driver's CPU, which is warned about (tests/test_config.py)
-        load_config(None, ["runtime.kind=ray", "runtime.trainer_gpus=1", "runtime.engine_gpus=1",
-                           "eval.every=0"])
+        load_checked(None, ["runtime.kind=ray", "runtime.trainer_gpus=1", "runtime.engine_gpus=1",
+                            "eval.every=0"])
         root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
         for name in ("arithmetic", "calculator"):
-            load_config(os.path.join(root, "configs", f"{name}.toml"))
+            load_checked(os.path.join(root, "configs", f"{name}.toml"))
 
 
 def test_a_prompt_longer_than_the_model_holds_is_found_when_the_data_loads(tmp_path, capsys):
@@ -191,3 +191,15 @@ def test_sft_into_an_existing_run_does_not_suggest_a_resume_it_lacks(runs, capsy
         main(["sft", "-", *SMALL, f"out_dir={out}", "--resume"])
     assert e.value.code == 2 and "unrecognized arguments: --resume" in capsys.readouterr().err
     assert tree(out) == before
+
+
+@pytest.mark.parametrize("command", [["sft"], ["eval", "--checkpoint", "nowhere"], ["config"]])
+def test_every_command_that_loads_a_config_refuses_a_bad_one_first(tmp_path, capsys, command):
+    """Loading only parses; each command checks the config before it does anything (`reroll
+    train` through `reroll.runtime.train`, covered above)."""
+    out = tmp_path / "run"
+    code = main([command[0], "-", f"out_dir={out}", "train.lr=0", *command[1:]])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith(f"reroll {command[0]}: error: train.lr must be in (0, inf)"), err
+    assert not out.exists()

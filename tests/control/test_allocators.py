@@ -182,10 +182,11 @@ def test_xrpo_reads_successes_whatever_the_reward_scale():
 
 
 def test_a_group_larger_than_a_version_may_start_is_refused_at_load():
-    from reroll.config import ConfigError, load_config
+    from reroll.config import ConfigError
+    from reroll.config_checks import load_checked
 
     with pytest.raises(ConfigError, match="may grow a group to 32 samples, more than the 8"):
-        load_config(None, ["control.allocator=dars", "rollout.batch_groups=2",
-                           "rollout.group_size=4"])
-    load_config(None, ["control.allocator=dars", "rollout.batch_groups=2",
-                       "rollout.group_size=4", "runtime.max_staleness=3"])  # 32 fits
+        load_checked(None, ["control.allocator=dars", "rollout.batch_groups=2",
+                            "rollout.group_size=4"])
+    load_checked(None, ["control.allocator=dars", "rollout.batch_groups=2",
+                        "rollout.group_size=4", "runtime.max_staleness=3"])  # 32 fits

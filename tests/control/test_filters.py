@@ -29,10 +29,10 @@ def test_zero_variance_rejects_nan_and_negative_tol():
 
 def test_dynamic_sampling_filters_on_the_combined_reward_not_the_first_score():
     from reroll.build_rollout import build_filters
-    from reroll.config import load_config
+    from reroll.config_checks import load_checked
     from reroll.rollout import Example, SamplingParams, Score, new_group
 
-    cfg = load_config(None, ["algo.dynamic_sampling=true"])
+    cfg = load_checked(None, ["algo.dynamic_sampling=true"])
 
     def combine(scores):  # 0.1 * format + 1.0 * correct
         return 0.1 * scores[0].value + scores[1].value

@@ -136,12 +136,12 @@ def _serve() -> None:
     import reroll.runtime.compose  # noqa: F401
     import reroll.runtime.local  # noqa: F401
     from reroll.cli import main
-    from reroll.config import load_config
+    from reroll.config_checks import load_checked
     from reroll.models import tiny
 
     with tempfile.TemporaryDirectory() as d, open(os.devnull, "w") as null, \
             contextlib.redirect_stderr(null):  # transformers imports the model's code lazily
-        tiny.load(tiny.build_tiny(load_config(None, BASE).model, d))
+        tiny.load(tiny.build_tiny(load_checked(None, BASE).model, d))
 
     out = sys.stdout.buffer
     out.write(b"ready\n")

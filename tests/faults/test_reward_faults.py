@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from reroll.config import load_config
+from reroll.config_checks import load_checked
 from reroll.runlog import read_metrics, read_rollouts
 from reroll.runtime import train
 from reroll.verifiers.pool import ScoringPool
@@ -44,7 +44,7 @@ def test_a_reward_that_raises_hangs_or_crashes_is_counted_not_trained(tmp_path, 
         pools.append(self)
 
     monkeypatch.setattr(ScoringPool, "__init__", recording)
-    cfg = load_config(None, [
+    cfg = load_checked(None, [
         "model.max_position=32", "task.args.digits=1", "task.args.n_train=60",
         "task.args.n_test=10", "rollout.group_size=2", "rollout.batch_groups=4",
         "rollout.max_new_tokens=3", f"reward.workers={workers}", "reward.timeout_s=1.0",

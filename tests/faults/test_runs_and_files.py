@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from reroll.config import ConfigError, load_config
+from reroll.config import ConfigError
+from reroll.config_checks import load_checked
 from reroll.runlog import RunDir, read_metrics, read_rollouts
 from reroll.runtime import train
 from reroll.trainer import checkpoint
@@ -23,7 +24,7 @@ SMALL = ["model.max_position=32", "task.args.digits=1", "task.args.n_train=80",
 
 
 def cfg(out, *extra):
-    return load_config(None, SMALL + [f"out_dir={out}", *extra])
+    return load_checked(None, SMALL + [f"out_dir={out}", *extra])
 
 
 def test_one_process_per_run_directory(tmp_path):
@@ -62,7 +63,7 @@ def test_a_signal_stops_at_a_safe_point_with_a_checkpoint_and_resume_continues(t
     stopped = checkpoint.read_state(ck)["step"]
     assert 2 <= stopped < 40 and [m["step"] for m in read_metrics(tmp_path)] == \
         list(range(1, stopped + 1))
-    train(load_config(None, args), resume=True, progress=False)
+    train(load_checked(None, args), resume=True, progress=False)
     assert [m["step"] for m in read_metrics(tmp_path)] == list(range(1, 41))  # each once
     ids = [g["group_id"] for _, g in read_rollouts(tmp_path)]
     assert len(ids) == 160 and len(set(ids)) == 160

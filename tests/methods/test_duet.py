@@ -324,10 +324,10 @@ def test_a_resumed_duet_run_makes_the_same_decisions(tmp_path, small_run):
 
 
 def test_the_gate_is_refused_with_a_server_that_ignores_its_stop_rule():
-    from reroll.config import load_config
+    from reroll.config_checks import load_checked
     from reroll.errors import ConfigError
 
     with pytest.raises(ConfigError, match="needs an engine that applies its stop rule"):
-        load_config(None, ["control.duet_abort=true", "control.duet_horizon=3",
-                           "rollout.max_new_tokens=8", "engine.name=openai",
-                           "engine.server=vllm", "engine.base_url=http://127.0.0.1:9"])
+        load_checked(None, ["control.duet_abort=true", "control.duet_horizon=3",
+                            "rollout.max_new_tokens=8", "engine.name=openai",
+                            "engine.server=vllm", "engine.base_url=http://127.0.0.1:9"])

@@ -4,7 +4,7 @@ batch is mixed, and that checkpointed state reproduces every later decision."""
 
 import pytest
 
-from reroll.config import load_config
+from reroll.config_checks import load_checked
 from reroll.control.controller import Controller
 from reroll.replay.bank import ResponseBank
 from reroll.replay.buffer import ReplayBuffer, informative, replay_copy, replay_rollout
@@ -198,9 +198,9 @@ def test_reused_answers_shed_what_belonged_to_their_own_group():
 @pytest.mark.parametrize("buffer_size,fraction,batch,expect", [
     (0, 0.5, 4, 4), (8, 0.5, 4, 2), (8, 0.1, 4, 1), (8, 1.0, 4, 4), (8, 0.6, 5, 3)])
 def test_fresh_share_of_a_step(buffer_size, fraction, batch, expect):
-    cfg = load_config(None, [f"replay.buffer_size={buffer_size}",
-                             f"replay.fresh_fraction={fraction}",
-                             f"rollout.batch_groups={batch}"])
+    cfg = load_checked(None, [f"replay.buffer_size={buffer_size}",
+                              f"replay.fresh_fraction={fraction}",
+                              f"rollout.batch_groups={batch}"])
     assert fresh_groups(cfg) == expect  # round(fraction x batch), at least 1
     stage = build_replay(cfg, success, None)
     if buffer_size:
@@ -213,4 +213,4 @@ def test_replay_with_no_off_policy_correction_is_refused():
     from reroll.errors import ConfigError
 
     with pytest.raises(ConfigError, match="algo.correction"):
-        load_config(None, ["replay.reuse=true", "algo.correction=none"])
+        load_checked(None, ["replay.reuse=true", "algo.correction=none"])

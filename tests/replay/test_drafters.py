@@ -4,7 +4,7 @@ real pipeline on a tiny model (later epochs start from the recorded responses)."
 
 import pytest
 
-from reroll.config import load_config
+from reroll.config_checks import load_checked
 from reroll.errors import ConfigError
 from reroll.replay.drafts import Drafting, DraftStore, SpecRL, SuffixDrafter, majority_path
 from reroll.rollout import Example, Group, Rollout, Span, SuffixSource
@@ -86,7 +86,7 @@ def test_drafting_counts_accepted_and_sampled_tokens_and_round_trips_its_state()
 ])
 def test_bad_draft_settings_fail_when_the_config_loads(extra, match):
     with pytest.raises(ConfigError, match=match):
-        load_config(None, extra)
+        load_checked(None, extra)
 
 
 def test_later_epochs_start_from_the_recorded_responses_of_the_same_prompt(tmp_path,
@@ -140,7 +140,7 @@ def test_das_hands_fresh_samples_the_prompts_recent_responses_to_redraft_from():
 ])
 def test_bad_redraft_settings_fail_when_the_config_loads(args, match):
     with pytest.raises(ConfigError, match=match):
-        load_config(None, ["replay.draft=das", f"replay.draft_args={args}"])
+        load_checked(None, ["replay.draft=das", f"replay.draft_args={args}"])
 
 
 def test_das_samples_redraft_from_the_earlier_responses_of_their_prompt(tmp_path, small_run):

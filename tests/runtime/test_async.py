@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from reroll.config import load_config
+from reroll.config_checks import load_checked
 from reroll.rollout import Group
 from reroll.runlog import read_metrics, read_rollouts
 from reroll.runtime import train
@@ -20,7 +20,7 @@ ASYNC = ["model.max_position=32", "task.args.digits=1", "task.args.n_train=80",
 
 
 def test_async_run_stays_within_the_staleness_bound(tmp_path):
-    cfg = load_config(None, ASYNC + [f"out_dir={tmp_path}", "train.steps=6", "ckpt_every=100"])
+    cfg = load_checked(None, ASYNC + [f"out_dir={tmp_path}", "train.steps=6", "ckpt_every=100"])
     train(cfg, progress=False)
     rows = read_metrics(tmp_path)
     assert len(rows) == 6
@@ -49,7 +49,7 @@ def test_kill9_then_resume_loses_no_group_and_trains_none_twice(tmp_path):
     buffered = [Group.from_json(x) for x in (at_kill / "buffers.jsonl").read_text().splitlines()]
     step_at_kill = int(at_kill.name.split("_")[1])
 
-    train(load_config(None, args), resume=True, progress=False)
+    train(load_checked(None, args), resume=True, progress=False)
 
     consumed = read_rollouts(tmp_path)
     ids = [g["group_id"] for _, g in consumed]

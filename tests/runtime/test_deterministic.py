@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from reroll import build
-from reroll.config import load_config
+from reroll.config_checks import load_checked
 from reroll.runlog import config_diff
 
 
@@ -30,9 +30,9 @@ def restored(monkeypatch):
 
 
 def test_deterministic_kernels_are_set_only_when_asked(restored):
-    build.prepare_process(load_config(None, ["runtime.threads=1"]))
+    build.prepare_process(load_checked(None, ["runtime.threads=1"]))
     assert _flags() == restored and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
-    build.prepare_process(load_config(None, ["runtime.threads=1", "runtime.deterministic=true"]))
+    build.prepare_process(load_checked(None, ["runtime.threads=1", "runtime.deterministic=true"]))
     # warn-only: ops with no deterministic CUDA kernel (top-p's cumsum) still run
     assert _flags() == (True, True, True, False)
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"

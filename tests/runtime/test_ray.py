@@ -11,7 +11,7 @@ import torch
 
 ray = pytest.importorskip("ray")
 
-from reroll.config import load_config  # noqa: E402
+from reroll.config_checks import load_checked  # noqa: E402
 from reroll.rollout import Example, SamplingParams, new_group  # noqa: E402
 
 pytestmark = pytest.mark.ray
@@ -67,13 +67,13 @@ def test_train_runs_on_ray_engine_workers(ray_session, tmp_path, device):
     from reroll.runlog import read_metrics
     from reroll.runtime import train
 
-    cfg = load_config(None, ["model.max_position=32", "task.args.digits=1",
-                             "task.args.n_train=80", "task.args.n_test=20",
-                             "rollout.group_size=4", "rollout.batch_groups=4",
-                             "rollout.max_new_tokens=4", "reward.workers=0",
-                             "runtime.kind=ray", "runtime.engine_workers=2",
-                             "runtime.max_staleness=1", "train.steps=3", "runtime.threads=1", "log_every=1",
-                             f"out_dir={tmp_path}", f"model.device={device}"])
+    cfg = load_checked(None, ["model.max_position=32", "task.args.digits=1",
+                              "task.args.n_train=80", "task.args.n_test=20",
+                              "rollout.group_size=4", "rollout.batch_groups=4",
+                              "rollout.max_new_tokens=4", "reward.workers=0",
+                              "runtime.kind=ray", "runtime.engine_workers=2",
+                              "runtime.max_staleness=1", "train.steps=3", "runtime.threads=1", "log_every=1",
+                              f"out_dir={tmp_path}", f"model.device={device}"])
     train(cfg, progress=False)
     rows = read_metrics(tmp_path)
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["pipeline/consumed"] == 12
@@ -121,7 +121,7 @@ def _on_device(on_device):
 
 
 def equiv_cfg(out, *extra):
-    return load_config(None, EQUIV + DEVICE + [f"out_dir={out}", *extra])
+    return load_checked(None, EQUIV + DEVICE + [f"out_dir={out}", *extra])
 
 
 def final_weights(run_dir, step=3):

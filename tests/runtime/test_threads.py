@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from reroll import build
-from reroll.config import load_config
+from reroll.config_checks import load_checked
 
 
 @pytest.mark.parametrize("threads, staleness, cores, want", [
@@ -19,7 +19,7 @@ from reroll.config import load_config
 ])
 def test_threads_per_side(monkeypatch, threads, staleness, cores, want):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
-    cfg = load_config(None, [f"runtime.threads={threads}", f"runtime.max_staleness={staleness}"])
+    cfg = load_checked(None, [f"runtime.threads={threads}", f"runtime.max_staleness={staleness}"])
     assert build.torch_threads(cfg) == want
 
 
@@ -27,7 +27,7 @@ def test_the_engine_thread_inherits_the_count_set_before_it_starts():
     before = torch.get_num_threads()
     seen = []
     try:
-        build.prepare_process(load_config(None, ["runtime.threads=1"]))
+        build.prepare_process(load_checked(None, ["runtime.threads=1"]))
         t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
         t.start()
         t.join()

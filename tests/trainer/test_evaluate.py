@@ -4,7 +4,7 @@ known verdicts, and the metrics left as they were for examples without a level."
 import pytest
 
 import reroll.trainer.evaluate as ev
-from reroll.config import load_config
+from reroll.config_checks import load_checked
 from reroll.rollout import Example, Score, new_group
 
 
@@ -42,7 +42,7 @@ def test_per_level_greedy_accuracy_and_sampled_pass1(monkeypatch):
                [1, 0, 0, 0], [0, 0, 0, 1], [None, 1, 1, 1],  # medium: the third failed
                [0, 0, 0, 0]]  # hard: nothing right
     monkeypatch.setattr(ev, "_run", _fake_run(correct))
-    m = ev.evaluate(None, _Tok(), _examples(levels), None, None, load_config(None, []), k=4)
+    m = ev.evaluate(None, _Tok(), _examples(levels), None, None, load_checked(None, []), k=4)
     # greedy (first sample): easy 2/2; medium 1 of the 2 scored (the failed one left out)
     assert m["eval/greedy_accuracy"] == pytest.approx(3 / 5)
     assert m["eval/greedy_accuracy_easy"] == 1.0
@@ -60,12 +60,12 @@ def test_examples_without_a_level_keep_the_metrics_as_they_were(monkeypatch):
     correct = [[1, 0], [0, 0], [1, 1]]
     monkeypatch.setattr(ev, "_run", _fake_run(correct))
     m = ev.evaluate(None, _Tok(), _examples([None, None, None]), None, None,
-                    load_config(None, []), k=2)
+                    load_checked(None, []), k=2)
     assert {k for k in m if not k.startswith("eval/env/")} == {
         "eval/greedy_accuracy", "eval/greedy_score_errors", "eval/pass@2",
         "eval/pass@1_sampled", "eval/sampled_score_errors", "eval/n_examples"}
     assert m["eval/greedy_accuracy"] == pytest.approx(2 / 3)
     # a level only on some examples: reported over those alone
     m = ev.evaluate(None, _Tok(), _examples([None, "hard", "hard"]), None, None,
-                    load_config(None, []), k=1)
+                    load_checked(None, []), k=1)
     assert m["eval/greedy_accuracy_hard"] == 0.5 and "eval/greedy_accuracy_None" not in m

@@ -161,13 +161,13 @@ def test_micro_batches_are_padded_to_their_own_longest_sample(tiny, device):
 
 def test_the_config_keys_reach_the_trainer(tiny_dir, device):
     from reroll import build
-    from reroll.config import load_config
+    from reroll.config_checks import load_checked
 
     on = f"model.device={device}"
-    cfg = load_config(None, ["train.micro_batch=16", "train.micro_batch_tokens=512", on])
+    cfg = load_checked(None, ["train.micro_batch=16", "train.micro_batch_tokens=512", on])
     t = build.build_trainer(cfg, tiny_dir)
     assert (t.micro_batch, t.micro_batch_tokens) == (16, 512)
-    assert build.build_trainer(load_config(None, [on]), tiny_dir).micro_batch_tokens == 0
+    assert build.build_trainer(load_checked(None, [on]), tiny_dir).micro_batch_tokens == 0
 
 
 def test_packed_cost_counts_the_positions_of_the_layout_a_pass_runs_in():

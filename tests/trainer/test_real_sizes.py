@@ -10,7 +10,8 @@ import torch
 
 from reroll import build
 from reroll.algo import build_objective
-from reroll.config import AlgoConfig, ConfigError, load_config
+from reroll.config import AlgoConfig, ConfigError
+from reroll.config_checks import load_checked
 from reroll.rollout import Example, SamplingParams, Score, new_group
 from reroll.trainer.batch import collate
 from reroll.trainer.step import Trainer
@@ -70,7 +71,7 @@ def test_a_bf16_run_with_activation_checkpointing_trains(tmp_path, device):
     from reroll.runtime import train
 
     out = tmp_path / "bf16"
-    cfg = load_config(None, [
+    cfg = load_checked(None, [
         f"out_dir={out}", "model.dtype=bfloat16", f"model.device={device}", "train.steps=2",
         "train.gradient_checkpointing=true",
         "model.max_position=32", "task.args.digits=1", "task.args.n_train=40",
@@ -90,7 +91,7 @@ def test_a_bf16_run_with_activation_checkpointing_trains(tmp_path, device):
 
 
 def test_the_engine_gets_the_model_dtype_on_the_trainers_device(tiny_dir, device):
-    cfg = load_config(None, ["model.dtype=bfloat16", f"model.device={device}"])
+    cfg = load_checked(None, ["model.dtype=bfloat16", f"model.device={device}"])
     trainer = build.build_trainer(cfg, tiny_dir)
     want = torch.empty(0, device=device).device  # "cuda" as tensors report it: cuda:0
     assert trainer.device == want
@@ -104,8 +105,8 @@ def test_engine_device_places_the_runs_engine_apart_from_the_trainer(tiny_dir, d
     """engine.device puts the training run's engine on a device of its own (here the CPU,
     with the trainer on --device); published weights cross over exactly, and the engine
     then generates what the trainer's own model, on the CPU, greedily would."""
-    cfg = load_config(None, [f"model.device={device}", "engine.device=cpu",
-                             "train.lr=1e-2"])
+    cfg = load_checked(None, [f"model.device={device}", "engine.device=cpu",
+                              "train.lr=1e-2"])
     trainer = build.build_trainer(cfg, tiny_dir)
     tok = build.load_tokenizer(tiny_dir)
     core = build.run_engine(trainer, tok, cfg)
@@ -125,7 +126,7 @@ def test_engine_device_places_the_runs_engine_apart_from_the_trainer(tiny_dir, d
     assert r.tokens[3:] == ref[0, 3:].tolist()
     assert core.version == trainer.version == 1
     # without engine.device, the engine follows model.device
-    same = load_config(None, [f"model.device={device}"])
+    same = load_checked(None, [f"model.device={device}"])
     plain = build.run_engine(build.build_trainer(same, tiny_dir), tok, same)
     assert plain.device == torch.empty(0, device=device).device
 
@@ -157,8 +158,8 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_dir, device):
     batch = collate([r for g in groups_of(GROUPS) for r in g.rollouts], pad_id=0).to(device)
 
     def grads(on: bool):
-        cfg = load_config(None, [f"train.gradient_checkpointing={str(on).lower()}",
-                                 f"model.device={device}"])
+        cfg = load_checked(None, [f"train.gradient_checkpointing={str(on).lower()}",
+                                  f"model.device={device}"])
         t = build.build_trainer(cfg, tiny_dir)
         t.model.eval()  # as Trainer.step runs it
         calls = []  # a checkpointed layer's attention runs again in the backward pass
@@ -181,10 +182,10 @@ def test_gradient_checkpointing_is_refused_for_a_model_with_dropout(tiny, tmp_pa
     model.save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     on = f"model.device={device}"
-    cfg = load_config(None, ["train.gradient_checkpointing=true", on])
+    cfg = load_checked(None, ["train.gradient_checkpointing=true", on])
     with pytest.raises(ConfigError, match=r"without dropout .*'attention_dropout': 0.1"):
         build.build_trainer(cfg, tmp_path)
-    build.build_trainer(load_config(None, [on]), tmp_path)  # without checkpointing: eval mode
+    build.build_trainer(load_checked(None, [on]), tmp_path)  # without checkpointing: eval mode
 
 
 def test_the_trainer_reports_the_mean_entropy_of_trained_tokens(tiny, device):
@@ -200,18 +201,18 @@ def test_the_trainer_reports_the_mean_entropy_of_trained_tokens(tiny, device):
 
 
 def test_model_device_cpu_is_accepted_and_a_missing_gpu_is_refused():
-    assert load_config(None, ["model.device=cpu"]).model.device == "cpu"
+    assert load_checked(None, ["model.device=cpu"]).model.device == "cpu"
     with pytest.raises(ConfigError, match=r"model.device must be auto, cpu, cuda or cuda:N"):
-        load_config(None, ["model.device=gpu"])
+        load_checked(None, ["model.device=gpu"])
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match=r"model.device = 'cuda' but torch sees no CUDA"):
-            load_config(None, ["model.device=cuda"])
+            load_checked(None, ["model.device=cuda"])
 
 
 def test_the_engines_copy_is_made_tensor_by_tensor_tied_and_without_gradients(tiny_dir, device):
     """`build.module_copy`: the engine's model equals the trainer's at the engine's dtype and
     device, keeps tied embeddings tied, takes no gradients along, and shares no storage."""
-    cfg = load_config(None, ["model.dtype=bfloat16", f"model.device={device}"])
+    cfg = load_checked(None, ["model.dtype=bfloat16", f"model.device={device}"])
     trainer = build.build_trainer(cfg, tiny_dir)
     src = trainer.model
     for p in src.parameters():

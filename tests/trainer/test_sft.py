@@ -27,12 +27,12 @@ def test_no_warmup_and_unknown_schedule():
 
 def test_sft_loss_falls_on_demonstrations(tiny, device):
     from reroll import build, build_rollout
-    from reroll.config import load_config
+    from reroll.config_checks import load_checked
     from reroll.trainer.sft import sft
 
     model, tok = tiny
     model.to(device)
-    cfg = load_config(None, ["task.args.digits=1", "task.args.n_train=64", "task.args.n_test=8"])
+    cfg = load_checked(None, ["task.args.digits=1", "task.args.n_train=64", "task.args.n_test=8"])
     task = build.build_task(cfg)
     losses = sft(model, tok, task.train, build_rollout.encode_prompt(tok), steps=30, lr=3e-3,
                  batch_size=32, warmup_steps=5)
@@ -64,7 +64,7 @@ def test_bf16_sft_keeps_fp32_weights_and_adam_state_and_its_loss_falls(tiny, mon
     import torch
 
     from reroll import build, build_rollout
-    from reroll.config import load_config
+    from reroll.config_checks import load_checked
     from reroll.trainer.sft import sft
 
     made = []
@@ -77,7 +77,7 @@ def test_bf16_sft_keeps_fp32_weights_and_adam_state_and_its_loss_falls(tiny, mon
     monkeypatch.setattr(torch.optim, "AdamW", AdamW)
     model, tok = tiny
     model.to(device)
-    cfg = load_config(None, ["task.args.digits=1", "task.args.n_train=64", "task.args.n_test=8"])
+    cfg = load_checked(None, ["task.args.digits=1", "task.args.n_train=64", "task.args.n_test=8"])
     task = build.build_task(cfg)
     kw = dict(steps=12, lr=3e-3, batch_size=32, warmup_steps=2)
     start = {k: v.clone() for k, v in model.state_dict().items()}

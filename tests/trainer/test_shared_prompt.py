@@ -170,12 +170,12 @@ def test_packing_is_used_only_where_it_costs_fewer_flops(tiny, device):
 
 def test_the_config_key_reaches_the_trainer(tiny_dir, device):
     from reroll import build
-    from reroll.config import load_config
+    from reroll.config_checks import load_checked
 
     on = f"model.device={device}"
-    assert build.build_trainer(load_config(None, ["train.share_prompt=true", on]),
+    assert build.build_trainer(load_checked(None, ["train.share_prompt=true", on]),
                                tiny_dir).share_prompt
-    assert not build.build_trainer(load_config(None, [on]), tiny_dir).share_prompt
+    assert not build.build_trainer(load_checked(None, [on]), tiny_dir).share_prompt
 
 
 def test_a_token_budget_keeps_each_prompts_samples_in_one_packed_row(tiny, device):

@@ -181,7 +181,7 @@ def test_mixture_of_experts_models_pass_every_sample(tiny_dir, tmp_path, device)
     from transformers import MixtralConfig, MixtralForCausalLM
 
     from reroll import build
-    from reroll.config import load_config
+    from reroll.config_checks import load_checked
     from reroll.models import load
 
     _, tok = load(tiny_dir)
@@ -191,6 +191,6 @@ def test_mixture_of_experts_models_pass_every_sample(tiny_dir, tmp_path, device)
                                            num_local_experts=4, num_experts_per_tok=2))
     moe.save_pretrained(tmp_path / "moe")
     tok.save_pretrained(tmp_path / "moe")
-    cfg = load_config(None, [f"model.device={device}"])
+    cfg = load_checked(None, [f"model.device={device}"])
     assert build.build_trainer(cfg, tiny_dir).skip_inert
     assert not build.build_trainer(cfg, tmp_path / "moe").skip_inert

@@ -6,7 +6,7 @@ generation prompt, and the stored ids are exactly those renderings (token in, to
 import asyncio
 
 from reroll import build, build_rollout
-from reroll.config import load_config
+from reroll.config_checks import load_checked
 from reroll.engine import EngineService, TorchEngine
 from reroll.envs import StepResult
 from reroll.rollout import Example, Group, SamplingParams, new_group
@@ -55,12 +55,12 @@ def test_prompts_and_observations_are_rendered_by_the_chat_template(tiny):
 
 
 def test_a_chat_run_trains_on_template_rendered_prompts(tmp_path, device):
-    cfg = load_config(None, ["model.max_position=48", "task.args.digits=1",
-                             "task.args.n_train=40", "task.args.n_test=8", "task.chat=true",
-                             "rollout.group_size=2", "rollout.batch_groups=2",
-                             "rollout.max_new_tokens=3", "reward.workers=0", "log_every=1",
-                             "runtime.threads=1", "train.steps=2", f"out_dir={tmp_path}",
-                             f"model.device={device}"])
+    cfg = load_checked(None, ["model.max_position=48", "task.args.digits=1",
+                              "task.args.n_train=40", "task.args.n_test=8", "task.chat=true",
+                              "rollout.group_size=2", "rollout.batch_groups=2",
+                              "rollout.max_new_tokens=3", "reward.workers=0", "log_every=1",
+                              "runtime.threads=1", "train.steps=2", f"out_dir={tmp_path}",
+                              f"model.device={device}"])
     train(cfg, progress=False)
     tok = build.load_tokenizer(tmp_path / "init")
     groups = [Group.from_dict(g) for _, g in read_rollouts(tmp_path)]

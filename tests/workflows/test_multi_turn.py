@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from reroll import build, build_rollout
-from reroll.config import load_config
+from reroll.config_checks import load_checked
 from reroll.engine import EngineService, TorchEngine
 from reroll.envs import StepResult
 from reroll.rollout import Example, SamplingParams, new_group
@@ -150,11 +150,11 @@ def test_single_turn_as_a_one_turn_environment_equals_the_single_turn_workflow(t
              "runtime.threads=1", "train.steps=3", "ckpt_every=3", f"model.device={device}"]
     spec = '{name="format", args={pattern="[0-9]", fullmatch=false}}'
     a, b = tmp_path / "single", tmp_path / "env"
-    train(load_config(None, small + [f"out_dir={a}", f"reward.verifiers=[{spec}]"]),
+    train(load_checked(None, small + [f"out_dir={a}", f"reward.verifiers=[{spec}]"]),
           progress=False)
-    train(load_config(None, small + [f"out_dir={b}", "rollout.workflow=multi_turn",
-                                     "rollout.env=verifier", "rollout.max_turns=1",
-                                     f"rollout.env_args={{verifiers=[{spec}]}}"]),
+    train(load_checked(None, small + [f"out_dir={b}", "rollout.workflow=multi_turn",
+                                      "rollout.env=verifier", "rollout.max_turns=1",
+                                      f"rollout.env_args={{verifiers=[{spec}]}}"]),
           progress=False)
     wa, wb = (load_file(str(p / "checkpoints/step_000003/model/model.safetensors"))
               for p in (a, b))
@@ -171,18 +171,18 @@ def test_length_shaping_measures_policy_tokens_against_the_episode_limit(tiny):
     r = max(g.rollouts, key=lambda x: x.n_sampled)
     assert len(r.tokens) - r.prompt_len > r.n_sampled  # environment tokens are in the record
     assert r.n_sampled > 4  # long enough to be penalised
-    cfg = load_config(None, ["rollout.workflow=multi_turn", "rollout.env=guess",
-                             "rollout.max_new_tokens=3", "rollout.max_episode_tokens=8",
-                             "rollout.max_turns=10", "algo.overlong_buffer=4"])
+    cfg = load_checked(None, ["rollout.workflow=multi_turn", "rollout.env=guess",
+                              "rollout.max_new_tokens=3", "rollout.max_episode_tokens=8",
+                              "rollout.max_turns=10", "algo.overlong_buffer=4"])
     assert cfg.rollout.policy_token_limit == 8
     # expected limit 8 - 4 = 4; penalty -(n_sampled - 4) / 4, clamped to [-1, 0]
     want = -min(max(r.n_sampled - 4, 0), 4) / 4
     assert build_rollout.build_shaping(cfg)(r) == pytest.approx(want)
     # the episode limit (turns x per turn when max_episode_tokens is 0) admits a buffer
     # longer than one turn, which the old per-turn check refused
-    cfg = load_config(None, ["rollout.workflow=multi_turn", "rollout.env=guess",
-                             "rollout.max_new_tokens=3", "rollout.max_turns=4",
-                             "algo.overlong_buffer=10"])
+    cfg = load_checked(None, ["rollout.workflow=multi_turn", "rollout.env=guess",
+                              "rollout.max_new_tokens=3", "rollout.max_turns=4",
+                              "algo.overlong_buffer=10"])
     assert cfg.rollout.policy_token_limit == 12
     assert build_rollout.build_shaping(cfg)(r) == pytest.approx(-min(max(r.n_sampled - 2, 0), 10) / 10)
 
@@ -195,7 +195,7 @@ def test_every_recorded_rollout_of_a_real_multi_turn_run_replays_to_its_transcri
     from reroll.envs import ENVIRONMENTS
     from reroll.runtime import train
 
-    cfg = load_config("configs/guess.toml", [
+    cfg = load_checked("configs/guess.toml", [
         f"out_dir={tmp_path}", "train.steps=2", "record_every=1", "eval.every=0",
         "rollout.batch_groups=4", "rollout.group_size=4", "task.args.n_train=40",
         "task.args.n_test=8", "ckpt_every=2", "log_every=1"])

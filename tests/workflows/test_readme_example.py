@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from reroll.config import load_config
+from reroll.config_checks import load_checked
 from reroll.runlog import read_metrics
 from reroll.runtime import train
 
@@ -18,10 +18,10 @@ def test_the_readme_workflow_and_environment_train(tmp_path):
              "task.args.n_test=8", "rollout.group_size=2", "rollout.batch_groups=2",
              "rollout.max_new_tokens=3", "reward.workers=0", "log_every=1",
              "runtime.threads=1", "train.steps=2"]
-    train(load_config(None, small + [f"out_dir={tmp_path / 'wf'}",
-                                     "rollout.workflow=best_of_two"]), progress=False)
-    train(load_config(None, small + [f"out_dir={tmp_path / 'env'}", "rollout.workflow=multi_turn",
-                                     "rollout.env=echo", "rollout.env_args={word=\"1\"}"]),
+    train(load_checked(None, small + [f"out_dir={tmp_path / 'wf'}",
+                                      "rollout.workflow=best_of_two"]), progress=False)
+    train(load_checked(None, small + [f"out_dir={tmp_path / 'env'}", "rollout.workflow=multi_turn",
+                                      "rollout.env=echo", "rollout.env_args={word=\"1\"}"]),
           progress=False)
     for run in ("wf", "env"):
         rows = read_metrics(tmp_path / run)

@@ -4,7 +4,8 @@ share prefixes through engine forks, the config checks, and a tiny training run.
 import pytest
 from tree_helpers import run_tree, tree_group
 
-from reroll.config import ConfigError, load_config
+from reroll.config import ConfigError
+from reroll.config_checks import load_checked
 from reroll.methods.latr import tree_parent
 
 
@@ -41,7 +42,7 @@ def test_a_tree_group_shares_prefixes_through_forks(tiny):
 
 
 def test_tree_config_checks():
-    ok = load_config(None, ["rollout.workflow=tree", "rollout.tree_branch_at=[2, 4]"])
+    ok = load_checked(None, ["rollout.workflow=tree", "rollout.tree_branch_at=[2, 4]"])
     assert ok.rollout.tree_width == 2 and ok.rollout.policy_token_limit == 8
     bad = [(["rollout.workflow=tree"], "list of response positions"),
            (["rollout.workflow=tree", "rollout.tree_branch_at=[4, 2]"], "strictly ascending"),
@@ -53,7 +54,7 @@ def test_tree_config_checks():
              "engine.base_url=http://127.0.0.1:9"], "engine that forks")]
     for overrides, message in bad:
         with pytest.raises(ConfigError, match=message):
-            load_config(None, overrides)
+            load_checked(None, overrides)
 
 
 def test_a_tiny_tree_run_trains_on_the_leaves(small_run, tmp_path):

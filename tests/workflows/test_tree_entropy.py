@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import load_file
 from tree_helpers import run_tree, tree_group
 
-from reroll.config import ConfigError, load_config
+from reroll.config import ConfigError
+from reroll.config_checks import load_checked
 from reroll.engine import EngineService, TorchEngine
 from reroll.methods.latr import tree_parent
 from reroll.rollout import Rollout, Span, grow_group
@@ -107,8 +108,8 @@ def test_the_positions_mode_is_the_fork_calls_it_always_made(tiny):
     """"positions" (the default) is bitwise what the workflow did before "entropy" existed:
     roots through generate, every other member a fork of its parent, submitted together."""
     model, tok = tiny
-    assert load_config(None, ["rollout.workflow=tree", "rollout.tree_branch_at=[1]"]
-                       ).rollout.tree_branch == "positions"
+    assert load_checked(None, ["rollout.workflow=tree", "rollout.tree_branch_at=[1]"]
+                        ).rollout.tree_branch == "positions"
     g = tree_group(tok)
     s = run_tree(*tiny, g, tree_branch_at=(1, 3), tree_width=2)
     ref = tree_group(tok)
@@ -174,8 +175,8 @@ def test_a_restored_tree_goes_on_without_reattaching_its_spares(tiny):
 
 
 def test_entropy_config_checks():
-    ok = load_config(None, ["rollout.workflow=tree", "rollout.tree_branch=entropy",
-                            "rollout.tree_width=4", "rollout.tree_tau_abs=0.1"])
+    ok = load_checked(None, ["rollout.workflow=tree", "rollout.tree_branch=entropy",
+                             "rollout.tree_width=4", "rollout.tree_tau_abs=0.1"])
     assert (ok.rollout.tree_tau_abs, ok.rollout.tree_tau_rel) == (0.1, 0.25)
     tree = ["rollout.workflow=tree"]
     bad = [(tree + ["rollout.tree_branch=lookahead"], "must be \"positions\" or \"entropy\""),
@@ -201,7 +202,7 @@ def test_entropy_config_checks():
                     "engine.base_url=http://127.0.0.1:9"], "engine that forks")]
     for overrides, message in bad:
         with pytest.raises(ConfigError, match=message):
-            load_config(None, overrides)
+            load_checked(None, overrides)
 
 
 ENTROPY = ["rollout.workflow=tree", "rollout.tree_branch=entropy", "rollout.tree_width=2",

@@ -8,7 +8,8 @@ import torch
 from safetensors.torch import load_file
 from tree_helpers import run_tree_group
 
-from reroll.config import ConfigError, load_config
+from reroll.config import ConfigError
+from reroll.config_checks import load_checked
 from reroll.methods.latr import tree_parent
 from reroll.rollout import Score
 from reroll.runlog import read_metrics, read_rollouts
@@ -21,10 +22,10 @@ TIMED = ("time", "throughput/", "engine/")  # metrics of the clock and the engin
 
 
 def test_the_credit_keys_and_what_segments_refuse():
-    cfg = load_config(None, SEGMENTS)
+    cfg = load_checked(None, SEGMENTS)
     assert cfg.rollout.tree_credit == "segments" and cfg.rollout.tree_credit_scale
-    assert load_config(None, TREE).rollout.tree_credit == "leaves"
-    load_config(None, [*SEGMENTS, "algo.surrogate=gspo_token"])  # per-token A: fine
+    assert load_checked(None, TREE).rollout.tree_credit == "leaves"
+    load_checked(None, [*SEGMENTS, "algo.surrogate=gspo_token"])  # per-token A: fine
     bad = [([*TREE, "rollout.tree_credit=nodes"], "tree_credit must be one of leaves, segments"),
            (["rollout.tree_credit=segments"], "tree_credit is used by rollout.workflow"),
            ([*TREE, "rollout.tree_credit_scale=false"], "tree_credit_scale is used by rollout"),
@@ -35,7 +36,7 @@ def test_the_credit_keys_and_what_segments_refuse():
            ([*SEGMENTS, "algo.aggregation=seq_mean_token_mean"], "one token gives it a whole")]
     for overrides, message in bad:
         with pytest.raises(ConfigError, match=message):
-            load_config(None, overrides)
+            load_checked(None, overrides)
 
 
 class ByIndex:

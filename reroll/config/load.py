@@ -1,0 +1,44 @@
+"""Reading a run's config: a TOML file (or the defaults), ``a.b=c`` overrides and a preset,
+built into a `RunConfig` whose keys and types are checked (unknown keys are errors naming
+the closest valid one; values are converted to the field's type or rejected); and writing
+one back. Checks nothing that needs the registries or looks across fields: the composition
+root runs `reroll.config_checks.validate` (or calls `reroll.config_checks.load_checked`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from reroll.config.run import RunConfig
+from reroll.errors import ConfigError
+from reroll.tables import apply_override, build, drop_none, merge, read_toml, to_dict
+
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def preset_path(name: str) -> Path:
+    for root in (REPO_ROOT / "configs" / "presets", Path.cwd() / "configs" / "presets"):
+        if (root / f"{name}.toml").is_file():
+            return root / f"{name}.toml"
+    p = Path(name)
+    if p.is_file():
+        return p
+    raise ConfigError(f"preset {name!r} not found in configs/presets")
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig:
+    """The config at ``path`` ("-" or None: the defaults) with ``overrides`` applied and its
+    preset merged under it (the file's own keys win). Types are checked; ranges, registry
+    choices and combinations are not (`reroll.config_checks.validate`)."""
+    data = read_toml(path) if path and str(path) != "-" else {}  # "-": defaults only
+    for item in overrides:
+        apply_override(data, item)
+    if data.get("preset"):
+        data = merge(read_toml(preset_path(str(data["preset"]))), data)
+    return build(RunConfig, data)
+
+
+def dump_toml(cfg: RunConfig) -> str:
+    import tomli_w
+
+    return tomli_w.dumps(drop_none(to_dict(cfg)))

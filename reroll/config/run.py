@@ -1,0 +1,129 @@
+"""The root of a run's config (`RunConfig`: the run directory, checkpoints, every table)
+and the sections of the run as a whole: evaluation, the runtime and logging. Declares
+settings only: knows nothing of what reads them, of the registries, or of torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from reroll.config.generation import (
+    EngineConfig,
+    ModelConfig,
+    RewardConfig,
+    RolloutConfig,
+    TaskConfig,
+)
+from reroll.config.ranges import ranged
+from reroll.config.training import (
+    AlgoConfig,
+    ControlConfig,
+    ReplayConfig,
+    SFTConfig,
+    TrainConfig,
+)
+
+
+@dataclass
+class EvalConfig:
+    n_examples: int = ranged(500, "[0, inf)")
+    """Held-out examples used by `reroll eval` and by evaluation during training."""
+    k: int = ranged(8, "[1, inf)")
+    """pass@k: samples per prompt for the unbiased pass@k estimate (1 disables)."""
+    temperature: float = ranged(1.0, "[0, inf)")
+    """Temperature of the pass@k samples (greedy accuracy always uses temperature 0)."""
+    every: int = ranged(0, "[0, inf)")
+    """Evaluate greedy accuracy every this many RL steps during training (0: never; `reroll
+    eval` evaluates any checkpoint afterwards)."""
+
+
+@dataclass
+class RuntimeConfig:
+    kind: str = "local"
+    """Where services run: local (one process) or ray."""
+    max_staleness: int = ranged(0, "[0, inf)")
+    """Bound on policy-version lag of trained tokens. 0 is synchronous RL."""
+    partial_rollouts: bool = True
+    """On a weight update, abort in-flight rollouts, keep their prefix and resume them."""
+    overprovision: float = ranged(1.0, "[1, inf)")
+    """Start this many times the groups a step needs; unfinished ones carry over (APRIL)."""
+    engine_workers: int = ranged(1, "[1, inf)")
+    """Engine replicas (Ray runtime)."""
+    engine_gpus: float = ranged(0.0, "[0, inf)")
+    """Ray runtime: GPUs each engine replica reserves (a fraction shares one, e.g. 0.5).
+    > 0: Ray places the replica where that many are free and shows it only those
+    (CUDA_VISIBLE_DEVICES), and its model goes on the first (engine.device, else
+    model.device, auto or cuda, resolved inside the actor: the driver may have no GPU). A
+    whole number above 1 takes whole GPUs; a fraction must fit beside the others on one GPU.
+    0: no reservation; replicas go where CPUs are free, see every GPU of their node and take
+    their device as the driver resolves it (one machine, all on one device)."""
+    trainer_gpus: float = ranged(0.0, "[0, inf)")
+    """Ray runtime: GPUs the trainer actor reserves, as runtime.engine_gpus for a replica
+    (e.g. 1 with engine_gpus = 1: trainer and engine on separate GPUs). > 0: the driver's
+    own copy of the policy for in-loop evaluation goes on its CPU (the GPUs are the
+    actors'). A side that reserves nothing takes its device (model.device for the
+    trainer, engine.device else model.device for the engines) as the driver resolves it."""
+    scoring_workers: int = ranged(0, "[0, inf)")
+    """Ray runtime: scoring actors, each running reward.workers verifier processes (on a
+    cluster they may sit on other nodes). 0 scores in the driver's own process pool."""
+    threads: int = ranged(0, "[0, inf)")
+    """torch intra-op threads of each side (the trainer's thread, the engine's thread). 0:
+    every core for each side in a synchronous run (max_staleness = 0: the sides take turns,
+    so neither leaves a core idle), half of them each in an asynchronous one (both work at
+    once; more would oversubscribe the cores)."""
+    keep_freed_memory: bool = True
+    """glibc: keep freed heap memory in the processes that run models (the run's own, Ray's
+    trainer and engine actors) instead of handing it back to the OS and faulting it in
+    again on the next step (`reroll.memory`); the resident size stays at its peak. Off:
+    glibc's own adaptive thresholds."""
+    deterministic: bool = False
+    """torch's deterministic kernels in every process that runs a model (the run's own, Ray's
+    trainer and engine actors), as TrainingArguments.full_determinism sets them: a fixed
+    cuBLAS workspace, cuDNN deterministic and not benchmarking, use_deterministic_algorithms
+    (ops without a deterministic CUDA kernel, e.g. the cumsum of top-p sampling, warn
+    instead of failing). So that equal GPU runs (resume and uninterrupted, Ray and local)
+    agree bit for bit; slower. CPU kernels are deterministic already."""
+
+
+@dataclass
+class LogConfig:
+    wandb: bool = False
+    """Also send every metrics row to Weights & Biases, beside metrics.jsonl and TensorBoard
+    (`pip install reroll[wandb]`). One W&B run per run directory (its id kept in
+    RUN/wandb_id), so `--resume` continues it."""
+    wandb_project: str = "reroll"
+    """W&B project of the run."""
+    wandb_mode: str = "offline"
+    """online (streams to the W&B server; needs `wandb login`), offline (writes RUN/wandb;
+    upload later with `wandb sync`) or disabled."""
+
+
+@dataclass
+class RunConfig:
+    out_dir: str = "runs/default"
+    """Run directory: resolved config, metrics.jsonl, TensorBoard events, checkpoints."""
+    init: str = ""
+    """Checkpoint directory to start from (e.g. the output of `reroll sft`). Empty: model."""
+    preset: str = ""
+    """Algorithm preset from configs/presets (grpo, dapo, ...); the file's own keys win."""
+    log_every: int = ranged(10, "[1, inf)")
+    """Steps between rows of metrics.jsonl / TensorBoard (the progress bar updates every step)."""
+    ckpt_every: int = ranged(100, "[1, inf)")
+    """Steps between checkpoints (the last step is always saved)."""
+    record_every: int = ranged(1, "[0, inf)")
+    """Record the groups consumed by every this-many-th step in the rollout store
+    (RUN/rollouts/, one Parquet file per step; 0: never). `reroll replay` needs every step
+    (1); a step of 128 short samples takes about 20 KB."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    control: ControlConfig = field(default_factory=ControlConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    log: LogConfig = field(default_factory=LogConfig)
