@@ -121,7 +121,7 @@ def check_sandbox(cfg: RunConfig, task) -> None:
 def episode_context(cfg: RunConfig, tok, engine, scorer, shaping=None):
     """What a workflow awaits: the engine, the scorer, codecs, the environment and limits."""
     from reroll.workflows import EpisodeContext
-    from reroll.workflows.tree import TreeOptions
+    from reroll.workflows.tree_options import TreeOptions
 
     make_env = None
     if cfg.rollout.env:

@@ -41,7 +41,8 @@ import asyncio
 from reroll.errors import ConfigError
 from reroll.rollout import BranchRule, Group, Rollout
 from reroll.workflows.base import EpisodeContext, in_rounds
-from reroll.workflows.tree import TREE_BRANCHES, TreeOptions
+from reroll.workflows.tree import TREE_BRANCHES
+from reroll.workflows.tree_options import TreeOptions
 
 
 def tree_parent(i: int, branch_at: tuple[int, ...], width: int) -> tuple[int, int] | None:

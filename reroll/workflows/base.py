@@ -23,7 +23,7 @@ from reroll.registry import Registry
 from reroll.rollout import Example, Group, Rollout, Score
 
 if TYPE_CHECKING:
-    from reroll.workflows.tree import TreeOptions
+    from reroll.workflows.tree_options import TreeOptions
 
 WORKFLOWS = Registry("workflow")
 Workflow = Callable[["EpisodeContext", Group], Awaitable[None]]

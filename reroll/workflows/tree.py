@@ -3,7 +3,7 @@ whose branches fork inside the engine and share the prefix above each fork (its 
 keys/values too: `reroll.engine.fork`), so a group of n costs fewer generated tokens than n
 independent samples.
 
-Owns the workflow's options (`TreeOptions`, from the ``rollout.tree_*`` keys), the
+Owns (beside its options, `reroll.workflows.tree_options.TreeOptions`) the
 ``TREE_BRANCHES`` registry (where members fork: ``rollout.tree_branch``; an entry is an
 ``async (ctx, group)`` workflow), the record every member gets, and the config check of the
 keys. The branching modes are LATR's (`reroll.methods.latr`: fixed positions, or its
@@ -16,50 +16,14 @@ credit). Knows nothing of the engine's caches or of advantages.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from reroll.algo.tree_credit import TREE_CREDITS
 from reroll.errors import ConfigError
 from reroll.registry import Registry
 from reroll.rollout import Group
 from reroll.workflows.base import WORKFLOWS, EpisodeContext
+from reroll.workflows.tree_options import TreeOptions
 
 TREE_BRANCHES = Registry("tree branch")
-
-
-@dataclass(frozen=True)
-class TreeOptions:
-    """The tree workflow's settings (the ``rollout.tree_*`` keys, `RolloutConfig`)."""
-
-    branch: str = "positions"
-    """Where members fork: a `TREE_BRANCHES` name."""
-    branch_at: tuple[int, ...] = ()
-    """"positions": the response positions where each branch forks."""
-    width: int = 2
-    """Branches at each of those positions ("entropy": members per tree)."""
-    credit: str = "leaves"
-    """How the groups are trained, recorded on each member (a `TREE_CREDITS` name)."""
-    credit_scale: bool = True
-    """A scaled credit's 1 / sqrt(leaves) factor."""
-    tau_abs: float = 0.15
-    """"entropy": the alternative token's least probability (`BranchRule.tau_abs`)."""
-    tau_rel: float = 0.25
-    """"entropy": the largest gap to the top token (`BranchRule.tau_rel`)."""
-
-    @classmethod
-    def from_config(cls, r) -> TreeOptions:
-        """From a `RolloutConfig`."""
-        return cls(branch=r.tree_branch, branch_at=tuple(r.tree_branch_at), width=r.tree_width,
-                   credit=r.tree_credit, credit_scale=r.tree_credit_scale,
-                   tau_abs=r.tree_tau_abs, tau_rel=r.tree_tau_rel)
-
-    def record(self, shared: int, **fields) -> dict:
-        """``control["tree"]`` of a member: ``fields`` (``parent`` and the mode's own), then
-        the credit, the tokens inherited and, for a scaled credit, the scale."""
-        rec = {**fields, "credit": self.credit, "shared": shared}
-        if TREE_CREDITS.trait(self.credit, "scaled", False):
-            rec["scale"] = self.credit_scale
-        return rec
 
 
 @WORKFLOWS.register("tree")

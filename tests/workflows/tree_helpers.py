@@ -9,7 +9,7 @@ from reroll import build_rollout
 from reroll.engine import EngineService, TorchEngine
 from reroll.rollout import Example, Group, SamplingParams, Score, grow_group, new_group
 from reroll.workflows import WORKFLOWS, EpisodeContext
-from reroll.workflows.tree import TreeOptions
+from reroll.workflows.tree_options import TreeOptions
 
 PROMPT = "3+4="
 
