@@ -179,8 +179,8 @@ def test_the_config_key_reaches_the_trainer(tiny_dir, device):
 
     on = f"model.device={device}"
     assert build.build_trainer(load_config(None, ["train.share_prompt=true", on]),
-                               tiny_dir).share_prompt
-    assert not build.build_trainer(load_config(None, [on]), tiny_dir).share_prompt
+                               tiny_dir).options.share_prompt
+    assert not build.build_trainer(load_config(None, [on]), tiny_dir).options.share_prompt
 
 
 def test_a_token_budget_keeps_each_prompts_samples_in_one_packed_row(tiny, device):

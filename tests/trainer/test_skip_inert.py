@@ -193,5 +193,5 @@ def test_mixture_of_experts_models_pass_every_sample(tiny_dir, tmp_path, device)
     moe.save_pretrained(tmp_path / "moe")
     tok.save_pretrained(tmp_path / "moe")
     cfg = load_config(None, [f"model.device={device}"])
-    assert build.build_trainer(cfg, tiny_dir).skip_inert
-    assert not build.build_trainer(cfg, tmp_path / "moe").skip_inert
+    assert build.build_trainer(cfg, tiny_dir).options.skip_inert
+    assert not build.build_trainer(cfg, tmp_path / "moe").options.skip_inert
