@@ -135,7 +135,7 @@ def part_budget(a) -> None:
     from reroll.algo import build_objective
     from reroll.config import AlgoConfig, ModelConfig
     from reroll.models import build_tiny, load
-    from reroll.trainer.batch import plan_micro_batches
+    from reroll.trainer.micro_batches import plan_micro_batches
     from reroll.trainer.options import TrainerOptions
     from reroll.trainer.step import Trainer
 

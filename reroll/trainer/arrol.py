@@ -32,8 +32,8 @@ from reroll.control.arrol import (
 )
 from reroll.rollout import Group, Rollout
 from reroll.trainer import checkpoint
-from reroll.trainer.batch import micro_slices
 from reroll.trainer.logprobs import split_head
+from reroll.trainer.micro_batches import micro_slices
 from reroll.trainer.precision import autocast
 
 HEAD_FILE = "arrol_head.pt"

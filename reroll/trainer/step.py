@@ -30,15 +30,9 @@ import torch
 from reroll.algo import LossInputs
 from reroll.rollout import Group
 from reroll.trainer import checkpoint, credit, shared_prompt, vcpo
-from reroll.trainer.batch import (
-    Batch,
-    collate,
-    flatten,
-    micro_slices,
-    plan_micro_batches,
-    token_logprobs_and_entropy,
-)
+from reroll.trainer.batch import Batch, collate, flatten, token_logprobs_and_entropy
 from reroll.trainer.metrics import version_lag_metrics
+from reroll.trainer.micro_batches import micro_slices, plan_micro_batches
 from reroll.trainer.optim_step import OptimiserStep, step_hooks
 from reroll.trainer.options import TrainerOptions
 from reroll.trainer.precision import autocast

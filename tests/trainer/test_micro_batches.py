@@ -11,7 +11,8 @@ import torch
 from reroll.algo import build_objective
 from reroll.config import AlgoConfig
 from reroll.rollout import Example, SamplingParams, Score, new_group
-from reroll.trainer.batch import collate, plan_micro_batches
+from reroll.trainer.batch import collate
+from reroll.trainer.micro_batches import plan_micro_batches
 from reroll.trainer.options import TrainerOptions
 from reroll.trainer.step import Trainer
 
