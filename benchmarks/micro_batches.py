@@ -110,6 +110,7 @@ def contestant(name: str, model_dir: str, a) -> dict:
     from reroll.algo import build_objective
     from reroll.config import AlgoConfig
     from reroll.models import load
+    from reroll.trainer.options import TrainerOptions
     from reroll.trainer.step import Trainer
 
     torch.set_num_threads(a.threads)
@@ -126,8 +127,10 @@ def contestant(name: str, model_dir: str, a) -> dict:
             times.append(time.perf_counter() - t0)
     else:
         tokens = a.tokens if name == "reroll_tokens" else 0
-        tr = Trainer(model, build_objective(AlgoConfig()), pad_id=tok.pad_token_id, lr=1e-5,
-                     micro_batch=a.micro if not tokens else 10**9, micro_batch_tokens=tokens)
+        tr = Trainer(model, build_objective(AlgoConfig()),
+                     TrainerOptions(pad_id=tok.pad_token_id, lr=1e-5,
+                                    micro_batch=a.micro if not tokens else 10**9,
+                                    micro_batch_tokens=tokens))
         for _ in range(a.steps):
             t0 = time.perf_counter()
             m = tr.step(groups)

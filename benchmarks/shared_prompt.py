@@ -86,6 +86,7 @@ def part_update(a) -> None:
     from reroll.algo import build_objective
     from reroll.config import AlgoConfig, ModelConfig
     from reroll.models import build_tiny, load
+    from reroll.trainer.options import TrainerOptions
     from reroll.trainer.step import Trainer
 
     torch.set_num_threads(a.threads)
@@ -111,8 +112,9 @@ def part_update(a) -> None:
                     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
                     step = partial(hand_step, model, opt, groups)
                 else:
-                    tr = Trainer(model, build_objective(AlgoConfig()), pad_id=tok.pad_token_id,
-                                 lr=1e-6, micro_batch=10**6, share_prompt=name == "shared")
+                    tr = Trainer(model, build_objective(AlgoConfig()),
+                                 TrainerOptions(pad_id=tok.pad_token_id, lr=1e-6, micro_batch=10**6,
+                                                share_prompt=name == "shared"))
                     step = partial(tr.step, groups)
                 out = step()  # warm-up
                 for _ in range(a.steps):
@@ -133,7 +135,8 @@ def part_budget(a) -> None:
     from reroll.algo import build_objective
     from reroll.config import AlgoConfig, ModelConfig
     from reroll.models import build_tiny, load
-    from reroll.trainer.batch import plan_micro_batches
+    from reroll.trainer.micro_batches import plan_micro_batches
+    from reroll.trainer.options import TrainerOptions
     from reroll.trainer.step import Trainer
 
     class BySample(Trainer):  # the plan before units: samples sorted one by one
@@ -144,7 +147,8 @@ def part_budget(a) -> None:
         def _plan(self, lengths, run, prompts):
             idx = run.tolist()
             return [run[torch.tensor(p, dtype=torch.long)] for p in plan_micro_batches(
-                [lengths[i] for i in idx], self.micro_batch, self.micro_batch_tokens,
+                [lengths[i] for i in idx], self.options.micro_batch,
+                self.options.micro_batch_tokens,
                 [prompts[0][i] for i in idx])]
 
     torch.set_num_threads(a.threads)
@@ -164,8 +168,9 @@ def part_budget(a) -> None:
         for name in (list(kinds) if rep % 2 == 0 else list(kinds)[::-1]):
             cls, share = kinds[name]
             torch.manual_seed(0)
-            tr = cls(model, build_objective(AlgoConfig()), pad_id=tok.pad_token_id, lr=1e-6,
-                     micro_batch=10**6, micro_batch_tokens=a.budget, share_prompt=share)
+            tr = cls(model, build_objective(AlgoConfig()),
+                     TrainerOptions(pad_id=tok.pad_token_id, lr=1e-6, micro_batch=10**6,
+                                    micro_batch_tokens=a.budget, share_prompt=share))
             passes = []
             real = tr._forward
             tr._forward = lambda m, b, entropy=False, real=real, passes=passes, **kw: \

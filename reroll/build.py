@@ -141,6 +141,7 @@ def build_trainer(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
     from reroll.algo import build_objective
     from reroll.config import ConfigError
     from reroll.trainer import checkpoint
+    from reroll.trainer.options import TrainerOptions
     from reroll.trainer.precision import autocast_dtype
     from reroll.trainer.step import Trainer
 
@@ -170,17 +171,16 @@ def build_trainer(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
                                "moe_num_experts") if isinstance(v := getattr(text, k, None), int)),
                   default=0)
     t = cfg.train
-    dtype = getattr(torch, cfg.model.dtype)
-    trainer = Trainer(model, objective, pad_id=tok.pad_token_id, lr=t.lr,
-                      weight_decay=t.weight_decay, warmup_steps=t.warmup_steps,
-                      grad_clip=t.grad_clip, minibatches=t.minibatches, micro_batch=t.micro_batch,
-                      micro_batch_tokens=t.micro_batch_tokens, share_prompt=t.share_prompt,
-                      schedule=t.schedule, total_steps=t.schedule_steps or t.steps,
-                      temperature=cfg.rollout.temperature, ref_model=ref, tokenizer=tok,
-                      logprob_chunk=t.logprob_chunk,
-                      skip_inert=t.skip_zero_advantage and experts <= 1,
-                      autocast_dtype=autocast_dtype(cfg.model.dtype),
-                      publish_dtype=dtype, fused_optimizer=t.fused_optimizer)
+    options = TrainerOptions(
+        pad_id=tok.pad_token_id, lr=t.lr, weight_decay=t.weight_decay,
+        warmup_steps=t.warmup_steps, schedule=t.schedule,
+        total_steps=t.schedule_steps or t.steps, grad_clip=t.grad_clip,
+        minibatches=t.minibatches, micro_batch=t.micro_batch,
+        micro_batch_tokens=t.micro_batch_tokens, temperature=cfg.rollout.temperature,
+        skip_inert=t.skip_zero_advantage and experts <= 1, logprob_chunk=t.logprob_chunk,
+        share_prompt=t.share_prompt, autocast_dtype=autocast_dtype(cfg.model.dtype),
+        publish_dtype=getattr(torch, cfg.model.dtype), fused_optimizer=t.fused_optimizer)
+    trainer = Trainer(model, objective, options, tokenizer=tok, ref_model=ref)
     if ckpt:
         checkpoint.load_trainer_state(ckpt, trainer.opt, trainer.sched)
         trainer.version = checkpoint.read_state(ckpt).get("version", 0)

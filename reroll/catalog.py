@@ -48,6 +48,7 @@ CATALOG = [
     Catalogued("corrections", "reroll.algo", "CORRECTIONS", "algo.correction",
                "algo.correction_args"),
     Catalogued("ess_rules", "reroll.algo.vcpo", "LR_RULES", "algo.ess_rule"),
+    Catalogued("schedules", "reroll.trainer.schedules", "SCHEDULES", "train.schedule"),
     Catalogued("verifiers", "reroll.verifiers", "VERIFIERS", "reward.verifiers", many=True),
     Catalogued("tasks", "reroll.tasks", "TASKS", "task.name", "task.args"),
     Catalogued("workflows", "reroll.workflows", "WORKFLOWS", "rollout.workflow"),

@@ -69,6 +69,7 @@ def test_staleness_zero_equals_a_plain_synchronous_loop(tmp_path):
     from reroll.control.prompts import PromptStream
     from reroll.control.scheduler import request_seed
     from reroll.rollout import new_group
+    from reroll.trainer.options import TrainerOptions
     from reroll.trainer.step import Trainer
 
     cfg = small_cfg(tmp_path / "loop", "train.steps=3", "ckpt_every=3", *SIGNAL)
@@ -80,8 +81,10 @@ def test_staleness_zero_equals_a_plain_synchronous_loop(tmp_path):
     engine = build.build_engine(model, tok, cfg)
     task = build.build_task(cfg)
     scorer = build_rollout.build_scorer(cfg, task)
-    trainer = Trainer(model, build_objective(cfg.algo), pad_id=tok.pad_token_id, lr=cfg.train.lr,
-                      grad_clip=cfg.train.grad_clip, micro_batch=cfg.train.micro_batch)
+    trainer = Trainer(model, build_objective(cfg.algo),
+                      TrainerOptions(pad_id=tok.pad_token_id, lr=cfg.train.lr,
+                                     grad_clip=cfg.train.grad_clip,
+                                     micro_batch=cfg.train.micro_batch))
     prompts, encode = PromptStream(task.train, cfg.train.seed), build_rollout.encode_prompt(tok)
     seq = 0
     for _ in range(3):

@@ -32,8 +32,8 @@ from reroll.control.arrol import (
 )
 from reroll.rollout import Group, Rollout
 from reroll.trainer import checkpoint
-from reroll.trainer.batch import micro_slices
 from reroll.trainer.logprobs import split_head
+from reroll.trainer.micro_batches import micro_slices
 from reroll.trainer.precision import autocast
 
 HEAD_FILE = "arrol_head.pt"
@@ -114,9 +114,9 @@ class ArrolTrainer:
                     and not r.reused and "correct" in r.control.get("arrol", {})]
         metrics: dict[str, float] = {}
         if labelled:
-            i = self.inner
-            h, k, lp = prefix_hidden(i.model, labelled, self.at, i.pad_id, i.device,
-                                     i.micro_batch, i.autocast_dtype)
+            i, o = self.inner, self.inner.options
+            h, k, lp = prefix_hidden(i.model, labelled, self.at, o.pad_id, i.device,
+                                     o.micro_batch, o.autocast_dtype)
             y = torch.tensor([float(r.control["arrol"]["correct"]) for r in labelled],
                              device=i.device)
             for u in range(self.updates):

@@ -23,6 +23,7 @@ import torch
 from reroll.rollout import Example, Rollout
 from reroll.trainer.batch import collate, token_logprobs
 from reroll.trainer.precision import autocast
+from reroll.trainer.schedules import lr_factor
 
 
 def demo_rollout(ex: Example, encode, eos_id: int, tok, turns=None,
@@ -54,22 +55,6 @@ def turns_rollout(ex: Example, encode, eos_id: int, tok, turns, encode_observati
                 prompt_len=len(encode(ex.prompt)))
     r.loss_mask = mask + [True]
     return r
-
-
-SCHEDULES = ("constant", "linear")
-
-
-def lr_factor(step: int, *, steps: int, warmup_steps: int, schedule: str,
-              key: str = "sft.schedule") -> float:
-    """Multiplier of the base learning rate at 0-based `step`: linear warm-up over
-    `warmup_steps` (step 0 gets 1/warmup), then 1 ("constant") or a linear decay reaching 0
-    at `steps` ("linear"). Used by SFT and by the RL trainer (`key` names the config key
-    in the error)."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"{key} must be one of {SCHEDULES}, got {schedule!r}")
-    warm = min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
-    decay = max(0.0, 1.0 - step / max(1, steps)) if schedule == "linear" else 1.0
-    return warm * decay
 
 
 def adamw(params, *, lr: float, weight_decay: float = 0.0, fused: bool = True):

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from reroll.trainer.batch import PaddedCost
 from reroll.trainer.logprobs import chunked_logprobs, split_head, text_config
+from reroll.trainer.micro_batches import PaddedCost
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,18 @@
 """The train step: complete, scored groups -> one policy update (decoupled objective).
 
-Owns the optimiser and the order of operations of an update: rewards -> advantages (a pure
-function of the groups, never stored) -> collate -> proximal log-probs with the weights at the
-start of the update (a forward pass of their own only with several mini-batches or a KL
-penalty in the reward; with one mini-batch they are the loss forward's, detached) ->
-per-token advantages (`reroll.trainer.credit`: the scalar broadcast, or a tree's segments) ->
-mini-batches of micro-batches (samples that cannot move the weights left out of the passes,
-still counted in the normalisers) -> clip -> AdamW (VCPO: at an lr scaled by the mini-batch's
-ESS; its OPOB estimator first gets per-sample gradient norms). The math is the
-`Objective` from `reroll.algo`; this file only looks it up and feeds it. Knows nothing of
-engines or scheduling; checkpoints go through `reroll.trainer.checkpoint` into the run
-directory the caller names.
+Owns the order of operations of an update: rewards -> advantages (a pure function of the
+groups, never stored) -> collate -> proximal log-probs with the weights at the start of the
+update (a forward pass of their own only with several mini-batches or a KL penalty in the
+reward; with one mini-batch they are the loss forward's, detached) -> per-token advantages
+(`reroll.trainer.credit`: the scalar broadcast, or a tree's segments) -> mini-batches of
+micro-batches (samples that cannot move the weights left out of the passes, still counted
+in the normalisers) -> each mini-batch's optimiser step (`reroll.trainer.optim_step`: clip,
+AdamW, at an lr its hooks may scale for that step, e.g. VCPO's ESS; VCPO's OPOB estimator
+first gets per-sample gradient norms). Metrics combine over the passes as
+`reroll.trainer.reductions` declares; the options are `reroll.trainer.options`. The math
+is the `Objective` from `reroll.algo`; this file only looks it up and feeds it. Knows
+nothing of engines or scheduling; checkpoints go through `reroll.trainer.checkpoint` into
+the run directory the caller names.
 
 `TrainerHandle` is everything the loop asks of a trainer. `Trainer` is one (in the caller's
 process); `reroll.runtime.ray.RayTrainer` is another (a proxy to a Trainer in a Ray actor).
@@ -28,17 +30,15 @@ import torch
 from reroll.algo import LossInputs
 from reroll.rollout import Group
 from reroll.trainer import checkpoint, credit, shared_prompt, vcpo
-from reroll.trainer.batch import (
-    Batch,
-    collate,
-    flatten,
-    micro_slices,
-    plan_micro_batches,
-    token_logprobs_and_entropy,
-)
+from reroll.trainer.batch import Batch, collate, flatten, token_logprobs_and_entropy
 from reroll.trainer.metrics import version_lag_metrics
+from reroll.trainer.micro_batches import micro_slices, plan_micro_batches
+from reroll.trainer.optim_step import OptimiserStep, step_hooks
+from reroll.trainer.options import TrainerOptions
 from reroll.trainer.precision import autocast
-from reroll.trainer.sft import adamw, lr_factor
+from reroll.trainer.reductions import PassCounts, UpdateMetrics
+from reroll.trainer.schedules import check_schedule, lr_factor
+from reroll.trainer.sft import adamw
 
 _DECIDE = object()  # `Trainer._forward`: decide the batch's packing there
 
@@ -86,58 +86,36 @@ def checkpointed_layers_training(model: torch.nn.Module) -> Iterator[None]:
 
 
 class Trainer:
-    """The policy update. ``autocast_dtype`` (bf16): forward and backward run under
-    ``torch.autocast`` at that dtype while the weights (master copy) and AdamW's state stay in
-    the model's own dtype (fp32); ``publish_dtype``: the dtype `weights` hands to engines
-    (default: ``autocast_dtype``, else the weights' own). The model's device is the trainer's:
-    batches are collated on the CPU and copied there. ``logprob_chunk``: tokens of logits
-    made at a time (0: sized from the vocabulary, `reroll.trainer.logprobs`).
-    ``skip_inert``: samples that cannot move the weights (all advantages 0 under an objective
-    for which that means loss 0 and gradient 0, `Objective.zero_advantage_inert`; or no
-    trainable token) are left out of the loss's forward and backward passes; they still
-    count in the global normalisers, so the update is the same up to float rounding.
-    Micro-batches (`plan_micro_batches`): ``micro_batch`` samples at a time in order, or with
-    ``micro_batch_tokens`` > 0 sorted by length under that token budget; each is padded to
-    its own longest sequence, not the batch's. ``share_prompt``: the samples of a micro-batch
-    that share a prompt go through the model as one packed row with the prompt once
-    (`reroll.trainer.shared_prompt`); the same log-probs up to float rounding. With both,
-    the budget sorts by prompt, so that a prompt's samples stay in one micro-batch.
-    ``fused_optimizer``: AdamW's fused kernel (`reroll.trainer.sft.adamw`)."""
+    """The policy update of ``model`` under ``objective``, as ``options`` (`TrainerOptions`)
+    say. The model's device is the trainer's: batches are collated on the CPU and copied
+    there. ``tokenizer``: saved next to the weights in checkpoints; ``ref_model``: the
+    reference policy (an objective with a KL penalty needs one); ``version``: updates made
+    so far (a resume's). Micro-batches (`plan_micro_batches`): ``micro_batch`` samples at a
+    time in order, or with ``micro_batch_tokens`` > 0 sorted by length under that token
+    budget; each is padded to its own longest sequence, not the batch's. With
+    ``share_prompt`` and a budget, the budget sorts by prompt, so that a prompt's samples
+    stay in one micro-batch."""
 
-    def __init__(self, model: torch.nn.Module, objective, *, pad_id: int, lr: float,
-                 weight_decay: float = 0.0, warmup_steps: int = 0, grad_clip: float = 1.0, minibatches: int = 1,
-                 micro_batch: int = 64, micro_batch_tokens: int = 0, temperature: float = 1.0,
-                 ref_model: torch.nn.Module | None = None, version: int = 0, tokenizer=None,
-                 reuse_prox: bool = True, skip_inert: bool = True, logprob_chunk: int = 0,
-                 share_prompt: bool = False, schedule: str = "constant", total_steps: int = 0,
-                 autocast_dtype: torch.dtype | None = None,
-                 publish_dtype: torch.dtype | None = None, fused_optimizer: bool = True):
+    def __init__(self, model: torch.nn.Module, objective, options: TrainerOptions, *,
+                 tokenizer=None, ref_model: torch.nn.Module | None = None, version: int = 0):
+        o = self.options = options
         self.model, self.objective, self.ref_model = model, objective, ref_model
+        self.tokenizer, self.version = tokenizer, version
         self.device = next(model.parameters()).device
-        self.logprob_chunk, self.autocast_dtype = logprob_chunk, autocast_dtype
-        self.publish_dtype = publish_dtype or autocast_dtype
-        self.reuse_prox = reuse_prox  # False: always a separate proximal forward (textbook)
-        self.skip_inert = skip_inert  # leave zero-advantage samples out of the passes (exact)
-        why = shared_prompt.refusal(model) if share_prompt else None
+        self.publish_dtype = o.published_dtype
+        why = shared_prompt.refusal(model) if o.share_prompt else None
         if why is not None:
             raise ValueError(f"train.share_prompt cannot run on this model: {why}")
-        self.share_prompt = share_prompt
         self._widths = shared_prompt.widths(model)
-        self.tokenizer = tokenizer  # saved next to the weights in checkpoints
-        self.pad_id, self.grad_clip, self.minibatches = pad_id, grad_clip, minibatches
-        self.micro_batch, self.temperature, self.version = micro_batch, temperature, version
-        self.micro_batch_tokens = micro_batch_tokens
-        self.opt = adamw(model.parameters(), lr=lr, weight_decay=weight_decay,
-                         fused=fused_optimizer)
-        # counts updates, so it resumes with the optimiser state (LambdaLR's own counter does not);
-        # "linear" decays to 0 at total_steps (RL steps, not mini-batches)
-        lr_factor(0, steps=total_steps, warmup_steps=warmup_steps, schedule=schedule,
-                  key="train.schedule")  # an unknown schedule fails here, not at step 1
-        if schedule == "linear" and total_steps <= 0:
-            raise ValueError(f"train.schedule = \"linear\" needs the number of updates it "
-                             f"decays over (total_steps), got {total_steps}")
+        self.opt = adamw(model.parameters(), lr=o.lr, weight_decay=o.weight_decay,
+                         fused=o.fused_optimizer)
+        self.optimiser_step = OptimiserStep(self.opt, list(model.parameters()), o.grad_clip,
+                                            step_hooks(objective))
+        # counts updates, so it resumes with the optimiser state (LambdaLR's own counter
+        # does not); an unknown schedule, or a decay without its end, fails here
+        check_schedule(o.schedule, o.total_steps, "train.schedule")
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda k: lr_factor(
-            k, steps=total_steps, warmup_steps=warmup_steps, schedule=schedule))
+            k, steps=o.total_steps, warmup_steps=o.warmup_steps, schedule=o.schedule))
         if objective.needs_ref and ref_model is None:
             raise ValueError("the objective needs a reference model (kl_coef > 0)")
 
@@ -146,19 +124,20 @@ class Trainer:
         """(log-probs [b, T], entropies [b, T] or None): the one function proximal, reference
         and current log-probs all come from (same chunking, same autocast). ``packing``:
         `_packing`'s answer for ``batch`` where the caller already has it."""
-        with autocast(self.device, self.autocast_dtype), checkpointed_layers_training(model):
+        with autocast(self.device, self.options.autocast_dtype), \
+                checkpointed_layers_training(model):
             plan = self._packing(batch) if packing is _DECIDE else packing
             if plan is not None:
                 return shared_prompt.shared_prompt_logprobs(
-                    model, batch.input_ids, *plan, batch.targets.shape[1], self.temperature,
-                    self.logprob_chunk, entropy)
-            return token_logprobs_and_entropy(model, batch, self.temperature,
-                                              self.logprob_chunk, entropy)
+                    model, batch.input_ids, *plan, batch.targets.shape[1],
+                    self.options.temperature, self.options.logprob_chunk, entropy)
+            return token_logprobs_and_entropy(model, batch, self.options.temperature,
+                                              self.options.logprob_chunk, entropy)
 
     def _packing(self, batch: Batch, lengths: list[int] | None = None):
         """(lengths, prompt lengths, prompt ids) when this batch goes packed by prompt
         (``share_prompt`` and it costs fewer FLOPs, `shared_prompt.pays`), else None."""
-        if not self.share_prompt or batch.prompt_ids is None:
+        if not self.options.share_prompt or batch.prompt_ids is None:
             return None
         if lengths is None:
             lengths = batch.attention_mask.sum(-1).tolist()
@@ -185,16 +164,18 @@ class Trainer:
         idx = run.tolist()
         size = [lengths[i] for i in idx]
         units = cost = None
-        if self.share_prompt and prompts is not None and self.micro_batch_tokens > 0:
+        rows, tokens = self.options.micro_batch, self.options.micro_batch_tokens
+        if self.options.share_prompt and prompts is not None and tokens > 0:
             units = [prompts[0][i] for i in idx]
             cost = shared_prompt.PackedCost(size, [prompts[1][i] for i in idx], units,
                                             *self._widths)
         return [run[torch.tensor(p, dtype=torch.long)] for p in plan_micro_batches(
-            size, self.micro_batch, self.micro_batch_tokens, units, cost)]
+            size, rows, tokens, units, cost)]
 
     def step(self, groups: Sequence[Group]) -> dict[str, float]:
+        o = self.options
         rollouts, rewards, comps, gidx = flatten(groups)
-        batch = collate(rollouts, self.pad_id).to(self.device)
+        batch = collate(rollouts, o.pad_id).to(self.device)
         self.model.eval()  # no dropout: proximal and current log-probs share one function
         ref = self._logprobs(self.ref_model, batch) if self.ref_model is not None else None
         kl_reward = ref is not None and self.objective.kl_in_reward
@@ -202,7 +183,7 @@ class Trainer:
         # forward runs at exactly those weights, so its detached log-probs are pi_prox and a
         # separate forward pass would compute the same numbers again (TRL and verl skip it too).
         prox = None
-        if self.minibatches > 1 or kl_reward or not self.reuse_prox:
+        if o.minibatches > 1 or kl_reward or not o.reuse_prox:
             prox = self._logprobs(self.model, batch)  # [N, T]
         if kl_reward:
             # sequence-level KL folded into the reward before advantages (RLOO / REINFORCE++ style)
@@ -212,7 +193,7 @@ class Trainer:
                                 dtype=torch.float32).to(self.device)  # [N]
         metrics: dict[str, float] = {}
         n = len(batch)
-        mb_size = -(-n // self.minibatches)
+        mb_size = -(-n // o.minibatches)
         extra: dict[str, torch.Tensor] = {}
         if self.objective.wants("grad_sq_norms"):  # VCPO's OPOB: a pass per sample first
             extra, m = vcpo.opob_inputs(lambda b: self._forward(self.model, b)[0], self.model,
@@ -228,17 +209,18 @@ class Trainer:
                                                                    batch.mask)
         # several optimiser steps per update: a non-finite loss in a later mini-batch must not
         # leave the earlier ones applied (the version would not say so), so keep a copy
-        saved = self._snapshot() if self.minibatches > 1 else None
+        saved = self._snapshot() if o.minibatches > 1 else None
         live = self._live(adv_tok, batch.mask, sample_w)  # [N] bool: samples that train
         try:
-            self._minibatches(batch, prox, ref, adv_tok, sample_w, include, live, mb_size,
-                              metrics)
+            passes, counts = self._minibatches(batch, prox, ref, adv_tok, sample_w, include,
+                                               live, mb_size)
         except FloatingPointError:
             if saved is not None:
                 self.model.load_state_dict(saved[0])
                 self.opt.load_state_dict(saved[1])
             self.opt.zero_grad(set_to_none=True)
             raise
+        metrics.update(passes)
         self.sched.step()  # the warm-up counts RL steps, not mini-batches
         metrics["lr"] = self.sched.get_last_lr()[0]
         self.version += 1
@@ -247,12 +229,8 @@ class Trainer:
         metrics["adv/abs_mean"] = float(adv.abs().mean())
         metrics["train/tokens"] = batch.n_tokens
         metrics["train/skipped_share"] = 1.0 - float(live.float().mean())
-        positions, real = metrics.pop("_positions"), metrics.pop("_real_tokens")
-        metrics["train/padding_share"] = 1.0 - real / max(positions, 1.0)
-        metrics["train/positions"] = positions  # token positions the loss passes forwarded
+        metrics.update(counts.metrics())  # padding share, positions forwarded, entropy
         metrics.update(tree_m)
-        ent_sum, ent_tokens = metrics.pop("_entropy_sum"), metrics.pop("_entropy_tokens")
-        metrics["train/entropy"] = ent_sum / max(ent_tokens, 1.0)
         return metrics
 
     def _snapshot(self) -> tuple[dict, dict]:
@@ -267,19 +245,20 @@ class Trainer:
         under an objective where A = 0 is not inert (`Objective.zero_advantage_inert`),
         every sample; otherwise those with a trainable token, a nonzero advantage on one,
         and a nonzero sample weight."""
-        if not (self.skip_inert and self.objective.zero_advantage_inert):
+        if not (self.options.skip_inert and self.objective.zero_advantage_inert):
             return torch.ones(len(mask), dtype=torch.bool)
         signal = ((adv_tok != 0) & (mask > 0)).any(-1) & (sample_w != 0)  # [N]
         return signal.cpu()
 
-    def _minibatches(self, batch, prox, ref, adv_tok, sample_w, include, live, mb_size,
-                     metrics) -> None:
+    def _minibatches(self, batch, prox, ref, adv_tok, sample_w, include, live, mb_size
+                     ) -> tuple[dict[str, float], PassCounts]:
+        """Every mini-batch's passes and optimiser step: (their metrics, combined as
+        `reroll.trainer.reductions` declares; what the passes counted)."""
         n = len(batch)
         order = torch.arange(n)
         mbs = micro_slices(n, mb_size)
         lengths = batch.attention_mask.sum(-1).tolist()  # [N] tokens of each sequence
         prompts = _prompts(batch)
-        metrics["_positions"] = metrics["_real_tokens"] = 0.0
         # the samples each mini-batch passes through the model; at least one (one with a
         # trainable token where there is one), so that an update whose samples are all inert
         # still makes its zero-gradient optimiser step with the same parameters holding
@@ -287,13 +266,13 @@ class Trainer:
         tokens = (batch.mask.sum(-1) > 0).cpu()  # [N]
         runs = [order[mb][live[mb]] if live[mb].any()
                 else order[mb][tokens[mb].int().argmax()].view(1) for mb in mbs]
-        n_run = sum(len(r) for r in runs)
+        combined = UpdateMetrics(minibatches=len(mbs), samples=sum(len(r) for r in runs))
+        counts = PassCounts()
         for mb, run in zip(mbs, runs):
             # global normalisers of this mini-batch (excluded samples, e.g. pivots, not counted)
             n_tok = max(float(batch.mask[mb].sum()), 1.0)
             n_seq = max(float(include[mb].sum()), 1.0)
-            self.opt.zero_grad(set_to_none=True)
-            log_w = []  # [b] per micro-batch: sequence IS weights for VCPO's ESS
+            self.optimiser_step.begin()
             for sel in self._plan(lengths, run, prompts):
                 size = [lengths[i] for i in sel.tolist()]  # padded to the longest, or packed
                 sel = sel.to(self.device)
@@ -301,53 +280,29 @@ class Trainer:
                 packed = self._packing(sub, size)
                 pos, real = shared_prompt.packed_positions(*packed) if packed is not None \
                     else (len(size) * max(size), sum(size))
-                metrics["_positions"] += float(pos)
-                metrics["_real_tokens"] += float(real)
+                counts.positions += float(pos)
+                counts.real_tokens += float(real)
                 t = sub.targets.shape[1]  # this micro-batch's positions [b, t]
                 logp, ent = self._forward(self.model, sub, entropy=True,
                                           packing=packed)  # [b, t], [b, t]
-                # mean entropy over the passed samples' tokens, summed here, divided in step()
-                metrics["_entropy_sum"] = metrics.get("_entropy_sum", 0.0) + float(
-                    (ent * sub.mask).sum())
-                metrics["_entropy_tokens"] = metrics.get("_entropy_tokens", 0.0) + sub.n_tokens
+                counts.entropy_sum += float((ent * sub.mask).sum())
+                counts.entropy_tokens += sub.n_tokens
                 prox_mb = logp.detach() if prox is None else prox[sel, :t]  # [b, t]
-                if self.objective.ess_lr:
-                    log_w.append(self.objective.seq_log_weights(
-                        prox_mb, sub.behav_logprobs, sub.mask, sample_w[sel]))
                 inp = LossInputs(logprobs=logp, prox_logprobs=prox_mb,
                                  behav_logprobs=sub.behav_logprobs, advantages=adv_tok[sel, :t],
                                  mask=sub.mask, n_tokens=n_tok, n_seqs=n_seq,
                                  ref_logprobs=None if ref is None else ref[sel, :t],
                                  sample_weights=sample_w[sel])
+                self.optimiser_step.observe(inp)
                 loss, m = self.objective.loss(inp)
                 if not torch.isfinite(loss):
                     raise FloatingPointError(
                         f"non-finite loss {float(loss.detach())} at trainer version {self.version}; "
                         f"weights and optimiser left at the last good update")
                 loss.backward()
-                for k, v in m.items():  # per micro-batch: max/min combine, losses add up
-                    v = float(v)  # to their mini-batch's (mean over mini-batches), others
-                    if k.endswith("max"):  # average over the samples passed
-                        metrics[k] = max(metrics.get(k, v), v)
-                    elif k.endswith("min"):
-                        metrics[k] = min(metrics.get(k, v), v)
-                    elif k.startswith("loss/"):
-                        metrics[k] = metrics.get(k, 0.0) + v / len(mbs)
-                    else:
-                        metrics[k] = metrics.get(k, 0.0) + v * len(sel) / n_run
-            gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                self.grad_clip if self.grad_clip > 0 else 1e30)
-            if not torch.isfinite(gn):
-                self.opt.zero_grad(set_to_none=True)
-                raise FloatingPointError(f"non-finite gradient norm at version {self.version}")
-            scale, vm = self.objective.lr_scale(torch.cat(log_w)) if log_w else (1.0, {})
-            vcpo.scaled_step(self.opt, scale)
-            metrics["grad_norm"] = float(gn)
-            for k, v in vm.items():  # means over the update's mini-batches
-                metrics[k] = metrics.get(k, 0.0) + v / len(mbs)
-            if vm:
-                metrics["vcpo/ess_ratio_min"] = min(metrics.get("vcpo/ess_ratio_min", 1.0),
-                                                    vm["vcpo/ess_ratio"])
+                combined.add_all(m, samples=len(sel))
+            combined.add_all(self.optimiser_step(self.version))
+        return combined.values, counts
 
     # ---- the rest of TrainerHandle ------------------------------------------------------
     def weights(self) -> dict[str, torch.Tensor]:

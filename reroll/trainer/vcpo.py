@@ -1,18 +1,18 @@
-"""The trainer's side of VCPO (ALGORITHMS.md 2.6): exact per-sample gradient norms for the
-OPOB baseline, and an optimiser step at an ESS-scaled learning rate.
+"""The trainer's side of VCPO: exact per-sample gradient norms for the OPOB baseline,
+and the ESS-scaled learning rate as a hook on the optimiser step.
 
 Owns ``score_grad_sq_norms``: for each sample i of a batch, ||grad_theta sum_t log
 pi_theta(o_t)||^2 over its loss tokens and every trainable parameter, from a forward and a
 backward pass of that sample alone (cut to its own length; `torch.autograd.grad`, so the
-parameters' ``.grad`` is never touched). Measured at 0.4M parameters, 128 samples, one CPU
-core: this loop 0.86 s (one batched forward and backward of them: 0.12 s); a vmapped
-backward through the trainer's forward (``is_grads_batched``) 21 s; torch.func's
-``vmap(grad)`` 0.39 s, but only with eager attention (transformers' sdpa mask code refuses
-vmap), outside the trainer's chunked forward, and holding N copies of the gradient, which a
-real model cannot. So the loop it is.
+parameters' ``.grad`` is never touched). A loop, because the batched alternatives do not
+fit: a vmapped backward through the trainer's forward (``is_grads_batched``) is far
+slower, and torch.func's ``vmap(grad)`` needs eager attention (transformers' sdpa mask
+code refuses vmap), runs outside the trainer's chunked forward and holds N copies of the
+gradient, which a real model cannot.
 
-Also ``opob_inputs`` (what the ``opob`` estimator declares) and ``scaled_step``. The math
-(ESS, the baseline) is `reroll.algo.vcpo`; this module must not know about losses.
+Also ``opob_inputs`` (what the ``opob`` estimator declares) and ``EssLrHook`` (a
+`reroll.trainer.optim_step.StepHook`). The math (ESS, the baseline) is `reroll.algo.vcpo`
+and `Objective.lr_scale`; this module must not compute a loss.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 
+from reroll.algo import LossInputs
 from reroll.algo.vcpo import seq_log_weights
 from reroll.trainer.batch import Batch
 
@@ -74,17 +75,29 @@ def opob_inputs(forward: Callable[[Batch], torch.Tensor], model: torch.nn.Module
             "minibatch_index": torch.arange(len(batch)) // mb_size}, metrics
 
 
-def scaled_step(opt: torch.optim.Optimizer, scale: float) -> None:
-    """One optimiser step with every group's lr times ``scale`` for this step alone (VCPO's
-    ESS factor); the schedule's lr is put back after, so factors never compound."""
-    if scale == 1.0:
-        opt.step()
-        return
-    lrs = [g["lr"] for g in opt.param_groups]
-    for g, lr in zip(opt.param_groups, lrs):
-        g["lr"] = lr * scale
-    try:
-        opt.step()
-    finally:
-        for g, lr in zip(opt.param_groups, lrs):
-            g["lr"] = lr
+class EssLrHook:
+    """VCPO's ESS-scaled learning rate on each mini-batch's optimiser step: the sequence
+    IS weights pi_prox / mu of the samples its passes ran (times their sample weights)
+    give the ESS, and the objective's rule (`Objective.lr_scale`) turns it into the step's
+    lr factor. Metrics: ``vcpo/ess``, ``vcpo/ess_ratio``, ``vcpo/lr_scale`` and
+    ``vcpo/ess_ratio_min`` (the step's ratio; the update keeps the smallest)."""
+
+    def __init__(self, objective):
+        self.objective = objective
+        self.log_w: list[torch.Tensor] = []
+
+    def reset(self) -> None:
+        self.log_w = []
+
+    def observe(self, inp: LossInputs) -> None:
+        self.log_w.append(self.objective.seq_log_weights(
+            inp.prox_logprobs, inp.behav_logprobs, inp.mask, inp.sample_weights))  # [b]
+
+    def lr_factor(self) -> tuple[float, dict[str, float]]:
+        if not self.log_w:
+            return 1.0, {}
+        scale, metrics = self.objective.lr_scale(torch.cat(self.log_w))
+        self.log_w = []
+        if metrics:
+            metrics = {**metrics, "vcpo/ess_ratio_min": metrics["vcpo/ess_ratio"]}
+        return scale, metrics

@@ -4,7 +4,8 @@ hand-rolled forward pass."""
 import torch
 
 from reroll.rollout import Rollout
-from reroll.trainer.batch import collate, micro_slices, token_logprobs
+from reroll.trainer.batch import collate, token_logprobs
+from reroll.trainer.micro_batches import micro_slices
 
 
 def rollout(tokens, prompt_len, lps, versions):

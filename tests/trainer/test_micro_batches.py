@@ -11,7 +11,9 @@ import torch
 from reroll.algo import build_objective
 from reroll.config import AlgoConfig
 from reroll.rollout import Example, SamplingParams, Score, new_group
-from reroll.trainer.batch import collate, plan_micro_batches
+from reroll.trainer.batch import collate
+from reroll.trainer.micro_batches import plan_micro_batches
+from reroll.trainer.options import TrainerOptions
 from reroll.trainer.step import Trainer
 
 
@@ -82,7 +84,7 @@ def test_trim_cuts_a_batch_to_its_longest_sequence(tiny, device):
     assert full.slice(torch.tensor([0, 2])).trim().input_ids.shape == (2, 5)
     assert cut.trim() is cut
     # right padding: the real positions' log-probs do not depend on the padding cut away
-    tr = Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=0.0)
+    tr = Trainer(model, build_objective(AlgoConfig()), TrainerOptions(pad_id=0, lr=0.0))
     full, cut = full.to(device), cut.to(device)
     with torch.no_grad():
         a = tr._forward(model, full)[0][:, :6] * full.mask[:, :6]
@@ -99,7 +101,8 @@ def run(model, start, algo, steps=2, **kw):
     """Gradients at every optimiser step, the loss passes' shapes, and the metrics."""
     model.load_state_dict(start)
     ref = copy.deepcopy(model) if algo.kl_coef > 0 else None
-    t = Trainer(model, build_objective(algo), pad_id=0, lr=1e-2, ref_model=ref, **kw)
+    t = Trainer(model, build_objective(algo),
+                TrainerOptions(pad_id=0, lr=1e-2, **kw), ref_model=ref)
     shapes, grads, real_fwd = [], [], t._forward
     t._forward = lambda m, b, entropy=False, **kw: (  # the loss's passes (with autograd)
         shapes.append(tuple(b.input_ids.shape)) if torch.is_grad_enabled() else None) \
@@ -166,8 +169,8 @@ def test_the_config_keys_reach_the_trainer(tiny_dir, device):
     on = f"model.device={device}"
     cfg = load_checked(None, ["train.micro_batch=16", "train.micro_batch_tokens=512", on])
     t = build.build_trainer(cfg, tiny_dir)
-    assert (t.micro_batch, t.micro_batch_tokens) == (16, 512)
-    assert build.build_trainer(load_checked(None, [on]), tiny_dir).micro_batch_tokens == 0
+    assert (t.options.micro_batch, t.options.micro_batch_tokens) == (16, 512)
+    assert build.build_trainer(load_checked(None, [on]), tiny_dir).options.micro_batch_tokens == 0
 
 
 def test_packed_cost_counts_the_positions_of_the_layout_a_pass_runs_in():

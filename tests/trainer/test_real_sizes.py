@@ -14,6 +14,7 @@ from reroll.config import AlgoConfig, ConfigError
 from reroll.config_checks import load_checked
 from reroll.rollout import Example, SamplingParams, Score, new_group
 from reroll.trainer.batch import collate
+from reroll.trainer.options import TrainerOptions
 from reroll.trainer.step import Trainer
 
 
@@ -36,12 +37,12 @@ GROUPS = [[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]]
 def test_bf16_trainer_keeps_fp32_weights_and_adam_state_and_publishes_bf16(tiny, device):
     model, _ = tiny
     model.to(device)
-    fp32 = Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=1e-3)
+    fp32 = Trainer(model, build_objective(AlgoConfig()), TrainerOptions(pad_id=0, lr=1e-3))
     batch = collate([r for g in groups_of(GROUPS) for r in g.rollouts], pad_id=0).to(device)
     with torch.no_grad():
         want = fp32._forward(model, batch)[0]  # [N, T]
-    t = Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=1e-3,
-                autocast_dtype=torch.bfloat16)
+    t = Trainer(model, build_objective(AlgoConfig()),
+                TrainerOptions(pad_id=0, lr=1e-3, autocast_dtype=torch.bfloat16))
     with torch.no_grad():
         got = t._forward(model, batch)[0]
     # bf16 keeps 8 bits of mantissa (relative error ~2^-9 per rounding); the log-probs, near
@@ -193,7 +194,8 @@ def test_the_trainer_reports_the_mean_entropy_of_trained_tokens(tiny, device):
     model.to(device)
     groups = groups_of(GROUPS)
     batch = collate([r for g in groups for r in g.rollouts], pad_id=0).to(device)
-    t = Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=0.0, micro_batch=2)
+    t = Trainer(model, build_objective(AlgoConfig()),
+                TrainerOptions(pad_id=0, lr=0.0, micro_batch=2))
     with torch.no_grad():
         _, ent = t._forward(model, batch, entropy=True)  # [N, T]
     want = float((ent * batch.mask).sum() / batch.mask.sum())

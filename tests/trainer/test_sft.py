@@ -2,7 +2,7 @@
 
 import pytest
 
-from reroll.trainer.sft import lr_factor
+from reroll.trainer.schedules import lr_factor
 
 
 def test_constant_schedule_warms_up_then_holds():

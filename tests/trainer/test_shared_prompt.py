@@ -12,6 +12,7 @@ from reroll.algo import build_objective
 from reroll.config import AlgoConfig
 from reroll.rollout import Example, SamplingParams, Score, new_group
 from reroll.trainer.batch import collate
+from reroll.trainer.options import TrainerOptions
 from reroll.trainer.shared_prompt import pack, packed_positions, pays
 from reroll.trainer.step import Trainer
 
@@ -69,8 +70,9 @@ def test_log_probs_and_entropies_equal_the_padded_batch(tiny, attn, device):
     model.to(device)
     model.config._attn_implementation = attn
     b = collate([r for g in batches() for r in g.rollouts], pad_id=0).to(device)
-    plain = Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=0.0)
-    shared = Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=0.0, share_prompt=True)
+    plain = Trainer(model, build_objective(AlgoConfig()), TrainerOptions(pad_id=0, lr=0.0))
+    shared = Trainer(model, build_objective(AlgoConfig()),
+                     TrainerOptions(pad_id=0, lr=0.0, share_prompt=True))
     with torch.no_grad():
         lp, ent = plain._forward(model, b, entropy=True)
         lp_s, ent_s = shared._forward(model, b, entropy=True)
@@ -87,7 +89,8 @@ def run(model, start, algo, steps=2, **kw):
     second step's gradients differ by that much more than the first's (1e-8 here)."""
     model.load_state_dict(start)
     ref = copy.deepcopy(model) if algo.kl_coef > 0 else None
-    t = Trainer(model, build_objective(algo), pad_id=0, lr=1e-4, ref_model=ref, **kw)
+    t = Trainer(model, build_objective(algo),
+                TrainerOptions(pad_id=0, lr=1e-4, **kw), ref_model=ref)
     grads = []
     t.opt.register_step_pre_hook(lambda *_: grads.append(
         [p.grad.clone() for p in model.parameters() if p.grad is not None]))
@@ -139,7 +142,8 @@ def test_models_a_packed_row_would_misrepresent_are_refused(tiny):
 
     def refused(model, why):
         with pytest.raises(ValueError, match=r"share_prompt cannot run on this model: " + why):
-            Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=0.0, share_prompt=True)
+            Trainer(model, build_objective(AlgoConfig()),
+                    TrainerOptions(pad_id=0, lr=0.0, share_prompt=True))
 
     model, _ = tiny
     model.config._attn_implementation = "flash_attention_2"
@@ -161,7 +165,8 @@ def test_packing_is_used_only_where_it_costs_fewer_flops(tiny, device):
     assert not pays([23, 23], [3, 3], [0, 0], hidden=2, intermediate=2)
     model, _ = tiny
     model.to(device)
-    t = Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=0.0, share_prompt=True)
+    t = Trainer(model, build_objective(AlgoConfig()),
+                TrainerOptions(pad_id=0, lr=0.0, share_prompt=True))
     short = collate([r for g in batches() for r in g.rollouts], pad_id=0).to(device)
     long = collate(group((2, 5, 6), [40, 40, 40, 40]).rollouts, pad_id=0).to(device)
     assert t._packing(short) is not None
@@ -174,8 +179,8 @@ def test_the_config_key_reaches_the_trainer(tiny_dir, device):
 
     on = f"model.device={device}"
     assert build.build_trainer(load_checked(None, ["train.share_prompt=true", on]),
-                               tiny_dir).share_prompt
-    assert not build.build_trainer(load_checked(None, [on]), tiny_dir).share_prompt
+                               tiny_dir).options.share_prompt
+    assert not build.build_trainer(load_checked(None, [on]), tiny_dir).options.share_prompt
 
 
 def test_a_token_budget_keeps_each_prompts_samples_in_one_packed_row(tiny, device):

@@ -13,6 +13,7 @@ from reroll.algo import build_objective
 from reroll.config import AlgoConfig
 from reroll.rollout import Example, SamplingParams, Score, new_group
 from reroll.trainer.batch import collate
+from reroll.trainer.options import TrainerOptions
 from reroll.trainer.step import Trainer
 
 # group rewards: two mixed groups (5 samples with signal), two uniform ones (6 without)
@@ -38,8 +39,8 @@ def run(model, start, algo, batches, skip, weights=None, **kw):
     the step metrics and the samples forwarded, after stepping ``batches``."""
     model.load_state_dict(start)
     ref = copy.deepcopy(model) if algo.kl_coef > 0 else None
-    t = Trainer(model, build_objective(algo), pad_id=0, lr=1e-2, ref_model=ref,
-                skip_inert=skip, **kw)
+    t = Trainer(model, build_objective(algo),
+                TrainerOptions(pad_id=0, lr=1e-2, skip_inert=skip, **kw), ref_model=ref)
     rows, grads, real_fwd = [], [], t._forward
     t._forward = lambda m, b, entropy=False, **kw: (  # the loss's passes (with autograd)
         rows.append(len(b)) if torch.is_grad_enabled() else None) or real_fwd(m, b, entropy, **kw)
@@ -89,8 +90,8 @@ def test_skipping_zero_advantage_samples_gives_the_full_passes_update(tiny, algo
     model.load_state_dict(start)  # the steps moved the policy
     probe = collate([r for g in groups_of(MIXED) for r in g.rollouts], pad_id=0).to(device)
     with torch.no_grad():
-        before = Trainer(model, build_objective(AlgoConfig()), pad_id=0,
-                         lr=0.0)._forward(model, probe)[0]
+        before = Trainer(model, build_objective(AlgoConfig()),
+                         TrainerOptions(pad_id=0, lr=0.0))._forward(model, probe)[0]
     assert (before * probe.mask - full[1]).abs().max() > 1e-3
     assert sum(full[3]) == 11 + 6 + 11  # every sample of every step
     if algo.kl_in_reward:  # at step 1 the policy is the reference (no penalty); after
@@ -192,5 +193,5 @@ def test_mixture_of_experts_models_pass_every_sample(tiny_dir, tmp_path, device)
     moe.save_pretrained(tmp_path / "moe")
     tok.save_pretrained(tmp_path / "moe")
     cfg = load_checked(None, [f"model.device={device}"])
-    assert build.build_trainer(cfg, tiny_dir).skip_inert
-    assert not build.build_trainer(cfg, tmp_path / "moe").skip_inert
+    assert build.build_trainer(cfg, tiny_dir).options.skip_inert
+    assert not build.build_trainer(cfg, tmp_path / "moe").options.skip_inert

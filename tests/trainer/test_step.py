@@ -9,6 +9,7 @@ from reroll.algo import build_objective
 from reroll.config import AlgoConfig
 from reroll.rollout import Example, SamplingParams, Score, new_group
 from reroll.trainer.batch import flatten
+from reroll.trainer.options import TrainerOptions
 from reroll.trainer.step import Trainer
 
 
@@ -48,8 +49,8 @@ def test_a_zero_sample_weight_removes_that_samples_gradient(tiny, device):
         groups = groups_of([[1.0, 0.0], [1.0, 1.0, 0.0]])
         for r, w in zip([r for g in groups for r in g.rollouts], weights):
             r.sample_weight = w
-        t = Trainer(model, build_objective(AlgoConfig(correction="none")), pad_id=0, lr=0.0,
-                    grad_clip=0.0)
+        t = Trainer(model, build_objective(AlgoConfig(correction="none")),
+                    TrainerOptions(pad_id=0, lr=0.0, grad_clip=0.0))
         t.step(groups)
         return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
@@ -59,8 +60,8 @@ def test_a_zero_sample_weight_removes_that_samples_gradient(tiny, device):
     only0 = grad_after([1, 1, 0, 0, 0])
     model.load_state_dict(state)
     same = groups_of([[1.0, 0.0], [1.0, 1.0, 1.0]])
-    t = Trainer(model, build_objective(AlgoConfig(correction="none")), pad_id=0, lr=0.0,
-                grad_clip=0.0)
+    t = Trainer(model, build_objective(AlgoConfig(correction="none")),
+                TrainerOptions(pad_id=0, lr=0.0, grad_clip=0.0))
     t.step(same)
     ref = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
     assert not torch.allclose(full, only0)
@@ -92,8 +93,8 @@ def test_a_non_finite_loss_after_some_minibatches_stepped_restores_weights_and_o
         tiny, device):
     model, _ = tiny
     model.to(device)
-    t = Trainer(model, build_objective(AlgoConfig(correction="none")), pad_id=0, lr=1e-2,
-                minibatches=2, micro_batch=2, grad_clip=0.0)
+    t = Trainer(model, build_objective(AlgoConfig(correction="none")),
+                TrainerOptions(pad_id=0, lr=1e-2, minibatches=2, micro_batch=2, grad_clip=0.0))
     t.step(groups_of([[1.0, 0.0], [1.0, 0.0]]))  # optimiser state exists now
     before = {k: v.clone() for k, v in model.state_dict().items()}
     opt_before = {k: v.clone() for k, v in t.opt.state[next(iter(model.parameters()))].items()}
@@ -146,7 +147,8 @@ def test_groups_of_different_sizes_collate_log_and_checkpoint_as_they_are(tiny, 
         (8.0, 1.0, 1.0)
 
     model.to(device)
-    t = Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=1e-3, tokenizer=tok)
+    t = Trainer(model, build_objective(AlgoConfig()),
+                TrainerOptions(pad_id=0, lr=1e-3), tokenizer=tok)
     partial = groups_of([[1.0], [0.0, 1.0, 1.0]])
     partial[1].rollouts[2].finish = "running"  # still generating when the checkpoint came
     ck = t.save_checkpoint(tmp_path, 1, {"version": 1}, partial)
@@ -173,8 +175,8 @@ def test_one_minibatch_reuses_the_loss_forward_as_pi_prox_with_the_same_update(t
         groups = groups_of([[1.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
         for i, r in enumerate(r for g in groups for r in g.rollouts):
             r.logprobs[-2:] = [-3.5 + 0.1 * i, -4.2]  # behaviour log-probs unlike the policy's
-        t = Trainer(model, build_objective(AlgoConfig(correction=correction)), pad_id=0,
-                    lr=1e-2, micro_batch=3, reuse_prox=reuse)
+        t = Trainer(model, build_objective(AlgoConfig(correction=correction)),
+                    TrainerOptions(pad_id=0, lr=1e-2, micro_batch=3, reuse_prox=reuse))
         calls = []
         orig = t._logprobs
         t._logprobs = lambda m, b, calls=calls, orig=orig: calls.append(1) or orig(m, b)
@@ -199,8 +201,9 @@ def test_a_linear_schedule_warms_up_then_decays_to_zero_at_the_last_step_and_res
     state = {k: v.clone() for k, v in model.state_dict().items()}
 
     def trainer():
-        return Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=1e-3, tokenizer=tok,
-                       warmup_steps=2, schedule="linear", total_steps=5)
+        return Trainer(model, build_objective(AlgoConfig()),
+                       TrainerOptions(pad_id=0, lr=1e-3, warmup_steps=2, schedule="linear",
+                                      total_steps=5), tokenizer=tok)
 
     t = trainer()
     lrs = [t.opt.param_groups[0]["lr"]]
@@ -227,7 +230,8 @@ def test_a_checkpoint_restores_the_random_state_of_the_trainers_device(tiny, tmp
 
     model, tok = tiny
     model.to(device)
-    t = Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=1e-3, tokenizer=tok)
+    t = Trainer(model, build_objective(AlgoConfig()),
+                TrainerOptions(pad_id=0, lr=1e-3), tokenizer=tok)
     ck = t.save_checkpoint(tmp_path, 1, {"version": 0}, [])
     first = [torch.randn(8), torch.randn(8, device=device)]
     checkpoint.load_trainer_state(ck, t.opt, t.sched)
@@ -253,9 +257,11 @@ def test_cuda_random_states_for_other_devices_than_this_process_sees_are_not_res
 def test_an_unknown_train_schedule_fails_when_the_trainer_is_built_naming_the_key(tiny):
     model, _ = tiny
     with pytest.raises(ValueError, match="train.schedule must be one of"):
-        Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=1e-3, schedule="cosine")
+        Trainer(model, build_objective(AlgoConfig()),
+                TrainerOptions(pad_id=0, lr=1e-3, schedule="cosine"))
     with pytest.raises(ValueError, match="needs the number of updates it decays over"):
-        Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=1e-3, schedule="linear")
+        Trainer(model, build_objective(AlgoConfig()),
+                TrainerOptions(pad_id=0, lr=1e-3, schedule="linear"))
 
 
 def test_a_resume_that_moves_the_end_of_a_linear_decay_is_refused(tmp_path, small_run):
@@ -295,8 +301,8 @@ def test_the_fused_optimizer_makes_the_same_update_and_a_resume_keeps_the_runs_c
     batch = [[1.0, 0.0], [0.0, 1.0]]
 
     def trainer(fused):
-        t = Trainer(model, build_objective(AlgoConfig()), pad_id=0, lr=1e-2, tokenizer=tok,
-                    fused_optimizer=fused)
+        t = Trainer(model, build_objective(AlgoConfig()),
+                    TrainerOptions(pad_id=0, lr=1e-2, fused_optimizer=fused), tokenizer=tok)
         assert t.opt.param_groups[0]["fused"] is (True if fused else None)
         return t
 

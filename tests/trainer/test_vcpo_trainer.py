@@ -15,6 +15,7 @@ from reroll.runlog import read_metrics
 from reroll.runtime import train
 from reroll.trainer import vcpo
 from reroll.trainer.batch import collate, flatten, token_logprobs
+from reroll.trainer.options import TrainerOptions
 from reroll.trainer.step import Trainer
 
 # responses of different lengths, so cutting each sample to its own length matters
@@ -58,7 +59,8 @@ def test_per_sample_gradient_norms_equal_separate_single_sample_backward_passes(
     model, _ = tiny
     model.to(device)
     rollouts = flatten(make_groups())[0]
-    t = Trainer(model, build_objective(AlgoConfig(advantage="opob")), pad_id=0, lr=1e-3)
+    t = Trainer(model, build_objective(AlgoConfig(advantage="opob")),
+                TrainerOptions(pad_id=0, lr=1e-3))
     batch = collate(rollouts, pad_id=0).to(device)
     model.zero_grad(set_to_none=True)
     sq, logp = vcpo.score_grad_sq_norms(lambda b: t._forward(model, b)[0], params_of(model),
@@ -90,8 +92,8 @@ def test_the_trainer_feeds_opob_the_norms_and_weights_of_each_sample(tiny, devic
     rollouts = flatten(groups)[0]
     batch = collate(rollouts, pad_id=0).to(device)
     sq, _ = vcpo.score_grad_sq_norms(lambda b: token_logprobs(model, b), params_of(model), batch)
-    t = Trainer(model, build_objective(AlgoConfig(advantage="opob")), pad_id=0, lr=0.0,
-                minibatches=2)
+    t = Trainer(model, build_objective(AlgoConfig(advantage="opob")),
+                TrainerOptions(pad_id=0, lr=0.0, minibatches=2))
     seen = {}
     real = t.objective.advantage_fn
 
@@ -124,8 +126,8 @@ def test_on_policy_the_ess_factor_is_exactly_one_and_the_update_is_the_plain_one
     def run(**algo):
         model.load_state_dict(state)
         groups = set_behaviour(make_groups(), model)
-        t = Trainer(model, build_objective(AlgoConfig(**algo)), pad_id=0, lr=1e-2,
-                    minibatches=minibatches)
+        t = Trainer(model, build_objective(AlgoConfig(**algo)),
+                    TrainerOptions(pad_id=0, lr=1e-2, minibatches=minibatches))
         m = t.step(groups)
         return {k: v.clone() for k, v in model.state_dict().items()}, m
 
@@ -148,7 +150,7 @@ def test_off_policy_a_minibatch_steps_at_the_scaled_lr_and_the_schedule_is_kept(
     def run(lr, **algo):
         model.load_state_dict(state)
         groups = set_behaviour(make_groups(), model, shift=shift)
-        t = Trainer(model, build_objective(AlgoConfig(**algo)), pad_id=0, lr=lr)
+        t = Trainer(model, build_objective(AlgoConfig(**algo)), TrainerOptions(pad_id=0, lr=lr))
         m = t.step(groups)
         return {k: v.clone() for k, v in model.state_dict().items()}, m, t
 
