@@ -54,6 +54,8 @@ PLUGINS = (Drafts, Forks, Branches, Pruning, Redrafts)
 
 
 class TorchEngine(DecodeCore):
+    """The step-wise engine core (`reroll.engine.base.EngineCore`) with its plug-ins."""
+
     def __init__(self, model, tokenizer, *, max_batch: int = 64, max_seq_len: int | None = None,
                  version: int = 0, max_prefill_tokens: int = 1024,
                  admit_batch: int | None = None):
@@ -211,7 +213,8 @@ class TorchEngine(DecodeCore):
         if any(nd):  # a draft of D tokens needs the D + 1 rows from its prompt's last on
             last = torch.cat([torch.arange(e - d, e + 1) for e, d in zip(last.tolist(), nd)])
         mask = prefill_mask(lens, self.dtype, self.additive, self.device)
-        logits = self._forward(ids[None], posn[None], mask, last.to(self.device))  # [R, V]
+        last = last.to(self.device)
+        logits = self._forward(ids[None], posn[None], mask, last)  # [R, V]
         self._place(n0, [(q, lens[u]) for q, u in chosen])
         self.counts["prefill_forwards"] += 1
         self.counts["prefill_tokens"] += sum(lens)
@@ -223,7 +226,7 @@ class TorchEngine(DecodeCore):
                     break
         if got is None:
             w = which.to(self.device)
-            got = self._sample_from(logits[w], n0, last.to(self.device), w)
+            got = self._sample_from(logits[w], n0, last, w)
         done += got
         self.counts["time_prefill_s"] += time.perf_counter() - t0
         return done
