@@ -1,6 +1,6 @@
-"""ARRoL: prune an over-provisioned group as it is generated,
-keeping the members that make the surviving group most informative, as judged by a small
-quality head trained online on the policy's hidden states.
+"""ARRoL (docs/algorithms.md, online pruning): prune an over-provisioned group as it is
+generated, keeping the members that make the surviving group most informative, as judged by
+a small quality head trained online on the policy's hidden states.
 
 Owns the head's training step (`head_step`: mean binary cross-entropy against "the finished
 sample was a success", on features detached from the policy, so the head never moves it) and

@@ -9,8 +9,9 @@ through the hooks below and the engine's plug-in surface: the attributes ``rows`
 running `Request` of slot i is ``rows[i]``), ``waiting`` (the queue), ``version``,
 ``device``, ``max_batch``, ``model`` and the per-slot tensors ``pos`` (tokens cached),
 ``temp``, ``top_k``, ``top_p``; the methods ``count``, ``add_counters``, ``live``, ``add``,
-``emit``, ``request``, ``seat``, ``sample``, ``release``, ``finish``, ``ended``,
-``decode_text``, ``extend``, ``logit_rows`` and the property ``one_token``. It never reads
+``emit``, ``request``, ``seat``, ``sample``, ``release``, ``finish``, ``ended``, ``length``,
+``decode_text``, ``extend``, ``logit_rows`` and the property ``one_token``
+(`reroll.engine.core.DecodeCore`). It never reads
 the engine's private attributes nor another plug-in's state.
 
 Hooks are called per step (or per request added), never per token; the engine calls a hook
