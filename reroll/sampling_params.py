@@ -4,7 +4,7 @@ control policy hands the engine with it (DUET's `StopRule`, a SPEC-RL/DAS `Draft
 
 Owns the shapes and the validity checks of these values; the engine applies them
 (`reroll.engine.requests`, `reroll.engine.speculative`, `reroll.engine.branch`,
-`reroll.engine.engine_prune`) and the policies that make them live in `reroll.control` and
+`reroll.engine.plugins.prune`) and the policies that make them live in `reroll.control` and
 `reroll.workflows`. Plain frozen dataclasses (SamplingParams itself is mutable: workflows set
 a member's seed or rule), part of every record (`reroll.rollout.Rollout.sampling`), so this
 module imports neither torch nor ray.
@@ -127,7 +127,7 @@ class Draft:
 
 @dataclass(frozen=True)
 class SuffixSource:
-    """What a request re-drafts from while it decodes (DAS, `reroll.replay.suffix`): at every
+    """What a request re-drafts from while it decodes (DAS, `reroll.engine.suffix`): at every
     decode step the longest suffix (``min_match`` .. ``max_match`` tokens) of its response so
     far that occurs in ``responses`` (the prompt's recent responses) is matched and the
     majority continuation after it (shared by at least ``min_count``) is proposed, at most

@@ -1,9 +1,9 @@
-"""Branching at high-probability alternatives (LATR, ALGORITHMS.md 3.12): the rule's decision
+"""Branching at high-probability alternatives (LATR): the rule's decision
 and the bookkeeping of the trees it grows.
 
 Owns the decision of `reroll.rollout.BranchRule` as a pure tensor function (`branch_tokens`)
 and the table of live trees with their spare members (`TreeTable`). Knows nothing of caches,
-slots or the model: `reroll.engine.engine_branches` (a mixin of `TorchEngine`) calls the
+slots or the model: `reroll.engine.plugins.branches` (the engine's plug-in) calls the
 rule at every sampled token of a request that carries one, and turns a decision into a child
 with a copy of the parent's cache rows.
 

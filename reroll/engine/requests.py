@@ -10,9 +10,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
-from reroll.replay.suffix import SuffixIndex, index_of
+from reroll.engine.suffix import index_of
 from reroll.rollout import FINISHED, Draft, Rollout, Source, StopRule
+
+
+class DraftSource(Protocol):
+    """What a request re-drafts from as it decodes (`Request.suffix`; DAS's
+    `reroll.engine.suffix.SuffixIndex` for a `SuffixSource`)."""
+
+    def budget(self, generated: int) -> int:
+        """Draft tokens for a row that has generated ``generated`` response tokens."""
+
+    def propose(self, context: list[int], budget: int) -> list[int]:
+        """At most ``budget`` tokens to follow ``context`` (the response so far)."""
 
 
 @dataclass(slots=True)
@@ -36,7 +48,7 @@ class Request:
     marker_end: int = -1  # position (tokens of the call) where the marker ended; -1: not yet
     tail: list[int] = field(default_factory=list)  # last len(marker) tokens, while unseen
     draft: Draft | None = None  # to verify at admission (a fresh call only), cut to budget
-    suffix: SuffixIndex | None = None  # what it re-drafts from as it decodes (DAS)
+    suffix: DraftSource | None = None  # what it re-drafts from as it decodes (DAS)
 
     def flush(self, version: int, source: Source = "sampled") -> None:
         """Move sampled tokens into the record (same result as one `Rollout.append` each)."""
@@ -157,7 +169,7 @@ def make_request(r: Rollout, *, vocab: int, max_seq_len: int, seed: int,
     return q
 
 
-def _suffix(s, where: _Where, vocab: int) -> SuffixIndex:
+def _suffix(s, where: _Where, vocab: int) -> DraftSource:
     """The index a request re-drafts from; refused beside the rules whose decisions are taken
     per sampled token (a LATR branch, an ARRoL checkpoint)."""
     for name in ("branch_rule", "prune"):

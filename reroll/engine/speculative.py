@@ -1,6 +1,6 @@
 """Draft verification: which tokens of a `Draft` the current policy accepts, from one forward
-pass over prompt + draft (SPEC-RL's lenient rule, ALGORITHMS.md 3.2; exact rejection
-sampling at lenience 1). Pure tensor functions.
+pass over prompt + draft (SPEC-RL's lenient rule: a draft token is kept with probability
+``min(1, lenience * p / q)``; exact rejection sampling at lenience 1). Pure tensor functions.
 
 Owns the acceptance rule and its random numbers. Knows nothing of caches, slots or where a
 draft came from (the drafters live in `reroll.replay.drafts`); the engine feeds the logits

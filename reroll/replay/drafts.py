@@ -16,7 +16,7 @@ The engine verifies whatever draft a sample carries (`reroll.rollout.Draft`,
   ``q = 1`` and lenience 1 acceptance is exact (the policy's distribution, whatever the
   draft). With ``redraft`` (the default) the sample also carries those responses as a
   `SuffixSource`, and the engine re-drafts at every decode step from the longest suffix of
-  the response so far that occurs in them (`reroll.replay.suffix`: up to ``max_match``
+  the response so far that occurs in them (`reroll.engine.suffix`: up to ``max_match``
   tokens matched, ``draft_len`` tokens proposed, more on rows past the mean response
   length, at most ``max_draft``), verified exactly as well. The responses travel in the
   sample's record (``sampling.redraft``).
@@ -31,9 +31,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
+from reroll.engine.suffix import majority_path
 from reroll.errors import ConfigError
 from reroll.registry import Registry
-from reroll.replay.suffix import majority_path
 from reroll.rollout import Draft, Group, Rollout, SuffixSource
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""ARRoL (ALGORITHMS.md 3.8), the pure parts: the balance objective and the pruning rule on
+"""ARRoL, the pure parts: the balance objective and the pruning rule on
 scripted predictions (by hand, ties, finished-early members, and against every subset), the
 warm-up's seeded cut, one group's gate and its records, the quality head's BCE step by hand
 on a 2-feature toy case, the head's tensors, the control side (rules, labels, resume,

@@ -1,4 +1,4 @@
-"""The engine's side of ARRoL (`reroll.engine.engine_prune`) on a tiny random model: a group
+"""The engine's side of ARRoL (`reroll.engine.plugins.prune`) on a tiny random model: a group
 with a scripted head has exactly the expected members pruned at the checkpoint (records,
 counts, one prefill, no re-prefill), from the hidden states the decode step computed; the
 warm-up cut; a real head's predictions equal the head applied to a reference forward's
@@ -10,8 +10,8 @@ import pytest
 import torch
 from engine_helpers import make
 
-from reroll.control.arrol import QualityHead, head_tensors, prefix_confidence, rank_draw
 from reroll.engine import TorchEngine
+from reroll.engine.quality import QualityHead, head_tensors, prefix_confidence, rank_draw
 from reroll.rollout import PruneRule
 
 AT, PROMPT = 3, "12+34="
@@ -99,7 +99,7 @@ def test_a_scripted_head_prunes_exactly_the_expected_members_at_the_checkpoint(l
     preds = {tuple(resp[i][:AT]): p for i, p in enumerate([0.9, 0.1, 0.6, 0.3, 0.8])}
     preds[tuple(resp[5][:1])] = 0.95
     e = engine_with_head(model, tok)
-    e.head = Scripted(model, prompt, [free[s] for s in seeds], preds)
+    e.prune.head = Scripted(model, prompt, [free[s] for s in seeds], preds)
     e.generate(rs)
     assert [r.finish for r in rs] == ["pruned", "length", "pruned", "length", "pruned",
                                       "length"]
@@ -118,7 +118,7 @@ def test_a_scripted_head_prunes_exactly_the_expected_members_at_the_checkpoint(l
     assert s["prefill_forwards"] == 1 and s["prefill_tokens"] == len(prompt)  # shared, once
     assert s["requests_pruned"] == 3 and s["prune_decisions"] == 1
     # every live member was asked once at the checkpoint, none after
-    at3 = [p for p in e.head.asked if len(p) == AT]
+    at3 = [p for p in e.prune.head.asked if len(p) == AT]
     assert sorted(at3) == sorted(tuple(resp[i][:AT]) for i in range(5))
 
 

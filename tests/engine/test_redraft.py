@@ -1,4 +1,4 @@
-"""DAS re-drafting inside decode (reroll.engine.engine_redraft): exactness (chi-square against
+"""DAS re-drafting inside decode (reroll.engine.plugins.redraft): exactness (chi-square against
 the policy's own completion probabilities), greedy parity, a rejected proposal equal to plain
 sampling, rows without a source untouched by rows with one, the counters, the multi-token
 cache plan and mask, and the refusals."""

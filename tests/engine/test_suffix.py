@@ -1,9 +1,9 @@
-"""DAS's suffix index (reroll.replay.suffix): proposals computed by hand on small token lists,
+"""DAS's suffix index (reroll.engine.suffix): proposals computed by hand on small token lists,
 the length-aware budget, the source's validation and its round trip through JSON."""
 
 import pytest
 
-from reroll.replay.suffix import SuffixIndex, index_of, majority_path
+from reroll.engine.suffix import SuffixIndex, index_of, majority_path
 from reroll.rollout import Rollout, SuffixSource
 
 RESPONSES = ((1, 2, 3, 4), (5, 2, 3, 9), (2, 3, 4, 7))

@@ -1,12 +1,12 @@
-"""TorchEngine's branching (LATR trees, `reroll.engine.branch`): a request carrying a
+"""The branching plug-in (LATR trees, `reroll.engine.branch`): a request carrying a
 `BranchRule` spawns a child at every token where the rule fires, while its tree has spares.
 
-Owns the engine side of `reroll.engine.branch` (which decides and keeps the trees): `branch`
-(a root with its spares), turning a decision into a child (its record: the parent's prefix,
-then the alternative token as a ``"forced"`` span; its slot: a copy of the parent's cache
-rows, or the re-prefill fallback of `reroll.engine.engine_forks` when no slot is free), and
-the spares of finished trees, which are sampled as independent requests. A mixin of
-`reroll.engine.torch_engine.TorchEngine`; uses its slots, cache, queue and counters.
+Owns the engine side of `reroll.engine.branch` (which decides) and the live trees (its
+`TreeTable`): `branch` (a root with its spares), turning a decision into a child (its record:
+the parent's prefix, then the alternative token as a ``"forced"`` span; its slot: the
+engine's `seat`, a copy of the parent's cache rows or the re-prefill fallback when no slot is
+free), and the spares of finished trees, which are added as independent requests. Knows
+nothing of the other plug-ins.
 """
 
 from __future__ import annotations
@@ -16,15 +16,22 @@ import time
 import torch
 from torch import Tensor
 
-from reroll.engine.branch import branch_tokens
+from reroll.engine.branch import TreeTable, branch_tokens
 from reroll.engine.fork import check_fork, inherit
+from reroll.engine.plugin import EnginePlugin
 from reroll.engine.requests import Request
 from reroll.engine.sampling import scaled_logits
 from reroll.rollout import Rollout
 
 
-class Branching:
-    """`branch` and the rule's hooks in sampling, retiring and aborting, for `TorchEngine`."""
+class Branches(EnginePlugin):
+    """`branch` and the rule's hooks in sampling, retiring and aborting."""
+
+    counters = ("branch_children", "branch_children_prefilled", "branch_spares_independent")
+
+    def __init__(self, core) -> None:
+        super().__init__(core)
+        self.trees = TreeTable()
 
     def branch(self, root: Rollout, spares: list[Rollout]) -> None:
         """Generate ``root`` (its ``sampling.branch_rule`` says where it branches) as the
@@ -36,31 +43,39 @@ class Branching:
         if root.sampling.branch_rule is None:
             raise ValueError(f"branch of rollout {root.sample_id}: it has no "
                              f"sampling.branch_rule")
-        check_fork(root, spares, root.prompt_len, self._live(), what="branch")
-        self.add([root])
+        check_fork(root, spares, root.prompt_len, self.core.live(), what="branch")
+        self.core.add([root])
         if spares:
             self.trees.plant(root, list(spares))
 
-    def _branch(self, logits: Tensor, sl: slice, tok: Tensor,
-                ban: Tensor | None) -> list[Rollout]:
+    # ---- hooks -----------------------------------------------------------------------------
+    def held(self) -> set[str]:
+        return self.trees.held() if self.trees else set()
+
+    def sampled(self, sl: slice, logits: Tensor, tok: Tensor, ban: Tensor | None,
+                fin: list[int]) -> list[Rollout]:
         """The children of slots ``sl`` (logits [n, V], just sampled ``tok`` [n]) whose rule
         fires at this token, spawned in the order of their members' ranks in their trees
-        (`TreeTable.rank`) while the trees have spares; returns
-        those that finished at once (their forced token ends them)."""
-        rows = self.rows[sl]
+        (`TreeTable.rank`) while the trees have spares; returns those that finished at once
+        (their forced token ends them). Children copy the rows of a parent that just
+        finished: its slot is still there."""
+        if not self.trees:
+            return []
+        core = self.core
+        rows = core.rows[sl]
         banned = ban.tolist() if ban is not None else [-1] * len(rows)
         pick = [j for j, q in enumerate(rows)
                 if not q.greedy and q.rollout.sampling.branch_rule is not None
                 and banned[j] < 0 and self.trees.can_spawn(q.rollout.sample_id)]
         if not pick:
             return []
-        at = torch.tensor(pick, device=self.device)
+        at = torch.tensor(pick, device=core.device)
         slots = at + sl.start
         logp = torch.log_softmax(scaled_logits(
-            logits[at], self.temp[slots], self.top_k[slots], self.top_p[slots],
+            logits[at], core.temp[slots], core.top_k[slots], core.top_p[slots],
             any_greedy=False, any_filter=any(rows[j].filtered for j in pick)), dim=-1)  # [k, V]
         rules = [rows[j].rollout.sampling.branch_rule for j in pick]
-        taus = torch.tensor([[r.tau_abs, r.tau_rel] for r in rules], device=self.device)
+        taus = torch.tensor([[r.tau_abs, r.tau_rel] for r in rules], device=core.device)
         forced = branch_tokens(logp, tok[at], taus[:, 0], taus[:, 1]).tolist()
         done = []
         # rows that fire together take their trees' spares by rank in the tree, not by slot:
@@ -74,41 +89,46 @@ class Branching:
                 done += self._spawn(rows[j], sl.start + j, child, f, float(logp[k, f]))
         return done
 
-    def _spawn(self, q: Request, slot: int, child: Rollout, token: int,
-               logprob: float) -> list[Rollout]:
-        """``child`` branches off ``q`` (in ``slot``) at the token just sampled: the parent's
-        tokens before it, then ``token`` (span ``"forced"``, ``logprob``). Returns it when
-        that token already ends it."""
-        q.flush(self.version)
-        t = len(q.rollout.tokens) - 1  # the position just sampled
-        inherit(child, q.rollout, t)
-        c = self._child_request(child)
-        c.toks.append(token)
-        c.lps.append(logprob)
-        reason = c.stop_reason(token, self._decode_text)
-        c.flush(self.version, "forced")
-        child.timings["engine_add"] = time.time()
-        self.counts["requests_added"] += 1
-        self.counts["branch_children"] += 1
-        if reason:
-            return [c.finish(reason, self.version, self._decode_text)]
-        if not self._seat([c], slot, t, token):
-            self.counts["branch_children_prefilled"] += 1
-        return []
-
-    def _settle_trees(self, done: list[Rollout]) -> None:
+    def stepped(self, done: list[Rollout]) -> None:
         """Finished members leave their trees; a tree's unused spares become requests."""
-        self._add_spares(self.trees.end(r.sample_id for r in done))
+        if self.trees:
+            self._add_spares(self.trees.end(r.sample_id for r in done))
 
-    def _abort_trees(self, wanted: set[str]) -> list[Rollout]:
+    def aborted(self, wanted: set[str]) -> list[Rollout]:
         """Named members and spares stop for good; returns the named spares (aborted)."""
+        if not self.trees:
+            return []
         named, free = self.trees.drop(wanted)
         for c in named:
             c.finish = "abort"
         self._add_spares(free)
         return named
 
+    # ---- children ----------------------------------------------------------------------------
+    def _spawn(self, q: Request, slot: int, child: Rollout, token: int,
+               logprob: float) -> list[Rollout]:
+        """``child`` branches off ``q`` (in ``slot``) at the token just sampled: the parent's
+        tokens before it, then ``token`` (span ``"forced"``, ``logprob``). Returns it when
+        that token already ends it."""
+        core = self.core
+        q.flush(core.version)
+        t = len(q.rollout.tokens) - 1  # the position just sampled
+        inherit(child, q.rollout, t)
+        c = core.request(child)
+        c.toks.append(token)
+        c.lps.append(logprob)
+        reason = c.stop_reason(token, core.decode_text)
+        c.flush(core.version, "forced")
+        child.timings["engine_add"] = time.time()
+        core.count("requests_added")
+        core.count("branch_children")
+        if reason:
+            return [core.finish(c, reason)]
+        if not core.seat([c], slot, t, token):
+            core.count("branch_children_prefilled")
+        return []
+
     def _add_spares(self, spares: list[Rollout]) -> None:
         if spares:
-            self.counts["branch_spares_independent"] += len(spares)
-            self.add(spares)
+            self.core.count("branch_spares_independent", len(spares))
+            self.core.add(spares)

@@ -2,11 +2,13 @@
 responses that, given the tokens a response has so far, proposes what followed the same
 tokens there. Pure Python, deterministic.
 
-Owns the index (`SuffixIndex`), the proposal rule and the length-aware draft budget. Knows
-nothing of engines, tensors or stores: the engine asks it for a proposal at every decode step
-of a request that carries a `reroll.sampling_params.SuffixSource`, and verifies the proposal
+Owns the index (`SuffixIndex`), the proposal rule and the length-aware draft budget; it is
+the draft source (`reroll.engine.plugins.redraft.DraftSource`) of a request that carries a
+`reroll.sampling_params.SuffixSource`. Knows nothing of tensors, slots or stores: the
+re-drafting plug-in asks it for a proposal at every decode step and verifies the proposal
 exactly (`reroll.engine.speculative`), so a proposal only changes how many tokens one forward
-yields, never which tokens come out.
+yields, never which tokens come out. Which responses a source holds is the replay side's
+choice (`reroll.replay.drafts`).
 
 Proposal for a context ``c`` (the response so far): the longest suffix ``c[-m:]``, ``m`` from
 ``min(max_match, len(c))`` down to ``min_match``, that occurs in a response with at least one

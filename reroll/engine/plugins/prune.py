@@ -1,12 +1,13 @@
-"""TorchEngine's pruning (ARRoL, `reroll.control.arrol`): the members of a group that carry a
-`PruneRule` are cut at the rule's checkpoint inside the engine, from the quality head's
+"""The pruning plug-in (ARRoL, `reroll.engine.quality`): the members of a group that carry
+a `PruneRule` are cut at the rule's checkpoint inside the engine, from the quality head's
 prediction on the hidden state the decode step computes anyway, with no re-prefill.
 
-Owns the engine side: the head the engine holds (it arrives with the policy weights, keys
-``arrol.*``, same version), the hidden state of each forward (a forward pre-hook on the
+Owns the head the engine holds (it arrives with the policy weights, keys ``arrol.*``, same
+version: the `weights` hook), the hidden state of each forward (a forward pre-hook on the
 output embedding: the rows the logits are made from, nothing copied), admitting a group's
-waiting members together, feeding `GroupGate` and retiring the rows it names with finish
-"pruned". A mixin of `reroll.engine.torch_engine.TorchEngine`; uses its slots and counters.
+waiting members together, feeding the groups' gates (`reroll.engine.quality.GroupGate`) and
+retiring the rows they name with finish "pruned". Knows nothing of the other plug-ins; while
+it holds a head it asks the engine for one-token decode steps (``one_token``).
 
 Members admitted together decode in lockstep, so they reach the checkpoint ``at`` (``at``
 response tokens sampled: the decode step that feeds the ``at``-th token, whose hidden state
@@ -23,54 +24,47 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from reroll.control.arrol import (
-    GroupGate,
-    head_from_tensors,
-    prefix_confidence,
-    split_weights,
-)
+from reroll.engine.plugin import EnginePlugin
+from reroll.engine.quality import GroupGate, head_from_tensors, prefix_confidence, split_weights
 from reroll.engine.requests import Request
 from reroll.rollout import Rollout
 
 
-class Pruning:
-    """`load_head`, the gated admission and the checkpoint step, for `TorchEngine`."""
+class Pruning(EnginePlugin):
+    """`load_head`, the gated admission and the checkpoint step."""
 
-    head = None  # the quality head (None: no pruning; a request with a rule is refused)
-    head_warm = False  # whether the head decides (else the warm-up's seeded draws)
-    _hidden: Tensor | None = None
+    def __init__(self, core) -> None:
+        super().__init__(core)
+        self.head = None  # the quality head (None: no pruning; a request with a rule is refused)
+        self.head_warm = False  # whether the head decides (else the warm-up's seeded draws)
+        self.gates: dict[str, GroupGate] = {}
+        self._hidden: Tensor | None = None
 
     @property
-    def pruning(self) -> bool:
+    def one_token(self) -> bool:
         return self.head is not None
 
     def load_head(self, tensors: dict[str, Tensor]) -> None:
-        """Take the head's tensors (`reroll.control.arrol.head_tensors`); the first call
+        """Take the head's tensors (`reroll.engine.quality.head_tensors`); the first call
         starts capturing hidden states."""
-        out = self.model.get_output_embeddings()
+        core = self.core
+        out = core.model.get_output_embeddings()
         head, self.head_warm = head_from_tensors(tensors, out.in_features)
-        if self.head is None:  # the first head: gates, counters, the hidden-state hook
-            self.gates: dict[str, GroupGate] = {}
-            self.counts.update(requests_pruned=0.0, prune_decisions=0.0)
+        if self.head is None:  # the first head: counters, the hidden-state hook
+            core.add_counters("requests_pruned", "prune_decisions")
             out.register_forward_pre_hook(lambda mod, args: setattr(self, "_hidden", args[0]))
-        self.head = head.to(self.device)
+        self.head = head.to(core.device)
 
-    def _take_head(self, state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
+    # ---- hooks -------------------------------------------------------------------------------
+    def weights(self, state_dict: dict[str, Tensor]) -> dict[str, Tensor]:
         """The policy's part of published weights; the head's part is loaded here."""
         policy, head = split_weights(state_dict)
         if head:
             self.load_head(head)
         return policy
 
-    def _hidden_rows(self, rows: Tensor | None) -> Tensor:
-        """Hidden states [R, H] aligned with `_forward`'s logits rows."""
-        h = self._hidden
-        if rows is None:
-            return h[:, -1]
-        return h[0] if self.keep_arg else h[0, rows]
-
-    # ---- admission ---------------------------------------------------------------------
-    def _check_rule(self, r: Rollout) -> None:
+    def added(self, q: Request) -> None:
+        r = q.rollout
         rule = r.sampling.prune
         if rule is not None and self.head is None:
             raise ValueError(f"rollout {r.sample_id} carries a prune rule but the engine has "
@@ -78,9 +72,25 @@ class Pruning:
         if rule is not None and r.sampling.draft is not None:
             raise ValueError(f"rollout {r.sample_id}: a prune rule and a draft together are "
                              f"not supported")
-        if rule is not None and rule.size > self.max_batch:
+        if rule is not None and rule.size > self.core.max_batch:
             raise ValueError(f"rollout {r.sample_id}: its group of {rule.size} must decode "
-                             f"together, more than the engine's {self.max_batch} slots")
+                             f"together, more than the engine's {self.core.max_batch} slots")
+
+    def admit(self, q: Request, chosen: list, used: int) -> str | None:
+        """A pruned group's members are admitted together (lockstep): one following its
+        group's first in this admission comes "with" it; the first waits until all fit."""
+        if self.head is None:
+            return None
+        if self._same_group(q, chosen):
+            return "with"
+        return None if self._group_fits(q, used) else "wait"
+
+    def sample(self, logits: Tensor, start: int, rows: Tensor | None,
+               pick: Tensor | None) -> list[Rollout] | None:
+        if self.head is None:
+            return None
+        hidden = self.core.logit_rows(self._hidden, rows)
+        return self._gated_sample(logits, hidden if pick is None else hidden[pick], start)
 
     def _group_fits(self, q: Request, used: int) -> bool:
         """For a gated request first in line: move its group's other waiting members right
@@ -88,13 +98,14 @@ class Pruning:
         if q.rollout.sampling.prune is None or "decision" in q.rollout.control.get("arrol", {}):
             return True
         gid = q.rollout.group_id
-        mates = [w for w in self.waiting if w is not q and w.rollout.group_id == gid]
+        waiting = self.core.waiting
+        mates = [w for w in waiting if w is not q and w.rollout.group_id == gid]
         for w in mates:
-            self.waiting.remove(w)
-        self.waiting.extendleft(reversed(mates))
-        self.waiting.remove(q)
-        self.waiting.appendleft(q)
-        return used + 1 + len(mates) <= self.max_batch
+            waiting.remove(w)
+        waiting.extendleft(reversed(mates))
+        waiting.remove(q)
+        waiting.appendleft(q)
+        return used + 1 + len(mates) <= self.core.max_batch
 
     @staticmethod
     def _same_group(q: Request, chosen: list) -> bool:
@@ -104,11 +115,12 @@ class Pruning:
 
     # ---- the checkpoint ------------------------------------------------------------------
     def _gated_sample(self, logits: Tensor, hidden: Tensor, start: int) -> list[Rollout]:
-        """`_sample` for the rows from ``start`` (logits [n, V], hidden [n, H]) with the
+        """The engine's `sample` for the rows from ``start`` (logits [n, V], hidden [n, H]) with the
         checkpoint first: predictions for the gated rows at their checkpoint, decisions of
         complete groups, the pruned rows retired; then members that ended early settle
         (predicted on this step's hidden state). The head runs on those rows only."""
-        rows = self.rows[start:]
+        core = self.core
+        rows = core.rows[start:]
         arrived: list[tuple[int, int]] = []  # (row, position) of members at the checkpoint
         cut: set[int] = set()
         for j, q in enumerate(rows):
@@ -121,16 +133,16 @@ class Pruning:
                 arrived.append((j, k))
         lps = [self._prefix_logprobs(rows[j], k) for j, k in arrived]
         for (j, k), p in zip(arrived, self._predict(hidden, arrived, lps)):
-            self._gate_of(rows[j].rollout).arrive(rows[j].rollout, p, k, self.version)
+            self._gate_of(rows[j].rollout).arrive(rows[j].rollout, p, k, core.version)
         if arrived:
             cut |= self._decide_ready(rows)
         row_of = {q.rollout.sample_id: j for j, q in enumerate(rows)}
         done = self._retire([start + j for j in sorted(cut)])
         if cut:
             logits = logits[torch.tensor([row_of[q.rollout.sample_id]
-                                          for q in self.rows[start:]],
+                                          for q in core.rows[start:]],
                                          device=logits.device, dtype=torch.long)]
-        fin = self._sample(logits, slice(start, len(self.rows)))
+        fin = core.sample(logits, slice(start, len(core.rows)))
         early = [r for r in fin if r.sampling.prune is not None
                  and "decision" not in r.control.get("arrol", {})]
         need = [r for r in early if "p" not in r.control.get("arrol", {})]
@@ -140,9 +152,9 @@ class Pruning:
         for r in early:  # ended before the group was decided: a survivor
             rec, j = r.control.get("arrol", {}), row_of[r.sample_id]
             p, k = (rec["p"], rec["at"]) if "p" in rec else (preds[j], r.response_len - 1)
-            self._gate_of(r).arrive(r, p, k, self.version, finished=True)
+            self._gate_of(r).arrive(r, p, k, core.version, finished=True)
         if early:
-            fin += self._retire(sorted(self._decide_ready(self.rows)))
+            fin += self._retire(sorted(self._decide_ready(core.rows)))
         return done + fin
 
     def _predict(self, hidden: Tensor, at: list[tuple[int, int]], lps: list[list[float]]
@@ -152,8 +164,8 @@ class Pruning:
         if not at:
             return []
         j = torch.tensor([x for x, _ in at], device=hidden.device)
-        k = torch.tensor([x for _, x in at], device=self.device)
-        lp = torch.tensor([prefix_confidence(x) for x in lps], device=self.device)
+        k = torch.tensor([x for _, x in at], device=self.core.device)
+        lp = torch.tensor([prefix_confidence(x) for x in lps], device=self.core.device)
         return self.head.predict(hidden[j], k, lp).tolist()
 
     @staticmethod
@@ -173,16 +185,17 @@ class Pruning:
         cut: set[int] = set()
         for gid in [g for g, gate in self.gates.items() if gate.ready]:
             pruned = self.gates.pop(gid).decide(self.head_warm)
-            self.counts["prune_decisions"] += 1
+            self.core.count("prune_decisions")
             cut |= {j for j, q in enumerate(rows) if q.rollout.group_id == gid
                     and q.rollout.index_in_group in pruned}
         return cut
 
     def _retire(self, slots: list[int]) -> list[Rollout]:
-        out = [self.rows[i].finish("pruned", self.version, self._decode_text) for i in slots]
-        self._compact(slots)
-        self.counts["requests_pruned"] += len(out)
-        self.counts["requests_finished"] += len(out)
+        core = self.core
+        out = [core.finish(core.rows[i], "pruned") for i in slots]
+        core.release(slots)
+        core.count("requests_pruned", len(out))
+        core.count("requests_finished", len(out))
         return out
 
     @staticmethod
