@@ -6,12 +6,14 @@ import random
 
 import pytest
 
-from reroll.control.rules import dot_threshold, dual_step, siri_max_len
+from reroll.control.rules import dual_step
 from reroll.methods.ar3po import ar3po_more
 from reroll.methods.dars import dars_extra
+from reroll.methods.dot import dot_threshold
 from reroll.methods.dots import dots_weights
 from reroll.methods.duet import duet_allocation, duet_keep
 from reroll.methods.gdro import ema, gdro_sizes, mw_update
+from reroll.methods.siri import siri_max_len
 from reroll.methods.vade import beta_update, info_score
 from reroll.methods.xrpo import t_halfwidth, xrpo_gain
 
