@@ -1,0 +1,80 @@
+"""SIRI's length schedule and DOT's group shaper as the stages use them (reroll.methods.siri,
+reroll.methods.dot): the schedule's limits by version, and the controller applying DOT
+through the SHAPERS registry to all-correct groups only. The rules' own values are in
+test_rules."""
+
+import pytest
+
+from reroll.control.allocators import ALLOCATORS
+from reroll.control.controller import Controller
+from reroll.control.lengths import LENGTHS
+from reroll.control.shapers import SHAPERS
+from reroll.rollout import Example, SamplingParams, Score, new_group
+
+
+def alloc(name, n=8, **kw):
+    return ALLOCATORS.get(name)(n, **kw)
+
+
+def group(pid, rewards):
+    g = new_group(Example(pid, "", ""), len(rewards), [1, 2], SamplingParams(), 0, max_size=8)
+    for r, v in zip(g.rollouts, rewards):
+        r.finish, r.group_round = "stop", 0
+        r.scores, r.reward = [Score("exact", value=v)], v
+    return g
+
+
+def test_siri_schedule_values():
+    siri = LENGTHS.get("siri")(8, low=4, period=4)
+    # L = 4 + 4 (1 - cos(2 pi v / 4)) / 2
+    assert [siri(v) for v in range(5)] == [4, 6, 8, 6, 4]
+    expand = LENGTHS.get("siri")(8, low=4, period=4, start="expand")
+    assert [expand(v) for v in range(3)] == [8, 6, 4]
+    assert LENGTHS.get("siri")(8).low == 4  # low = 0: half the limit
+    with pytest.raises(ValueError, match="low"):
+        LENGTHS.get("siri")(8, low=9)
+
+
+def test_dot_penalises_only_length_outliers_of_all_correct_groups():
+    def grp(rewards, lengths):
+        g = group("p", rewards)
+        for r, n in zip(g.rollouts, lengths):
+            for _ in range(n):
+                r.append(5, -0.1, 0)
+        return g
+
+    c = Controller(alloc("fixed", 4), dot={"k": 1.0, "quantile": 0.0, "penalty": 0.5})
+    # lengths 2, 2, 2, 10: mean 4, population std sqrt((3 * 4 + 36) / 4) = 3.464;
+    # threshold 4 + 3.464 = 7.46: only the 10-token answer is an outlier
+    g = grp([1.0] * 4, [2, 2, 2, 10])
+    c.finish(g)
+    assert [r.reward for r in g.rollouts] == [1.0, 1.0, 1.0, 0.5]
+    assert g.rollouts[3].shaping["dot"] == -0.5
+    assert g.rollouts[3].shaping["dot_threshold"] == pytest.approx(4 + 12 ** 0.5)
+    assert all(len(r.scores) == 1 for r in g.rollouts)  # verifier scores untouched
+    c.finish(g)  # finishing twice (a restored group) does not penalise twice
+    assert g.rollouts[3].reward == 0.5
+    hard = grp([1.0, 1.0, 1.0, 0.0], [2, 2, 2, 10])  # a failure: long reasoning is kept
+    c.finish(hard)
+    assert [r.reward for r in hard.rollouts] == [1.0, 1.0, 1.0, 0.0]
+    wide = Controller(alloc("fixed", 4), dot={"k": 2.0, "quantile": 0.0, "penalty": 0.5})
+    g2 = grp([1.0] * 4, [2, 2, 2, 10])  # threshold 4 + 6.93 = 10.93: nothing
+    wide.finish(g2)
+    assert [r.reward for r in g2.rollouts] == [1.0] * 4
+
+
+def test_dot_given_as_a_shaper_is_the_dot_shorthand():
+    def grp():
+        g = group("p", [1.0] * 4)
+        for r, n in zip(g.rollouts, [2, 2, 2, 10]):
+            for _ in range(n):
+                r.append(5, -0.1, 0)
+        return g
+
+    args = {"k": 1.0, "quantile": 0.0, "penalty": 0.5}
+    by_key, by_registry = grp(), grp()
+    Controller(alloc("fixed", 4), dot=args).finish(by_key)
+    Controller(alloc("fixed", 4), shapers=[SHAPERS.get("dot")(**args)]).finish(by_registry)
+    assert [(r.reward, r.shaping) for r in by_key.rollouts] == [
+        (r.reward, r.shaping) for r in by_registry.rollouts]
+    assert [r.reward for r in by_registry.rollouts] == [1.0, 1.0, 1.0, 0.5]
