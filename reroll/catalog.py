@@ -65,6 +65,7 @@ CATALOG = [
                "control.length_args"),
     Catalogued("pruners", "reroll.control.pruners", "PRUNERS", "control.pruner",
                "control.pruner_args"),
+    Catalogued("shapers", "reroll.control.shapers", "SHAPERS"),
     Catalogued("filters", "reroll.control.filters", "FILTERS"),
     Catalogued("drafters", "reroll.replay.drafts", "DRAFTERS", "replay.draft",
                "replay.draft_args"),

@@ -1,17 +1,20 @@
 """The Control stage in one object: per-prompt statistics, the allocator (samples per prompt),
-the prompt selector and the length schedule, with the state that goes into checkpoints.
+the prompt selector, the length schedule and the group shapers, with the state that goes into
+checkpoints.
 
 The scheduler asks it, for a new group, how many samples to start and to reserve and what
 response limit is in force (and the group starter lets it ``prepare`` each new sample: DUET's
-stop rule, `reroll.control.duet`; a pruner's rule, `reroll.control.pruners`); a workflow asks it, after each round of a group, whether to add
-samples (through `Scheduler.grow`). Outcomes reach the statistics only at step boundaries
+stop rule, `reroll.methods.duet`; a pruner's rule, `reroll.control.pruners`); a workflow asks
+it, after each round of a group, whether to add samples (through `Scheduler.grow`). When a
+group completes (`finish`), the group shapers (`reroll.control.shapers`: DOT's outlier
+truncation) adjust its rewards. Outcomes reach the statistics only at step boundaries
 (`end_step`): the groups a step consumed in consumption order, after the groups dropped by
 filters since the last boundary in admission order. Decisions therefore read state that is
 fixed for the whole step, and a resumed run makes the decisions an uninterrupted one made.
 
 A sample is a success when its verifier value (the reward components' combination, before
 any length shaping: what DAPO's filter looks at) is at least ``success_at``. Knows nothing of
-engines, threads or the event loop.
+engines, threads, the event loop or any method.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from reroll.control.allocators import Allocator
+from reroll.control.shapers import Shaper
 from reroll.control.stats import PromptStats
 from reroll.rollout import Group, Rollout
 
@@ -28,13 +32,13 @@ ValueOf = Callable[[Rollout], "float | None"]  # the verifier value of a scored 
 class Controller:
     def __init__(self, allocator: Allocator | None = None, stats: PromptStats | None = None,
                  *, value_of: ValueOf | None = None, success_at: float = 1.0,
-                 length=None, step: int = 0, dot: dict | None = None, gate=None,
-                 pruner=None):
+                 length=None, step: int = 0, shapers: list[Shaper] = (),
+                 gate=None, pruner=None):
         self.allocator = allocator
         self.stats = stats or PromptStats()
         self.value_of = value_of or (lambda r: r.reward)
         self.success_at, self.length, self.step = success_at, length, step
-        self.dot = dot  # {k, quantile, penalty} of DOT outlier truncation, or None
+        self.shapers = list(shapers)  # `reroll.control.shapers.SHAPERS` entries (DOT)
         self.gate = gate  # DUET's `MarkerGate`, or None
         self.pruner = pruner  # a `reroll.control.pruners.PRUNERS` component, or None
         self.step_metrics: dict[str, float] = {}  # about the last step's groups
@@ -103,35 +107,21 @@ class Controller:
 
     # ---- a group is complete -----------------------------------------------------------
     def finish(self, g: Group) -> None:
-        """DOT (outlier truncation): in a group where every sample succeeded, a sample whose
-        policy-token length lies above the group's outlier threshold (mean + k std, or a
-        quantile) loses ``penalty`` reward, so among equally correct answers the outlying
-        long ones get a negative advantage; groups with a failure (hard prompts) keep their
-        long reasoning. The penalty and the threshold are recorded in ``Rollout.shaping``
-        (not among the verifier scores, which the advantage and the statistics read).
-        First, DUET's gate weighs each sample (`MarkerGate.settle`) and the pruner settles
-        the group (labels, pruned members out of the loss)."""
+        """A complete group: DUET's gate weighs each sample (`MarkerGate.settle`), the pruner
+        settles the group (labels, pruned members out of the loss), then each group shaper
+        adjusts the rewards (`reroll.control.shapers`; DOT: among all-correct answers, the
+        outlying long ones lose reward), given which members succeeded."""
         if self.gate is not None:
             for r in g.rollouts:
                 self.gate.settle(r)
         if self.pruner is not None:
             self.pruner.settle(g, self.success)
-        if self.dot is None or len(g.rollouts) < 2:
+        if not self.shapers:
             return
         vals = self.values(g)
-        if vals is None or self.successes(vals) < len(vals):
-            return
-        from reroll.control import rules
-
-        lens = [r.n_sampled for r in g.rollouts]
-        q = self.dot.get("quantile") or None
-        thr = rules.dot_threshold(lens, k=self.dot.get("k", 2.0), quantile=q)
-        for r, n in zip(g.rollouts, lens):
-            if n > thr and "dot" not in r.shaping:
-                pen = float(self.dot.get("penalty", 1.0))
-                r.shaping["dot"] = -pen
-                r.shaping["dot_threshold"] = float(thr)
-                r.reward -= pen
+        ok = None if vals is None else [v >= self.success_at for v in vals]
+        for shape in self.shapers:
+            shape(g, ok)
 
     def abandon(self, prompt_id: str) -> None:
         """A prompt given up on after scoring failures: the selector never picks it again."""

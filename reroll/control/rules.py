@@ -1,10 +1,9 @@
 """Rollout-control rules shared by several methods (pure): argument checks written as the
-registry's ranges, integer allocation under a total, the shadow price's dual step, and the
-SIRI length cap and DOT outlier threshold that the length schedules and the controller
-apply.
+registry's ranges, rounding, integer allocation under a total and the shadow price's dual
+step.
 
 Each paper's own arithmetic lives with its registrations in `reroll.methods` (AR3PO, DARS,
-XRPO, GDRO, VADE, DOTS, DUET). Randomness is the caller's: draws come in as arguments, so
+XRPO, GDRO, VADE, DOTS, DUET, SIRI, DOT). Randomness is the caller's: draws come in as arguments, so
 every rule is deterministic. Must not know about rollouts, prompts, torch, registries' entries
 or any state kept between steps (the caller holds posteriors, weights, prices and EMAs and
 passes them back in).
@@ -141,33 +140,3 @@ def dual_step(mu: float, realized_mean: float, budget: float, *, lr: float) -> f
     """A shadow price by projected dual ascent (Rollout-GDRO's, also XRPO's and DUET's):
     mu' = max(0, mu + lr * (realized_mean - budget)). Spending above budget raises the price."""
     return max(0.0, float(mu) + float(lr) * (float(realized_mean) - float(budget)))
-
-
-# --- SIRI and DOT: applied by the length schedule and the controller ---------------------
-
-
-@ranged(step="[0, inf)", period="[2, inf)", low="[1, inf)", high="[1, inf)",
-        start="{compress, expand}")
-def siri_max_len(step: int, *, low: int, high: int, period: int,
-                 start: str = "compress") -> int:
-    """SIRI's cosine length cap, one cycle low -> high -> low per ``period``:
-    L = low + (high - low) (1 - cos(2 pi step / period)) / 2, rounded half up. ``start =
-    "expand"`` shifts by half a period (cos -> -cos), so step 0 gives ``high``."""
-    if high < low:
-        raise fail("siri_max_len", "high", f">= low ({low})", high)
-    c = math.cos(2.0 * math.pi * (step % period) / period)
-    phase = (1.0 - c) / 2.0 if start == "compress" else (1.0 + c) / 2.0
-    return round_half_up(low + (high - low) * phase)
-
-
-@ranged(k="[0, inf)", quantile="[0, 1]")
-def dot_threshold(lengths: list[int], *, k: float = 2.0, quantile: float | None = None
-                  ) -> float:
-    """DOT's outlier threshold of response lengths in an all-correct group: mean + k * std
-    (population std, ddof=0), or, when ``quantile`` is set, that quantile with numpy's
-    'linear' interpolation (``k`` is then ignored). Lengths strictly above are outliers, so
-    a group of equal lengths (or a single response) has none."""
-    ls = reals("dot_threshold", "lengths", lengths, 0.0)
-    if quantile is not None:
-        return float(np.quantile(ls, float(quantile), method="linear"))
-    return float(np.mean(ls) + float(k) * np.std(ls))

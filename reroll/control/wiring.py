@@ -14,6 +14,7 @@ from reroll.control.lengths import LENGTHS
 from reroll.control.prompts import PromptStream
 from reroll.control.pruners import build_pruner, check_pruner, generated_group_size
 from reroll.control.selectors import SELECTORS
+from reroll.control.shapers import SHAPERS
 from reroll.control.staleness import admission_limit
 from reroll.control.stats import PromptStats
 from reroll.errors import ConfigError
@@ -94,15 +95,15 @@ def build_control(cfg: RunConfig, examples: list[Example], value_of: ValueOf,
     allocator = build_allocator(cfg)
     length = build_length(cfg) if cfg.control.length != "fixed" else None
     c = cfg.control
-    dot = ({"k": c.dot_k, "quantile": c.dot_quantile, "penalty": c.dot_penalty}
-           if c.dot_k > 0 or c.dot_quantile > 0 else None)
+    shapers = ([SHAPERS.get("dot")(k=c.dot_k, quantile=c.dot_quantile, penalty=c.dot_penalty)]
+               if c.dot_k > 0 or c.dot_quantile > 0 else [])
     gate = None
     if c.duet_abort:
         from reroll.methods.duet import MarkerGate
 
         gate = MarkerGate(list(marker), grace=c.duet_grace, horizon=c.duet_horizon, q=c.duet_q)
     ctl = Controller(allocator, PromptStats(c.history), value_of=value_of,
-                     success_at=c.success_at, length=length, dot=dot, gate=gate,
+                     success_at=c.success_at, length=length, shapers=shapers, gate=gate,
                      pruner=build_pruner(cfg))
     choose = None
     if cfg.control.selector != "uniform":

@@ -1,20 +1,25 @@
 """Methods: one paper, one module. A method module holds its paper's math and registers its
-components into the stages' registries (allocators, selectors, tree branches, tree
-credits); it imports the stages, and no stage imports it. The registries import this package
-on their first lookup (`reroll.registry.PLUGINS`), so `reroll list`, `reroll config` and
-config validation see every entry.
+components into the stages' registries (allocators, selectors, length schedules, group
+shapers, drafters, tree branches, tree credits); it imports the stages, and no stage imports
+it. The registries import this package on their first lookup (`reroll.registry.PLUGINS`), so
+`reroll list`, `reroll config` and config validation see every entry.
 
 ar3po, dars, xrpo, gdro, duet: allocators (gdro also a selector; duet also the marker gate);
-vade, dots: selectors; latr: the tree workflow's branching; treerl: segment credit.
+vade, dots: selectors; siri: a length schedule; dot: a group shaper; specrl, das:
+drafters (speculative rollouts); latr: the tree workflow's branching; treerl: segment credit.
 """
 
 from reroll.methods import (  # noqa: F401  (registers them)
     ar3po,
     dars,
+    das,
+    dot,
     dots,
     duet,
     gdro,
     latr,
+    siri,
+    specrl,
     treerl,
     vade,
     xrpo,

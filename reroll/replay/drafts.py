@@ -1,40 +1,30 @@
-"""Drafters: where the draft a fresh sample starts from comes from (``replay.draft``,
-registry `DRAFTERS`), and the small in-memory store of earlier responses they draft from.
+"""Drafts: where the draft a fresh sample starts from comes from (``replay.draft``, registry
+`DRAFTERS`), the small in-memory store of earlier responses the drafters draft from
+(`DraftStore`), and `DraftPlanner`, the drafter as the Replay stage calls it.
 
-The engine verifies whatever draft a sample carries (`reroll.rollout.Draft`,
-`reroll.engine.speculative`); a drafter only proposes it:
-
-* ``spec_rl`` (SPEC-RL): sample ``i`` of a prompt gets response ``i``
-  (cyclically) of the prompt's group consumed last time, with its recorded behaviour
-  log-probs as ``q``: a token is kept with probability ``min(1, lenience * p / q)``. The
-  residual at the first rejection sees only ``q`` of the drafted token, so this keeps the
-  policy's distribution only approximately (SPEC-RL itself re-samples from ``p``); lenience
-  > 1 reuses more at a larger bias.
-* ``das`` (after DAS, "Beat the long tail"): a deterministic draft, the most frequent path
-  through a prefix trie of the prompt's recent responses (the responses of its last
-  ``history`` consumed groups), as long as at least ``min_count`` of them agree; with
-  ``q = 1`` and lenience 1 acceptance is exact (the policy's distribution, whatever the
-  draft). With ``redraft`` (the default) the sample also carries those responses as a
-  `SuffixSource`, and the engine re-drafts at every decode step from the longest suffix of
-  the response so far that occurs in them (`reroll.engine.suffix`: up to ``max_match``
-  tokens matched, ``draft_len`` tokens proposed, more on rows past the mean response
-  length, at most ``max_draft``), verified exactly as well. The responses travel in the
-  sample's record (``sampling.redraft``).
+The engine verifies whatever draft a sample carries (`reroll.rollout.Draft`); a drafter only
+proposes it. The drafters are methods (`reroll.methods`): ``spec_rl`` (SPEC-RL: last time's
+response to the prompt with its recorded log-probs, `reroll.methods.specrl`) and ``das`` (DAS:
+the majority path through the prompt's recent responses, and those responses to re-draft from
+while decoding, `reroll.methods.das`); docs/algorithms.md. A drafter is built as ``cls(*,
+hyperparameters)`` and has a ``store`` (a `DraftStore`), ``draft(rollout) -> Draft | None``
+and optionally ``source(rollout) -> SuffixSource | None``, which the sample carries to
+re-draft from as it decodes.
 
 The store changes only at step boundaries, from the fresh (not replayed or reused), finished
 samples of the groups a step consumed, so drafts repeat exactly and resume from checkpoints
-(`state` / `load_state`, plain JSON). Knows nothing of engines, schedulers or the trainer.
+(`state` / `load_state`, plain JSON). Knows nothing of engines, schedulers, the trainer or
+any method.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from reroll.engine.suffix import majority_path
 from reroll.errors import ConfigError
 from reroll.registry import Registry
-from reroll.rollout import Draft, Group, Rollout, SuffixSource
+from reroll.rollout import Draft, Group, Rollout
 
 if TYPE_CHECKING:
     from reroll.config import RunConfig
@@ -87,56 +77,19 @@ def _response(r: Rollout) -> Response:
     return list(r.response_tokens), list(r.logprobs[r.prompt_len:]), r.sample_id
 
 
-@DRAFTERS.register("spec_rl", ranges={"lenience": "[1, inf)"})
-class SpecRL:
-    """Last time's response to the same prompt, with its recorded log-probs (SPEC-RL)."""
+class Drafter(Protocol):
+    store: DraftStore
 
-    def __init__(self, *, lenience: float = 1.0):
-        self.lenience = lenience
-        self.store = DraftStore(history=1)
-
-    def draft(self, r: Rollout) -> Draft | None:
-        prev = self.store.latest(r.prompt_id)
-        if not prev:
-            return None
-        tokens, logprobs, sid = prev[r.index_in_group % len(prev)]
-        return Draft(tuple(tokens), tuple(logprobs), self.lenience, source=sid)
+    def draft(self, r: Rollout) -> Draft | None: ...
 
 
-@DRAFTERS.register("das", ranges={"history": "[1, inf)", "min_count": "[1, inf)",
-                                  "max_match": "[1, inf)", "draft_len": "[1, inf)",
-                                  "max_draft": "[1, inf)"})
-class SuffixDrafter:
-    """The majority path through the prompt's recent responses, exact acceptance, and those
-    responses to re-draft from as the sample decodes (DAS)."""
+class DraftPlanner:
+    """A drafter as the Replay stage calls it: ``prepare`` gives fresh samples their drafts
+    (and, where the drafter has a ``source``, what to re-draft from) at group start and
+    growth; ``add`` counts the consumed samples' accepted and sampled tokens and updates the
+    store at a step boundary; ``state`` / ``metrics`` for checkpoints and logs."""
 
-    def __init__(self, *, history: int = 2, min_count: int = 2, redraft: bool = True,
-                 max_match: int = 8, draft_len: int = 4, max_draft: int = 16):
-        if not isinstance(redraft, bool):
-            raise ValueError(f"das: redraft must be true or false, got {redraft!r}")
-        self.min_count, self.redraft = min_count, redraft
-        self.knobs = dict(max_match=max_match, min_count=min_count, draft_len=draft_len,
-                          max_draft=max_draft)
-        SuffixSource((), **self.knobs)  # the knobs' checks, when the config loads
-        self.store = DraftStore(history=history)
-
-    def draft(self, r: Rollout) -> Draft | None:
-        tokens = majority_path([t for t, _, _ in self.store.recent(r.prompt_id)],
-                               self.min_count)
-        return Draft(tuple(tokens), source="das") if tokens else None
-
-    def source(self, r: Rollout) -> SuffixSource | None:
-        """What the sample re-drafts from while it decodes (None: redraft off, or no
-        responses stored for its prompt yet)."""
-        got = [tuple(t) for t, _, _ in self.store.recent(r.prompt_id)]
-        return SuffixSource(tuple(got), **self.knobs) if self.redraft and got else None
-
-
-class Drafting:
-    """A drafter as the pipeline calls it: ``prepare`` gives fresh samples their drafts (at
-    group start and growth), ``add`` updates the store at a step boundary."""
-
-    def __init__(self, drafter: SpecRL | SuffixDrafter):
+    def __init__(self, drafter: Drafter):
         self.drafter = drafter
         self.proposed = 0
         self.drafted = 0
@@ -180,12 +133,12 @@ class Drafting:
                 "draft/prompts_stored": float(len(self.drafter.store.groups))}
 
 
-def build_drafting(cfg: RunConfig, state: dict | None) -> Drafting | None:
+def build_draft_planner(cfg: RunConfig, state: dict | None) -> DraftPlanner | None:
     """The run's drafter (None for ``replay.draft = "none"``), restored from a checkpoint's
     ``state`` (the Replay stage's ``"drafts"``)."""
     if cfg.replay.draft == "none":
         return None
-    out = Drafting(DRAFTERS.get(cfg.replay.draft)(**cfg.replay.draft_args))
+    out = DraftPlanner(DRAFTERS.get(cfg.replay.draft)(**cfg.replay.draft_args))
     out.load_state(state)
     return out
 

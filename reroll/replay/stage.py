@@ -1,5 +1,5 @@
 """The Replay stage of the rollout pipeline: rollout replay (`ReplayBuffer`), response
-reuse (`ResponseBank`) and speculative drafts (`Drafting`), as the pipeline calls them.
+reuse (`ResponseBank`) and speculative drafts (`DraftPlanner`), as the pipeline calls them.
 
 - When a group starts or grows (`prepare`): its fresh samples get drafts.
 
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from reroll.replay.bank import IsSuccess, ResponseBank
 from reroll.replay.buffer import ReplayBuffer
-from reroll.replay.drafts import Drafting, build_drafting
+from reroll.replay.drafts import DraftPlanner, build_draft_planner
 from reroll.rollout import Group, Rollout
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 class Replay:
     def __init__(self, *, buffer: ReplayBuffer | None = None, bank: ResponseBank | None = None,
                  replay_groups: int = 0, is_success: IsSuccess,
-                 drafting: Drafting | None = None):
+                 drafting: DraftPlanner | None = None):
         self.buffer, self.bank, self.replay_groups = buffer, bank, replay_groups
         self.is_success = is_success
         self.drafting = drafting
@@ -111,6 +111,6 @@ def build_replay(cfg: RunConfig, is_success: IsSuccess, state: dict | None) -> R
     bank = ResponseBank(c.reuse_per_prompt, max_age=c.reuse_max_age) if c.reuse else None
     replayed = cfg.rollout.batch_groups - fresh_groups(cfg) if buf is not None else 0
     out = Replay(buffer=buf, bank=bank, is_success=is_success, replay_groups=replayed,
-                 drafting=build_drafting(cfg, None))
+                 drafting=build_draft_planner(cfg, None))
     out.load_state((state or {}).get("replay"))
     return out

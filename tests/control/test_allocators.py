@@ -1,7 +1,7 @@
-"""Allocators, the controller and length schedules against decisions computed by hand:
+"""Allocators and the controller against decisions computed by hand:
 AR3PO stages, DARS round-2 sizes, XRPO's confidence-interval gain against the shadow price,
-Rollout-GDRO's std-proportional sizes, the dual update of the price, SIRI's schedule; the
-controller folds outcomes in at step boundaries in a fixed order and its state round-trips."""
+Rollout-GDRO's std-proportional sizes, the dual update of the price; the controller folds
+outcomes in at step boundaries in a fixed order and its state round-trips."""
 
 import math
 
@@ -9,7 +9,6 @@ import pytest
 
 from reroll.control.allocators import ALLOCATORS
 from reroll.control.controller import Controller
-from reroll.control.lengths import LENGTHS
 from reroll.control.stats import PromptStats
 from reroll.rollout import Example, SamplingParams, Score, new_group
 
@@ -99,17 +98,6 @@ def test_gdro_sizes_follow_the_bernoulli_std_over_the_price():
     assert a.initial(s.get("hard")) == round(math.sqrt(p * (1 - p)) / a.mu)  # 0.229/0.0513 = 4
 
 
-def test_siri_schedule_values():
-    siri = LENGTHS.get("siri")(8, low=4, period=4)
-    # L = 4 + 4 (1 - cos(2 pi v / 4)) / 2
-    assert [siri(v) for v in range(5)] == [4, 6, 8, 6, 4]
-    expand = LENGTHS.get("siri")(8, low=4, period=4, start="expand")
-    assert [expand(v) for v in range(3)] == [8, 6, 4]
-    assert LENGTHS.get("siri")(8).low == 4  # low = 0: half the limit
-    with pytest.raises(ValueError, match="low"):
-        LENGTHS.get("siri")(8, low=9)
-
-
 def group(pid, rewards, rounds=None):
     g = new_group(Example(pid, "", ""), len(rewards), [1, 2], SamplingParams(), 0, max_size=8)
     for r, v, k in zip(g.rollouts, rewards, rounds or [0] * len(rewards)):
@@ -142,34 +130,6 @@ def test_controller_folds_drops_by_admission_order_then_consumed_groups_at_the_b
     fresh = Controller(alloc("fixed", 2))
     fresh.load_state(c.state())
     assert fresh.state() == c.state()
-
-
-def test_dot_penalises_only_length_outliers_of_all_correct_groups():
-    def grp(rewards, lengths):
-        g = group("p", rewards)
-        for r, n in zip(g.rollouts, lengths):
-            for _ in range(n):
-                r.append(5, -0.1, 0)
-        return g
-
-    c = Controller(alloc("fixed", 4), dot={"k": 1.0, "quantile": 0.0, "penalty": 0.5})
-    # lengths 2, 2, 2, 10: mean 4, population std sqrt((3 * 4 + 36) / 4) = 3.464;
-    # threshold 4 + 3.464 = 7.46: only the 10-token answer is an outlier
-    g = grp([1.0] * 4, [2, 2, 2, 10])
-    c.finish(g)
-    assert [r.reward for r in g.rollouts] == [1.0, 1.0, 1.0, 0.5]
-    assert g.rollouts[3].shaping["dot"] == -0.5
-    assert g.rollouts[3].shaping["dot_threshold"] == pytest.approx(4 + 12 ** 0.5)
-    assert all(len(r.scores) == 1 for r in g.rollouts)  # verifier scores untouched
-    c.finish(g)  # finishing twice (a restored group) does not penalise twice
-    assert g.rollouts[3].reward == 0.5
-    hard = grp([1.0, 1.0, 1.0, 0.0], [2, 2, 2, 10])  # a failure: long reasoning is kept
-    c.finish(hard)
-    assert [r.reward for r in hard.rollouts] == [1.0, 1.0, 1.0, 0.0]
-    wide = Controller(alloc("fixed", 4), dot={"k": 2.0, "quantile": 0.0, "penalty": 0.5})
-    g2 = grp([1.0] * 4, [2, 2, 2, 10])  # threshold 4 + 6.93 = 10.93: nothing
-    wide.finish(g2)
-    assert [r.reward for r in g2.rollouts] == [1.0] * 4
 
 
 def test_xrpo_reads_successes_whatever_the_reward_scale():

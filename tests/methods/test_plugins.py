@@ -28,11 +28,16 @@ def test_a_lookup_registers_every_method():
             "from reroll.control.selectors import SELECTORS\n"
             "from reroll.algo.tree_credit import TREE_CREDITS\n"
             "from reroll.workflows.tree import TREE_BRANCHES\n"
+            "from reroll.control.lengths import LENGTHS\n"
+            "from reroll.control.shapers import SHAPERS\n"
+            "from reroll.replay.drafts import DRAFTERS\n"
             "assert 'reroll.methods' not in sys.modules\n"
             "print(ALLOCATORS.names(), SELECTORS.names(), TREE_CREDITS.names(), "
-            "TREE_BRANCHES.names())")
+            "TREE_BRANCHES.names())\n"
+            "print(LENGTHS.names(), SHAPERS.names(), DRAFTERS.names())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.split("\n")[0] == (
         "['ar3po', 'dars', 'duet', 'fixed', 'gdro', 'xrpo'] ['dots', 'gdro', 'vade'] "
         "['leaves', 'segments'] ['entropy', 'positions']")
+    assert out.stdout.split("\n")[1] == "['fixed', 'siri'] ['dot'] ['das', 'spec_rl']"

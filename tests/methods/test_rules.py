@@ -6,12 +6,14 @@ import random
 
 import pytest
 
-from reroll.control.rules import dot_threshold, dual_step, siri_max_len
+from reroll.control.rules import dual_step
 from reroll.methods.ar3po import ar3po_more
 from reroll.methods.dars import dars_extra
+from reroll.methods.dot import dot_threshold
 from reroll.methods.dots import dots_weights
 from reroll.methods.duet import duet_allocation, duet_keep
 from reroll.methods.gdro import ema, gdro_sizes, mw_update
+from reroll.methods.siri import siri_max_len
 from reroll.methods.vade import beta_update, info_score
 from reroll.methods.xrpo import t_halfwidth, xrpo_gain
 
@@ -256,44 +258,6 @@ def test_dots_weights_stable_when_every_exponent_underflows():
     assert dots_weights([0.0, 1.0], tau=1e-4) == [0.5, 0.5]
     w = dots_weights([0.0, 0.9, 1.0], tau=1e-4)
     assert w == pytest.approx([0.0, 1.0, 0.0]) and sum(w) == pytest.approx(1.0)
-
-
-# --- SIRI / DOT ---------------------------------------------------------------------------
-
-def test_siri_max_len_cosine_cycle():
-    kw = dict(low=4096, high=8192, period=100)
-    # step 25: cos(pi/2) = 0 -> 4096 + 4096/2 = 6144 ; step 50: cos(pi) = -1 -> 8192
-    # step 1: (1 - cos(0.0628319))/2 = (1 - 0.9980267)/2 = 0.00098664 -> 4096 + 4.04 -> 4100
-    assert [siri_max_len(s, **kw) for s in (0, 1, 25, 50, 75, 100, 150)] == [
-        4096, 4100, 6144, 8192, 6144, 4096, 8192]
-    # expand starts high: step 0 -> 8192, step 50 -> 4096
-    assert siri_max_len(0, start="expand", **kw) == 8192
-    assert siri_max_len(50, start="expand", **kw) == 4096
-    # odd period 3, low 1, high 4: step 1 cos(2pi/3) = -0.5 -> compress 1 + 3*0.75 = 3.25 -> 3,
-    # expand 1 + 3*0.25 = 1.75 -> 2
-    assert siri_max_len(1, low=1, high=4, period=3) == 3
-    assert siri_max_len(1, low=1, high=4, period=3, start="expand") == 2
-    # low == high: constant
-    assert siri_max_len(7, low=512, high=512, period=10) == 512
-
-
-def test_siri_max_len_rounds_half_up():
-    # period 4, step 1: cos(pi/2) ~ 6e-17 -> 2 + 1*0.5 = 2.5 -> 3 (Python's round would give 2)
-    assert siri_max_len(1, low=2, high=3, period=4) == 3
-
-
-def test_dot_threshold_mean_plus_k_std_and_quantile():
-    # [100, 200, 300, 400]: mean 250, population var (150^2*2 + 50^2*2)/4 = 12500, std 111.8034
-    assert dot_threshold([100, 200, 300, 400]) == pytest.approx(250 + 2 * 111.803399)
-    assert dot_threshold([100, 200, 300, 400], k=1.0) == pytest.approx(361.803399)
-    assert dot_threshold([100, 200, 300, 400], k=0.0) == 250.0
-    # linear quantile 0.75: position 0.75*3 = 2.25 -> 300 + 0.25*100 = 325 ; 0.5 -> 250
-    assert dot_threshold([400, 100, 300, 200], quantile=0.75) == 325.0
-    assert dot_threshold([100, 200, 300, 400], quantile=0.5) == 250.0
-    assert dot_threshold([100, 200, 300, 400], quantile=1.0) == 400.0
-    # one response or equal lengths: the threshold is the length itself (nothing above it)
-    assert dot_threshold([500]) == 500.0
-    assert dot_threshold([300, 300, 300], k=3.0) == 300.0
 
 
 # --- DUET ---------------------------------------------------------------------------------

@@ -1,12 +1,15 @@
-"""Drafters (reroll.replay.drafts): the store of earlier responses, the majority path of
+"""Drafters (reroll.replay.drafts, reroll.methods.specrl, reroll.methods.das): the store of earlier responses, the majority path of
 das, spec_rl's per-sample drafts, config validation, and speculative rollouts through the
 real pipeline on a tiny model (later epochs start from the recorded responses)."""
 
 import pytest
 
 from reroll.config_checks import load_checked
+from reroll.engine.suffix import majority_path
 from reroll.errors import ConfigError
-from reroll.replay.drafts import Drafting, DraftStore, SpecRL, SuffixDrafter, majority_path
+from reroll.methods.das import SuffixDrafter
+from reroll.methods.specrl import SpecRL
+from reroll.replay.drafts import DraftPlanner, DraftStore
 from reroll.rollout import Example, Group, Rollout, Span, SuffixSource
 from reroll.runlog import read_metrics, read_rollouts
 from reroll.runtime import train
@@ -59,8 +62,8 @@ def test_spec_rl_gives_sample_i_response_i_of_the_last_group_with_its_logprobs()
     assert d.draft(Rollout(prompt_id="new", group_id="y", tokens=[1], prompt_len=1)) is None
 
 
-def test_drafting_counts_accepted_and_sampled_tokens_and_round_trips_its_state():
-    dr = Drafting(SuffixDrafter(history=1, min_count=1))
+def test_the_draft_planner_counts_accepted_and_sampled_tokens_and_round_trips_its_state():
+    dr = DraftPlanner(SuffixDrafter(history=1, min_count=1))
     g = _group("a", [[5, 6]])
     r = g.rollouts[0]
     r.spans = [Span(0, 2, "prompt"), Span(2, 3, "draft", 3), Span(3, 4, "sampled", 3)]
@@ -71,7 +74,7 @@ def test_drafting_counts_accepted_and_sampled_tokens_and_round_trips_its_state()
     m = dr.metrics()
     assert (m["draft/tokens_accepted"], m["draft/tokens_sampled"],
             m["draft/samples_drafted"], m["draft/tokens_proposed"]) == (1, 1, 1, 2)
-    back = Drafting(SuffixDrafter(history=1, min_count=1))
+    back = DraftPlanner(SuffixDrafter(history=1, min_count=1))
     back.load_state(dr.state())
     assert back.metrics() == m and back.drafter.store.groups == dr.drafter.store.groups
 
@@ -117,7 +120,7 @@ def test_later_epochs_start_from_the_recorded_responses_of_the_same_prompt(tmp_p
 
 
 def test_das_hands_fresh_samples_the_prompts_recent_responses_to_redraft_from():
-    dr = Drafting(SuffixDrafter(history=2, min_count=1, draft_len=3, max_draft=6))
+    dr = DraftPlanner(SuffixDrafter(history=2, min_count=1, draft_len=3, max_draft=6))
     dr.add([_group("a", [[5, 6], [7]])])
     dr.add([_group("a", [[8, 9, 4]])])
     fresh = Rollout(prompt_id="a", group_id="z", tokens=[1, 2], prompt_len=2)
@@ -126,7 +129,7 @@ def test_das_hands_fresh_samples_the_prompts_recent_responses_to_redraft_from():
     assert fresh.sampling.redraft == SuffixSource(((5, 6), (7,), (8, 9, 4)), min_count=1,
                                                   draft_len=3, max_draft=6)
     assert other.sampling.redraft is None and other.sampling.draft is None  # nothing stored
-    off = Drafting(SuffixDrafter(history=2, min_count=1, redraft=False))
+    off = DraftPlanner(SuffixDrafter(history=2, min_count=1, redraft=False))
     off.add([_group("a", [[5, 6]])])
     fresh2 = Rollout(prompt_id="a", group_id="w", tokens=[1, 2], prompt_len=2)
     off.prepare([fresh2])
