@@ -34,5 +34,5 @@ def test_a_lookup_registers_every_method():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.split("\n")[0] == (
-        "['ar3po', 'dars', 'duet', 'fixed', 'gdro', 'xrpo'] ['dots', 'gdro', 'vade'] "
+        "['ar3po_stages', 'dars', 'duet', 'fixed', 'gdro', 'xrpo'] ['dots', 'gdro', 'vade'] "
         "['leaves', 'segments'] ['entropy', 'positions']")
