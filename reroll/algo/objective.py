@@ -129,7 +129,10 @@ class Objective:
         """This micro-batch's share of the mini-batch loss (the shares sum to the whole) and
         its metrics (0-d tensors, means over this micro-batch's trainable tokens)."""
         mask = inp.mask.to(inp.logprobs.dtype)
-        weights, mask, metrics = self.correction_fn(inp.prox_logprobs, inp.behav_logprobs, mask)
+        weights, kept, metrics = self.correction_fn(inp.prox_logprobs, inp.behav_logprobs, mask)
+        # the correction keeps or drops tokens (0/1); a token's loss weight (TreeRL's paths
+        # through it, `reroll.methods.treerl`; 1 elsewhere) stays in the mask
+        mask = mask * kept.to(mask.dtype)
         per_tok, sur_metrics = self.surrogate_fn(inp.logprobs, inp.prox_logprobs,
                                                  inp.advantages, mask)
         if inp.sample_weights is not None:  # e.g. a replayed or down-weighted sample
