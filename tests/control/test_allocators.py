@@ -80,7 +80,7 @@ def test_xrpo_samples_more_while_the_interval_shrinks_more_than_the_price():
 
 
 def test_gdro_sizes_follow_the_bernoulli_std_over_the_price():
-    a = alloc("gdro", 8, n_min=2, n_max=16, mu=0.05)
+    a = alloc("gdro", 8, n_min=2, n_max=16, mu=0.05, bin_by="mean_rate")
     assert a.initial(None) == 10  # unseen: p = 0.5, sqrt(0.25) / 0.05 = 10
     s = stats_with(easy=(8, 8), hard=(0, 8), tenth=(1, 10))
     assert a.initial(s.get("easy")) == 2  # p = 1: std 0, clipped up to n_min

@@ -54,7 +54,8 @@ def test_vade_prefers_prompts_with_variance():
 
 
 def test_prompt_gdro_weights_and_bins():
-    sel = SELECTORS.get("gdro")(EXS, 0, 2, bins=2, eta=1.0, floor=0.0, rate=1.0)
+    sel = SELECTORS.get("gdro")(EXS, 0, 2, bins=2, eta=1.0, floor=0.0, rate=1.0,
+                                bin_by="mean_rate")
     st = stats(p0=[(0, 1, 4)])
     sel.end_step([("p0", 4, 1)], st)
     # p0 was drawn from the unseen bin (rate 0.5 -> bin 1): failure 0.75; bin 0 scored 0
@@ -65,7 +66,8 @@ def test_prompt_gdro_weights_and_bins():
     draws = [sel.pick(d, st).prompt_id for d in range(2000)]
     share = draws.count("p0") / len(draws)
     assert abs(share - 1 / (1 + e)) < 0.03  # 0.3208
-    clone = SELECTORS.get("gdro")(EXS, 0, 2, bins=2, eta=1.0, floor=0.0, rate=1.0)
+    clone = SELECTORS.get("gdro")(EXS, 0, 2, bins=2, eta=1.0, floor=0.0, rate=1.0,
+                                bin_by="mean_rate")
     clone.load_state(sel.state())
     assert [clone.pick(d, st).prompt_id for d in range(50)] == draws[:50]
 
