@@ -99,7 +99,7 @@ METHODS: dict[str, list[str]] = {
     "gdro-alloc": ["control.allocator=gdro", "control.allocator_args.bin_by=mean_rate"],
     "dots": ["control.selector=dots"],
     "dots-attn": ["control.selector=dots", 'control.selector_args={predict="attention"}'],
-    "vade": ["control.selector=vade"],
+    "vade": ["control.selector=vade", "control.selector_args.update_decay=1.0"],
     "gdro-select": ["control.selector=gdro", "control.selector_args.bin_by=mean_rate"],
     "ar3po_stages+dots": ["control.allocator=ar3po_stages", "control.selector=dots"],
     "gdro+gdro": ["control.allocator=gdro", "control.selector=gdro",

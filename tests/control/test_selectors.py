@@ -37,7 +37,7 @@ def test_dots_picks_the_prompts_predicted_nearest_half():
 
 
 def test_vade_posterior_decays_old_evidence():
-    sel = SELECTORS.get("vade")(EXS, 0, 2, decay=0.5)
+    sel = SELECTORS.get("vade")(EXS, 0, 2, decay=0.5, update_decay=1.0)  # one scale
     rec = stats(p0=[(0, 3, 4), (2, 1, 4)]).get("p0")
     # (1,1) + 3/1 -> (4, 2); two steps later: 1 + 0.25 * 3 + 1 = 2.75, 1 + 0.25 * 1 + 3 = 4.25;
     # one more step to step 3: 1 + 0.5 * 1.75 = 1.875, 1 + 0.5 * 3.25 = 2.625
