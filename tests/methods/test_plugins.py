@@ -35,4 +35,4 @@ def test_a_lookup_registers_every_method():
                          check=True)
     assert out.stdout.split("\n")[0] == (
         "['ar3po_stages', 'dars', 'duet', 'fixed', 'gdro', 'xrpo'] ['dots', 'gdro', 'vade'] "
-        "['leaves', 'segments'] ['entropy', 'positions']")
+        "['leaves', 'segments', 'segments_once'] ['entropy', 'positions']")
