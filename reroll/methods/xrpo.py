@@ -51,7 +51,7 @@ import torch
 from torch import Tensor
 
 from reroll.algo.advantages import ADVANTAGES, grpo
-from reroll.algo.groups import dense_ids, group_mean, group_std, singleton
+from reroll.algo.groups import check_inputs, dense_ids, group_mean, group_std, singleton
 from reroll.control.allocators import ALLOCATORS, ShadowPriced
 from reroll.control.rules import ranged, reals
 
@@ -163,10 +163,16 @@ def novelty_sharpen(adv: Tensor, mean_logprobs: Tensor, group_index: Tensor, *,
 @ADVANTAGES.register("xrpo", ranges={"novelty": "[0, inf)", "cap": "[0, inf)",
                                      "eps": "[0, 1]"})
 def xrpo_advantage(rewards: Tensor, components: Tensor, group_index: Tensor,
-                   mean_logprobs: Tensor, *, novelty: float = 0.5, cap: float = 2.0,
-                   norm_by_std: bool = True, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+                   mean_logprobs: Tensor | None = None, *, novelty: float = 0.5,
+                   cap: float = 2.0, norm_by_std: bool = True, eps: float = 1e-6
+                   ) -> tuple[Tensor, Tensor]:
     """XRPO's advantage: GRPO's (``norm_by_std``, ``eps``), then `novelty_sharpen` by the
-    samples' mean token log-probs (the trainer hands them to an estimator that asks)."""
+    samples' mean token log-probs [N] (the trainer hands them to an estimator that asks)."""
+    check_inputs(rewards, components, group_index, "advantage 'xrpo'")
+    if mean_logprobs is None or mean_logprobs.shape != rewards.shape:
+        raise ValueError(f"advantage 'xrpo': needs mean_logprobs [N] (each sample's mean token "
+                         f"log-prob), got "
+                         f"{None if mean_logprobs is None else tuple(mean_logprobs.shape)}")
     adv, include = grpo(rewards, components, group_index, norm_by_std=norm_by_std, eps=eps)
     return novelty_sharpen(adv, mean_logprobs.to(adv.device), group_index, novelty=novelty,
                            cap=cap, eps=eps), include
