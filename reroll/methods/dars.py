@@ -9,9 +9,9 @@ The method as its authors run it is ``preset = "dars"`` (configs/presets/dars.to
 allocator with its defaults, advantages without std normalisation (``algo.advantage_args =
 {norm_by_std = false}``: the schedule below assumes them, so at accuracy 0 and n = 8 the
 equal-treatment round adds 27 samples, 24 under the default cap of 32) and the
-zero-variance filter (``algo.dynamic_sampling = true``) for the drop. The reference scripts
-compute the schedule in their rollout-balancing step (the ``et`` / ``hw`` branches of their
-extra-sample count); this module is our own code.
+zero-variance filter (``algo.dynamic_sampling = true``) for the drop. The authors publish
+their training scripts and code; we do not name a file or function of it we could not
+check, and this module is our own code.
 
 Where reroll differs:
 - the second round is a round of the same group (the allocator's ``more``), capped at

@@ -4,9 +4,10 @@ The paper (Hou et al. 2025, "TreeRL: LLM Reinforcement Learning with On-Policy T
 Search"). Rule in one line: every node's value is the mean reward of the leaves below it;
 each token gets (V(node) - V(root)) + (V(node) - V(parent)), divided by sqrt(leaves below
 the node), and every root-to-leaf path is trained as its own sequence, so a token of a node
-shared by n leaves is in the loss n times. The reference builds one training sequence per
-selected leaf path and gives each of its tokens the reward of the node that holds it (its
-tree-search data pipeline's path and reward assembly; this module is our own code).
+shared by n leaves is in the loss n times. The reference code builds one training
+sequence per selected leaf path and gives each of its tokens the reward of the node that
+holds it; we do not name a file or function of it we could not check, and this module is
+our own code.
 
 ``"segments"`` is that rule, computed without the copies: each token is trained once, in
 the member that sampled it, with its node's advantage and a loss weight equal to the number
