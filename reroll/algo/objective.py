@@ -44,7 +44,7 @@ class LossInputs:
     prox_logprobs: Tensor  # [B, T] pi_prox: weights at the start of this update
     behav_logprobs: Tensor  # [B, T] mu: recorded by the engine when it sampled
     advantages: Tensor  # [B, T] per-sample advantage broadcast over its tokens
-    mask: Tensor  # [B, T] float, 1 on trainable tokens
+    mask: Tensor  # [B, T] float, a trainable token's loss weight (1; TreeRL: paths through it)
     n_tokens: float  # trainable tokens in the whole mini-batch (global normaliser)
     n_seqs: float  # sequences in the whole mini-batch (global normaliser)
     ref_logprobs: Tensor | None = None  # [B, T] when kl_coef > 0 and the KL is in the loss
