@@ -50,7 +50,7 @@ the smallest final token count of any run), final accuracy overall and per level
 printed: tokens to fixed's own final accuracy (frac 1.0). Plots: accuracy vs tokens and
 vs training seconds, the seed-mean smoothed curve per method with a +-1 sd band.
 
-    .venv/bin/python benchmarks/control.py [--quick] [--seeds 0 1 2] [--methods ar3po dots]
+    .venv/bin/python benchmarks/control.py [--quick] [--seeds 0 1 2] [--methods ar3po_stages dots]
         [--steps N] [--eval-every N] [--out DIR] [--target-frac F | --target A] [--fresh]
 
 A finished run whose arguments are unchanged is reused (``--fresh`` reruns everything but
@@ -93,16 +93,18 @@ BASE = ["log_every=1", "record_every=10", "train.lr=1e-4"]
 # name -> overrides; "fixed" (fixed-n GRPO) is the baseline and always runs
 METHODS: dict[str, list[str]] = {
     "fixed": [],
-    "ar3po": ["control.allocator=ar3po"],
-    "dars": ["control.allocator=dars"],
+    "ar3po_stages": ["control.allocator=ar3po_stages"],
+    "dars_std": ["control.allocator=dars", "control.allocator_args.std_norm=true"],
     "xrpo": ["control.allocator=xrpo"],
-    "gdro-alloc": ["control.allocator=gdro"],
+    "gdro-alloc": ["control.allocator=gdro", "control.allocator_args.bin_by=mean_rate"],
     "dots": ["control.selector=dots"],
     "dots-attn": ["control.selector=dots", 'control.selector_args={predict="attention"}'],
-    "vade": ["control.selector=vade"],
-    "gdro-select": ["control.selector=gdro"],
-    "ar3po+dots": ["control.allocator=ar3po", "control.selector=dots"],
-    "gdro+gdro": ["control.allocator=gdro", "control.selector=gdro"],
+    "vade": ["control.selector=vade", "control.selector_args.update_decay=1.0"],
+    "gdro-select": ["control.selector=gdro", "control.selector_args.bin_by=mean_rate"],
+    "ar3po_stages+dots": ["control.allocator=ar3po_stages", "control.selector=dots"],
+    "gdro+gdro": ["control.allocator=gdro", "control.selector=gdro",
+                  "control.allocator_args.bin_by=mean_rate",
+                  "control.selector_args.bin_by=mean_rate"],
     "duet-alloc": ["control.allocator=duet"],
     "fixed-marker": [],
     "duet": ["control.allocator=duet", "control.duet_abort=true", "control.duet_grace=4",

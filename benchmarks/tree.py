@@ -11,9 +11,9 @@ Methods change only ``[rollout]``:
 - ``tree8_w4``: 8 leaves as 2 trees of 4, forking after the first response token;
 - ``indep6``: 6 independent samples, about the generated tokens of ``tree8_w4``
   (equal-token baseline);
-- ``tree8_w2_seg``, ``tree8_w4_seg``: the two trees with TreeRL segment credit
-  (``rollout.tree_credit = "segments"``, 1/sqrt(leaves) scale): each token trained once, in
-  the member that sampled it, with its node's advantage.
+- ``tree8_w2_seg``, ``tree8_w4_seg``: the two trees with segment credit in reroll's variant
+  (``rollout.tree_credit = "segments_once"``, 1/sqrt(leaves) scale): each token trained
+  once, weight 1, in the member that sampled it, with its node's advantage.
 - ``latr8_w2``, ``latr8_w4``: ``rollout.tree_branch = "entropy"`` (LATR's rule at its
   defaults, tau_abs 0.15, tau_rel 0.25): 4 trees of 2 / 2 trees of 4 members, each a root
   and spares that branch off wherever a member's two most likely tokens are close; spares
@@ -50,9 +50,9 @@ METHODS: dict[str, list[str]] = {
     "tree8_w4": ["rollout.workflow=tree", "rollout.tree_branch_at=[1]", "rollout.tree_width=4"],
     "indep6": ["rollout.group_size=6"],
     "tree8_w2_seg": ["rollout.workflow=tree", "rollout.tree_branch_at=[1]", "rollout.tree_width=2",
-                     "rollout.tree_credit=segments"],
+                     "rollout.tree_credit=segments_once"],
     "tree8_w4_seg": ["rollout.workflow=tree", "rollout.tree_branch_at=[1]", "rollout.tree_width=4",
-                     "rollout.tree_credit=segments"],
+                     "rollout.tree_credit=segments_once"],
     "latr8_w2": ["rollout.workflow=tree", "rollout.tree_branch=entropy", "rollout.tree_width=2"],
     "latr8_w4": ["rollout.workflow=tree", "rollout.tree_branch=entropy", "rollout.tree_width=4"],
 }

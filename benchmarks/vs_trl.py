@@ -252,8 +252,8 @@ VARIANTS = {"reroll_async": ["runtime.max_staleness=1"],
             "reroll_noskip": ["train.skip_zero_advantage=false"],  # every sample passed
             "reroll_glibc": ["runtime.keep_freed_memory=false"],  # glibc's own thresholds
             # not the same algorithm: AR3PO's adaptive samples per prompt (reroll's Control)
-            "reroll_ar3po": ["control.allocator=ar3po"],
-            "reroll_ar3po_async": ["control.allocator=ar3po", "runtime.max_staleness=1"],
+            "reroll_ar3po_stages": ["control.allocator=ar3po_stages"],
+            "reroll_ar3po_stages_async": ["control.allocator=ar3po_stages", "runtime.max_staleness=1"],
             # trainer and engine in processes of their own (true overlap, no shared GIL)
             "reroll_ray_async": ["runtime.kind=ray", "runtime.max_staleness=1"],
             "reroll_ray": ["runtime.kind=ray"],

@@ -44,7 +44,7 @@ class LossInputs:
     prox_logprobs: Tensor  # [B, T] pi_prox: weights at the start of this update
     behav_logprobs: Tensor  # [B, T] mu: recorded by the engine when it sampled
     advantages: Tensor  # [B, T] per-sample advantage broadcast over its tokens
-    mask: Tensor  # [B, T] float, 1 on trainable tokens
+    mask: Tensor  # [B, T] float, a trainable token's loss weight (1; TreeRL: paths through it)
     n_tokens: float  # trainable tokens in the whole mini-batch (global normaliser)
     n_seqs: float  # sequences in the whole mini-batch (global normaliser)
     ref_logprobs: Tensor | None = None  # [B, T] when kl_coef > 0 and the KL is in the loss
@@ -129,7 +129,10 @@ class Objective:
         """This micro-batch's share of the mini-batch loss (the shares sum to the whole) and
         its metrics (0-d tensors, means over this micro-batch's trainable tokens)."""
         mask = inp.mask.to(inp.logprobs.dtype)
-        weights, mask, metrics = self.correction_fn(inp.prox_logprobs, inp.behav_logprobs, mask)
+        weights, kept, metrics = self.correction_fn(inp.prox_logprobs, inp.behav_logprobs, mask)
+        # the correction keeps or drops tokens (0/1); a token's loss weight (TreeRL's paths
+        # through it, `reroll.methods.treerl`; 1 elsewhere) stays in the mask
+        mask = mask * kept.to(mask.dtype)
         per_tok, sur_metrics = self.surrogate_fn(inp.logprobs, inp.prox_logprobs,
                                                  inp.advantages, mask)
         if inp.sample_weights is not None:  # e.g. a replayed or down-weighted sample

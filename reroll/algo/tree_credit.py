@@ -3,7 +3,7 @@ chosen by ``rollout.tree_credit``.
 
 Owns the ``TREE_CREDITS`` registry and its default, ``"leaves"``. A credit is called as
 ``credit(parents, shared, lengths, rewards, prompt_len, scale) -> (advantages [n, L],
-trained [n, L]) | None`` from a group's records (``parents[i]``: the member that member
+loss weights [n, L], 0 where not trained) | None`` from a group's records (``parents[i]``: the member that member
 ``i`` forked from, None for a root; ``shared[i]``: the tokens it inherited, prompt
 included; ``lengths[i]``: its tokens; ``rewards[i]``); None keeps the estimator's scalar
 advantage broadcast over each member's tokens. Traits: ``scaled`` (the record carries

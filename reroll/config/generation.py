@@ -98,17 +98,20 @@ class RolloutConfig:
     tree_credit: str = "leaves"
     """tree workflow: how a tree group is trained. "leaves" (LATR): every leaf is an
     independent sample with the configured estimator's advantage, its inherited prefix
-    tokens in the loss once per leaf that holds them. "segments" (TreeRL): each token is trained once, in the member that sampled it, with its node's
-    advantage (V(s) - V(root)) + (V(s) - V(parent)), V = mean reward of the leaves below a
+    tokens in the loss once per leaf that holds them. "segments" (TreeRL): each token is
+    trained once, in the member that sampled it, with loss weight the number of leaves that
+    hold it (the gradient of training every root-to-leaf path as its own sequence) and its
+    node's advantage (V(s) - V(root)) + (V(s) - V(parent)), V = mean reward of the leaves below a
     node, V(root) = the group mean (`reroll.algo.tree_credit`). That formula replaces
     algo.advantage for tree groups (which is why it must stay at its default, and
     algo.advantage_args do not apply); a surrogate that trains one advantage per sequence
     (gspo; gspo_token is fine) and replay.reuse (a banked answer is not part of the tree)
-    are refused. Sequence-level corrections then weigh each member's sampled tokens.
+    are refused. "segments_once": reroll's variant, the same with every token's weight 1.
+    Sequence-level corrections then weigh each member's sampled tokens.
     Recorded per sample as control["tree"]["credit"]; derived from the record when the
     step trains, so resumes and `reroll replay` give the same advantages."""
     tree_credit_scale: bool = True
-    """tree_credit = "segments": divide a node's advantage by sqrt(leaves below it), TreeRL's
+    """tree_credit = "segments" / "segments_once": divide a node's advantage by sqrt(leaves below it), TreeRL's
     reweighting, so that a prefix shared by many leaves does not dominate the update; false:
     the plain global + local advantage. Recorded as control["tree"]["scale"]."""
     tree_branch: str = "positions"

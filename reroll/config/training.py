@@ -61,10 +61,12 @@ class AlgoConfig:
 class ControlConfig:
     allocator: str = "fixed"
     """Samples per prompt (registry `reroll.control.allocators.ALLOCATORS`): fixed
-    (rollout.group_size each), ar3po (stages until one is correct), dars (more for prompts
-    under 50%), xrpo (while the confidence interval shrinks enough), gdro (proportional to
-    the Bernoulli std, mean rollout.group_size). Adaptive groups grow in rounds; a step then
-    trains on up to rollout.batch_groups x rollout.group_size samples."""
+    (rollout.group_size each), ar3po_stages (stages until one is correct: AR3PO's allocator
+    alone; the method is preset=ar3po), dars (more for prompts under 50%; the method as its
+    authors run it is preset=dars), xrpo (while the confidence interval shrinks enough; the
+    method's built parts are preset=xrpo), gdro (proportional to the Bernoulli std, mean
+    rollout.group_size). Adaptive groups grow in rounds; a step then trains on up to
+    rollout.batch_groups x rollout.group_size samples."""
     allocator_args: dict[str, Any] = field(default_factory=dict)
     """Hyperparameters of the allocator."""
     selector: str = "uniform"

@@ -1,9 +1,21 @@
-"""AR3PO: staged sampling. A prompt gets ``k`` responses per stage and another stage only
-while none of its responses is correct, up to ``max_stages`` stages, so easy prompts stop
-after one stage and the budget goes to the hard ones. Where reroll differs: the stages are
-rounds of one group (the allocator's ``more``), decided as each round is scored.
+"""AR3PO (Zhang et al. 2025, "Improving Sampling Efficiency in RLVR through Adaptive Rollout
+and Response Reuse"). Rule in one line: a prompt gets ``k`` responses per stage and another
+stage only while none of its responses is correct (at most ``max_stages``), and a group
+still without a correct response after its last stage gets a past correct response of its
+prompt in place of one member, so it has reward variance.
 
-Owns the rule (`ar3po_more`) and the ``ar3po`` allocator.
+The method is the two parts together: ``preset = "ar3po"`` (configs/presets/ar3po.toml)
+turns on this module's staged allocator and the response reuse (``replay.reuse``, the bank
+of `reroll.replay.bank`). The staged allocator alone is ``control.allocator =
+"ar3po_stages"``: reroll's name for half of the method (benchmark rows that ran only it say
+so).
+
+Where reroll differs: the stages are rounds of one group (the allocator's ``more``),
+decided as each round is scored; the reused answer replaces the group's last member (the
+group keeps its size) and keeps its behaviour log-probs, so the configured off-policy
+correction weighs it (the paper leaves its off-policy handling open).
+
+Owns the rule (`ar3po_more`) and the ``ar3po_stages`` allocator.
 """
 
 from __future__ import annotations
@@ -25,15 +37,16 @@ def ar3po_more(n_correct: int, n_so_far: int, stage: int, *, k: int, max_stages:
     return k if n_correct == 0 and stage + 1 < max_stages else 0
 
 
-@ALLOCATORS.register("ar3po", ranges={"k": "[1, inf)", "max_stages": "[1, inf)"})
+@ALLOCATORS.register("ar3po_stages", ranges={"k": "[1, inf)", "max_stages": "[1, inf)"})
 class AR3PO(Allocator):
-    """AR3PO staged sampling: ``k`` samples per stage; another stage only while the group has
-    no correct sample, at most ``max_stages`` stages. Easy prompts stop after one stage."""
+    """AR3PO's staged sampling alone (the method is ``preset = "ar3po"``, which adds the
+    response reuse): ``k`` samples per stage; another stage only while the group has no
+    correct sample, at most ``max_stages`` stages. Easy prompts stop after one stage."""
 
     def __init__(self, group_size: int, /, *, k: int = 2, max_stages: int = 4):
         super().__init__(group_size)
         if k < 1 or max_stages < 1:
-            raise ValueError(f"allocator 'ar3po': k and max_stages must be >= 1, got "
+            raise ValueError(f"allocator 'ar3po_stages': k and max_stages must be >= 1, got "
                              f"{k}, {max_stages}")
         self.k, self.max_stages = k, max_stages
 

@@ -1,8 +1,25 @@
-"""DARS: difficulty-adaptive rollout sampling. After a first round of ``n`` samples, a prompt
-with accuracy below 0.5 gets a second round sized so that its total advantage reaches what
-a prompt at accuracy 0.5 has: the equal-treatment ("et") schedule, or the hardness-weighted
-("hw") one that gives harder prompts more. Where reroll differs: the second round is a
-round of the same group (the allocator's ``more``), capped at ``n_max`` samples in all.
+"""DARS: difficulty-adaptive rollout sampling (Yang et al. 2025, "Depth-Breadth Synergy in
+RLVR"). Rule in one line: after a first round of ``n`` samples, a prompt with accuracy below
+0.5 gets a second round sized so that its total |advantage| reaches what a prompt at
+accuracy 0.5 has, by the equal-treatment ("et") schedule or the hardness-weighted ("hw") one
+that gives harder prompts more; after that round, groups that are all correct or all wrong
+are dropped.
+
+The method as its authors run it is ``preset = "dars"`` (configs/presets/dars.toml): this
+allocator with its defaults, advantages without std normalisation (``algo.advantage_args =
+{norm_by_std = false}``: the schedule below assumes them, so at accuracy 0 and n = 8 the
+equal-treatment round adds 27 samples, 24 under the default cap of 32) and the
+zero-variance filter (``algo.dynamic_sampling = true``) for the drop. The authors publish
+their training scripts and code; we do not name a file or function of it we could not
+check, and this module is our own code.
+
+Where reroll differs:
+- the second round is a round of the same group (the allocator's ``more``), capped at
+  ``n_max`` samples in all;
+- dropped groups are replaced by freshly sampled ones (reroll's dynamic sampling keeps
+  the batch size), where the authors train on a smaller batch;
+- ``std_norm = True`` is reroll's variant for std-normalised advantages
+  (S(a) = 2 sqrt(a (1 - a)), A_peak = n), not the authors' setting.
 
 Owns the rule (`dars_extra`) and the ``dars`` allocator.
 """
@@ -46,10 +63,12 @@ def dars_extra(acc: float, n: int, *, n_max: int, schedule: str = "et",
 class DARS(Allocator):
     """DARS: ``group_size`` samples, then one more round for prompts with accuracy below
     0.5, sized by the equal-treatment ("et") or hardness-weighted ("hw") schedule, up to
-    ``n_max`` samples in all. ``std_norm`` picks the schedule for std-normalised advantages."""
+    ``n_max`` samples in all. The schedule assumes advantages without std normalisation, as
+    the authors run it (``preset = "dars"`` adds that and the drop of uniform groups);
+    ``std_norm = true`` is reroll's variant for std-normalised advantages."""
 
     def __init__(self, group_size: int, /, *, n_max: int = 32, schedule: str = "et",
-                 std_norm: bool = True):
+                 std_norm: bool = False):
         super().__init__(group_size)
         if schedule not in ("et", "hw"):
             raise ValueError(f"allocator 'dars': schedule must be 'et' or 'hw', got "

@@ -1,16 +1,28 @@
-"""GDRO: distributionally robust rollouts, on two axes.
+"""GDRO: distributionally robust rollouts, on two axes (Panaganti et al. 2025, group
+distributionally robust optimisation for LLM reasoning RL). Rule in one line: prompts fall
+in difficulty bins by their online pass@k; Prompt-GDRO draws bins from multiplicative
+weights driven by each bin's failure rate, Rollout-GDRO gives a group samples in proportion
+to the Bernoulli std of its bin's success rate under a shadow price.
 
 Rollout-GDRO (allocator ``gdro``): the group size that gives the least variance of the
 group means for a mean budget is proportional to the Bernoulli std sqrt(p (1 - p)) of the
 prompt's success rate (the Lagrangian solution), with a shadow price ``mu`` on samples.
 Prompt-GDRO (selector ``gdro``): prompts fall in difficulty bins; a multiplicative-weights
 distribution over the bins, driven by each bin's failure rate, decides which bin the next
-prompt comes from, so the policy keeps training where it does worst. Where reroll differs:
-a group decides its size alone against the price (moved by dual ascent at step boundaries),
-and ``p`` is pooled over the prompt's difficulty bin.
+prompt comes from, so the policy keeps training where it does worst.
 
-Owns the rules (`gdro_sizes`, `mw_update`, `ema`), the ``gdro`` allocator and the ``gdro``
-selector.
+Difficulty (both): a prompt's bin is that of its online pass@k (``bin_by = "pass_at_k"``,
+the paper's): of its last ``recent`` observations pooled, c successes in n samples, the
+unbiased estimate 1 - C(n - c, k) / C(n, k) (1 - (1 - c/n)^k while n < k), in ``bins``
+equal-width bins of [0, 1]. ``bin_by = "mean_rate"`` is reroll's variant: the recent mean
+success rate c / n.
+
+Where reroll differs: a group decides its size alone against the price (moved by dual
+ascent at step boundaries), and ``p`` is pooled over the prompt's difficulty bin; unseen
+prompts sit in the bin of 0.5; the value of ``k`` is our choice (4), the paper's may differ.
+
+Owns the rules (`gdro_sizes`, `mw_update`, `ema`, `pass_at_k`), the ``gdro`` allocator and
+the ``gdro`` selector.
 """
 
 from __future__ import annotations
@@ -62,6 +74,37 @@ def mw_update(weights: list[float], scores: list[float], *, eta: float,
     return [(1.0 - floor) * v / z + floor / len(w) for v in e]
 
 
+@ranged(successes="[0, inf)", trials="[1, inf)", k="[1, inf)")
+def pass_at_k(successes: int, trials: int, *, k: int) -> float:
+    """Online pass@k of a prompt with ``successes`` of ``trials`` samples correct: the
+    unbiased estimate 1 - C(n - c, k) / C(n, k) when n >= k, else 1 - (1 - c / n)^k (the
+    plug-in estimate: too few samples for the unbiased one)."""
+    c, n, k = int(successes), int(trials), int(k)
+    if c > n:
+        raise fail("pass_at_k", "successes", f"<= trials ({n})", c)
+    if n >= k:
+        return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+    return 1.0 - (1.0 - c / n) ** k
+
+
+def difficulty(rec: PromptRecord | None, *, recent: int, bin_by: str, k: int) -> float | None:
+    """The value a prompt is binned by (None before its first observation): its pass@k
+    (``bin_by = "pass_at_k"``) or mean success rate (``"mean_rate"``) over its last
+    ``recent`` observations pooled."""
+    obs = rec.history[-recent:] if rec is not None else []
+    n = sum(t for _, _, t in obs)
+    if not n:
+        return None
+    c = sum(s for _, s, _ in obs)
+    return pass_at_k(c, n, k=k) if bin_by == "pass_at_k" else c / n
+
+
+def _check_bin_by(kind: str, bin_by: str) -> None:
+    if bin_by not in ("pass_at_k", "mean_rate"):
+        raise ValueError(f"{kind} 'gdro': bin_by must be 'pass_at_k' or 'mean_rate', got "
+                         f"{bin_by!r}")
+
+
 @ranged(x="(-inf, inf)", rate="[0, 1]", prev="(-inf, inf)")
 def ema(prev: float | None, x: float, *, rate: float) -> float:
     """Exponential moving average (Prompt-GDRO's bin scores):
@@ -74,18 +117,23 @@ def ema(prev: float | None, x: float, *, rate: float) -> float:
 
 @ALLOCATORS.register("gdro", ranges={"n_min": "[1, inf)", "n_max": "[1, inf)",
                                        "bins": "[1, inf)", "recent": "[1, inf)",
-                                       "mu": "(0, inf)", "lr": "[0, inf)"})
+                                       "mu": "(0, inf)", "lr": "[0, inf)",
+                                       "bin_by": "{pass_at_k, mean_rate}", "k": "[1, inf)"})
 class RolloutGDRO(ShadowPriced):
     """Rollout-GDRO: a group's size is ``sqrt(p (1 - p)) / mu`` clipped to [n_min, n_max]
     (rounded), with ``p`` the pooled recent success rate of the prompt's difficulty bin
-    (``bins`` equal-width bins of its own recent rate; unseen prompts use the pooled rate of
-    every prompt, 0.5 before any). The Lagrangian solution of "least variance of the group
+    (``bins`` equal-width bins of its online pass@k, or with ``bin_by = "mean_rate"`` of its
+    recent success rate; unseen prompts use the pooled rate of every prompt, 0.5 before
+    any). The Lagrangian solution of "least variance of the group
     means for a mean budget": n proportional to the Bernoulli std, the shadow price ``mu``
     making the realised mean ``group_size`` (dual ascent at step boundaries)."""
 
     def __init__(self, group_size: int, /, *, n_min: int = 2, n_max: int = 16, bins: int = 4,
-                 recent: int = 4, mu: float = 0.05, lr: float = 0.002):
+                 recent: int = 4, mu: float = 0.05, lr: float = 0.002,
+                 bin_by: str = "pass_at_k", k: int = 4):
         super().__init__(group_size, mu, lr)
+        _check_bin_by("allocator", bin_by)
+        self.bin_by, self.k = bin_by, k
         if not 1 <= n_min <= group_size <= n_max:
             raise ValueError(f"allocator 'gdro': need n_min <= rollout.group_size <= n_max, "
                              f"got {n_min}, {group_size}, {n_max}")
@@ -96,12 +144,15 @@ class RolloutGDRO(ShadowPriced):
     def _bin(self, rate: float) -> int:
         return min(self.bins - 1, int(rate * self.bins))
 
+    def level(self, prompt: PromptRecord | None) -> float | None:
+        return difficulty(prompt, recent=self.recent, bin_by=self.bin_by, k=self.k)
+
     def rate_of(self, prompt: PromptRecord | None) -> float:
-        own = prompt.recent_rate(self.recent) if prompt is not None else None
-        if own is None:
+        level = self.level(prompt)
+        if level is None:
             return self.prior
-        pooled = self.bin_rate[self._bin(own)]
-        return own if pooled is None else pooled
+        pooled = self.bin_rate[self._bin(level)]
+        return prompt.recent_rate(self.recent) if pooled is None else pooled
 
     def initial(self, prompt):
         p = self.rate_of(prompt)
@@ -115,11 +166,11 @@ class RolloutGDRO(ShadowPriced):
         super().end_step(outcomes, stats)
         succ, trials = [0] * self.bins, [0] * self.bins
         for _, rec in stats.items():
-            rate = rec.recent_rate(self.recent)
-            if rate is not None:
+            level = self.level(rec)
+            if level is not None:
                 for _, s, t in rec.history[-self.recent:]:
-                    succ[self._bin(rate)] += s
-                    trials[self._bin(rate)] += t
+                    succ[self._bin(level)] += s
+                    trials[self._bin(level)] += t
         self.bin_rate = [s / t if t else None for s, t in zip(succ, trials)]
         pooled = stats.mean_rate()
         self.prior = 0.5 if pooled is None else pooled
@@ -135,18 +186,23 @@ class RolloutGDRO(ShadowPriced):
 
 @SELECTORS.register("gdro", ranges={"bins": "[1, inf)", "eta": "[0, inf)",
                                       "floor": "[0, 1]", "rate": "(0, 1]",
-                                      "recent": "[1, inf)"})
+                                      "recent": "[1, inf)",
+                                      "bin_by": "{pass_at_k, mean_rate}", "k": "[1, inf)"})
 class PromptGDRO(Selector):
-    """Prompt-GDRO: prompts fall in ``bins`` difficulty bins by their recent success rate
-    (unseen prompts in the bin of rate 0.5); a multiplicative-weights distribution over bins,
+    """Prompt-GDRO: prompts fall in ``bins`` difficulty bins by their online pass@k (with
+    ``bin_by = "mean_rate"``, reroll's variant, by their recent success rate; unseen prompts
+    in the bin of 0.5); a multiplicative-weights distribution over bins,
     ``w_b <- w_b exp(eta score_b)`` normalised and mixed with uniform by ``floor``, where
     ``score_b`` is an EMA (``rate``) of the bin's mean failure rate over the groups it had
     in a step (a mean, so a frequent bin gains nothing for being frequent). A draw picks a
     bin from ``w`` (among bins with prompts), then a prompt of that bin uniformly."""
 
     def __init__(self, examples, seed, round_size, /, *, bins: int = 4, eta: float = 0.5,
-                 floor: float = 0.2, rate: float = 0.3, recent: int = 4):
+                 floor: float = 0.2, rate: float = 0.3, recent: int = 4,
+                 bin_by: str = "pass_at_k", k: int = 4):
         super().__init__(examples, seed, round_size)
+        _check_bin_by("selector", bin_by)
+        self.bin_by, self.k = bin_by, k
         self.bins, self.eta, self.floor, self.rate, self.recent = bins, eta, floor, rate, recent
         self.weights = [1.0 / bins] * bins
         self.scores: list[float | None] = [None] * bins
@@ -184,8 +240,7 @@ class PromptGDRO(Selector):
         self.weights = mw_update(self.weights, [s or 0.0 for s in self.scores],
                                  eta=self.eta, floor=self.floor)
         for pid, _, _ in outcomes:  # re-bin the prompts that were just observed
-            rec = stats.get(pid)
-            rate = rec.recent_rate(self.recent) if rec is not None else None
+            rate = difficulty(stats.get(pid), recent=self.recent, bin_by=self.bin_by, k=self.k)
             if rate is None:
                 continue
             old = self.bin_of.get(pid)

@@ -1,18 +1,39 @@
 """TreeRL: segment credit for a tree group (``rollout.tree_credit = "segments"``).
 
-The paper's rule: in a tree of samples, every node's value is the mean reward of the leaves
-below it, and each token is credited with how much its node beats the root (global) plus how
-much it beats its parent (local), scaled by 1 / sqrt(leaves) so that a node shared by many
-leaves does not dominate. Where reroll differs: the trees are whatever the tree workflow grew
+The paper (Hou et al. 2025, "TreeRL: LLM Reinforcement Learning with On-Policy Tree
+Search"). Rule in one line: every node's value is the mean reward of the leaves below it;
+each token gets (V(node) - V(root)) + (V(node) - V(parent)), divided by sqrt(leaves below
+the node), and every root-to-leaf path is trained as its own sequence, so a token of a node
+shared by n leaves is in the loss n times. The reference code builds one training
+sequence per selected leaf path and gives each of its tokens the reward of the node that
+holds it; we do not name a file or function of it we could not check, and this module is
+our own code.
+
+``"segments"`` is that rule, computed without the copies: each token is trained once, in
+the member that sampled it, with its node's advantage and a loss weight equal to the number
+of leaves below the node (the paths through it). Per token the surrogate, a token-level
+correction and a KL term depend only on the token and its prefix, which every path through
+the node shares, so n copies of the token's loss are n times one copy; the loss mask carries
+the weight, so a token-mean's denominator counts path tokens as the reference's batch does.
+The gradient is the per-path loss's (tested against an explicit per-path loss on a tiny
+model). It differs only under a sequence-level correction, which weighs each member's
+sampled tokens by its own ratio where a path would use the whole path's.
+
+Where reroll differs, and its variant: ``"segments_once"`` trains each token once with
+weight 1 (its node's advantage still divided by sqrt(leaves) when ``scale``), so a node
+shared by n leaves weighs n times less than in the paper; it is reroll's cheaper-to-read
+variant, kept under its own name. For both: the trees are whatever the tree workflow grew
 (fixed fork positions or LATR's entropy rule, `reroll.methods.latr`), read back from the
 records, including members that stopped before a fork; the credit replaces the estimator's
-advantage for tree groups only.
+advantage for tree groups only; ``rollout.tree_credit_scale = false`` drops the
+1/sqrt(leaves) reweighting.
 
 Owns the segments of a tree group (which tokens of which member form which node of the
-trees), their advantages, what the rest of the config must be for them (`check_segments`),
-and the ``"segments"`` entry of `reroll.algo.tree_credit.TREE_CREDITS`. Must not know about
-rollouts, engines, batches or configs beyond that check: the trainer reads the structure
-from the records (`reroll.trainer.credit`).
+trees), their advantages and weights, what the rest of the config must be for them
+(`check_segments`), and the ``"segments"`` and ``"segments_once"`` entries of
+`reroll.algo.tree_credit.TREE_CREDITS`. Must not know about rollouts, engines, batches or
+configs beyond that check: the trainer reads the structure from the records
+(`reroll.trainer.credit`).
 
 The structure. A group of n members grows as trees (`reroll.workflows.tree`): member ``i``
 is a root (``parents[i] = None``, sampled from the prompt) or forked from member
@@ -42,7 +63,8 @@ mean. Every token of the segment of node ``s`` gets
 
 times ``1 / sqrt(|leaves(s)|)`` when ``scale`` (TreeRL's reweighting, so that a node shared
 by many leaves does not dominate). Each token is trained once: in the member that sampled it,
-never in the members that inherited it. A leaf's own last segment (``|leaves| = 1``, its
+never in the members that inherited it, with loss weight ``|leaves(s)|`` (``"segments"``:
+the paths through it) or 1 (``"segments_once"``). A leaf's own last segment (``|leaves| = 1``, its
 parent the node it parted from) gets ``(R_i - V(root)) + (R_i - V(parent))``.
 """
 
@@ -167,20 +189,29 @@ def segment_advantages(segments: Sequence[Segment], rewards: Sequence[float],
 
 def segment_credit(parents: Sequence[int | None], shared: Sequence[int],
                    lengths: Sequence[int], rewards: Sequence[float], prompt_len: int,
-                   scale: bool = True) -> tuple[Tensor, Tensor]:
-    """Per-token segment credit of a tree group: (advantages [n, L] float32, trained [n, L]
-    bool), L the longest member, position t = token t of the member's sequence. A token is
-    trained (and has an advantage) only in the member that sampled it; prompt, inherited and
-    padding positions are 0 and False."""
+                   scale: bool = True, per_path: bool = True) -> tuple[Tensor, Tensor]:
+    """Per-token segment credit of a tree group: (advantages [n, L] float32, weights [n, L]
+    float32), L the longest member, position t = token t of the member's sequence. A token
+    has an advantage and a weight only in the member that sampled it: the number of leaves
+    below its node (``per_path``: TreeRL's one training sequence per root-to-leaf path) or 1
+    (reroll's each-token-once variant). Prompt, inherited and padding positions are 0."""
     segs = tree_segments(parents, shared, lengths, prompt_len)
     advs = segment_advantages(segs, rewards, scale)
     n, width = len(parents), max(lengths)
     adv = torch.zeros(n, width, dtype=torch.float64)  # [n, L]
-    own = torch.zeros(n, width, dtype=torch.bool)  # [n, L]
+    weight = torch.zeros(n, width, dtype=torch.float32)  # [n, L]
     for s, a in zip(segs, advs):
         adv[s.member, s.start:s.end] = a
-        own[s.member, s.start:s.end] = True
-    return adv.to(torch.float32), own
+        weight[s.member, s.start:s.end] = float(len(s.leaves)) if per_path else 1.0
+    return adv.to(torch.float32), weight
+
+
+def segment_credit_once(parents: Sequence[int | None], shared: Sequence[int],
+                        lengths: Sequence[int], rewards: Sequence[float], prompt_len: int,
+                        scale: bool = True) -> tuple[Tensor, Tensor]:
+    """reroll's variant (``"segments_once"``): `segment_credit` with every sampled token's
+    weight 1, so a shared node counts once, not once per path through it."""
+    return segment_credit(parents, shared, lengths, rewards, prompt_len, scale, per_path=False)
 
 
 def check_segments(cfg) -> None:
@@ -217,3 +248,4 @@ def check_segments(cfg) -> None:
 
 
 TREE_CREDITS.register("segments", scaled=True, check=check_segments)(segment_credit)
+TREE_CREDITS.register("segments_once", scaled=True, check=check_segments)(segment_credit_once)

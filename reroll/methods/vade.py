@@ -1,9 +1,20 @@
-"""VADE: variance-aware prompt selection. Each prompt has a Beta posterior over its success
-probability; each round draws p ~ Beta per candidate (Thompson sampling) and takes the
-prompts with the largest Bernoulli variance p (1 - p), the ones whose groups most likely have
-non-zero advantages. Where reroll differs: evidence is discounted by ``decay`` per step of
-age toward the Beta(1, 1) prior (not toward zero), so the posterior follows the moving
-policy; prompts are chosen in rounds from a seeded candidate pool.
+"""VADE: variance-aware prompt selection (2025, "VADE: Variance-Aware Dynamic Sampling via
+Online Sample-Level Difficulty Estimation"). Rule in one line: each prompt has a Beta
+posterior over its success probability, decayed toward its prior on two scales; each round
+draws p ~ Beta per candidate (Thompson sampling) and takes the prompts with the largest
+Bernoulli variance p (1 - p), the ones whose groups most likely have non-zero advantages.
+
+The two decay scales, as we read the paper's two-scale prior decay (our assumption: the
+exact form and constants are ours): a slow one, ``decay`` per training step of age, so
+evidence fades while the policy moves whether or not the prompt is drawn again; and a fast
+one, ``update_decay`` on the evidence already held each time the prompt is observed anew,
+so a fresh group outweighs what an older policy did on the same prompt. Both pull toward
+the Beta(1, 1) prior, not toward zero. ``update_decay = 1`` is reroll's earlier one-scale
+variant.
+
+Where reroll differs: prompts are chosen in rounds from a seeded candidate pool; the
+posterior is rebuilt from the prompt's recorded history (`PromptRecord.history`, its last
+``control.stats_keep`` observations) rather than kept incrementally.
 
 Owns the rules (`beta_update`, `info_score`) and the ``vade`` selector.
 """
@@ -47,22 +58,25 @@ def info_score(p: float) -> float:
     return p * (1.0 - p)
 
 
-@SELECTORS.register("vade", ranges={"decay": "(0, 1]", "pool": "[0, inf)"})
+@SELECTORS.register("vade", ranges={"decay": "(0, 1]", "update_decay": "(0, 1]",
+                                      "pool": "[0, inf)"})
 class VADE(Rounds):
-    """VADE: a Beta posterior over each prompt's success probability (Beta(1, 1) prior,
-    observations discounted by ``decay`` per step of age so the posterior follows the moving
+    """VADE: a Beta posterior over each prompt's success probability (Beta(1, 1) prior;
+    evidence discounted toward it by ``decay`` per step of age and by ``update_decay`` each
+    time a newer observation of the prompt arrives, so the posterior follows the moving
     policy); each round draws ``p ~ Beta`` per candidate (Thompson sampling) and takes the
     prompts with the largest ``p (1 - p)``: the ones whose groups most likely have reward
     variance."""
 
-    def __init__(self, examples, seed, round_size, /, *, decay: float = 0.9, pool: int = 2048):
+    def __init__(self, examples, seed, round_size, /, *, decay: float = 0.9,
+                 update_decay: float = 0.8, pool: int = 2048):
         super().__init__(examples, seed, round_size, pool)
-        self.decay = decay
+        self.decay, self.update_decay = decay, update_decay
 
     def posterior(self, rec: PromptRecord | None, step: int) -> tuple[float, float]:
         a, b, at = 1.0, 1.0, None
         for s, succ, n in (rec.history if rec is not None else ()):
-            d = 1.0 if at is None else self.decay ** (s - at)
+            d = 1.0 if at is None else self.decay ** (s - at) * self.update_decay
             a, b = beta_update(a, b, succ, n - succ, decay=d)
             at = s
         if at is not None and step > at:

@@ -6,16 +6,19 @@ Owns the step from per-sample advantages [N] to the per-token advantages and los
 ``control["tree"] = {"parent": member or None, "credit": ..., "shared": inherited tokens}``
 (plus ``"scale"`` for a scaled credit); the credit named there
 (`reroll.algo.tree_credit.TREE_CREDITS`) either leaves the rows alone ("leaves") or gives
-per-token advantages in place of the estimator's scalar (TreeRL's "segments"), and then a
-member's tokens it did not sample leave its loss (each token is trained once, in the member
-that sampled it). Everything comes
+per-token advantages and loss weights in place of the estimator's scalar (TreeRL's
+"segments" and "segments_once"), and then a member's tokens it did not sample leave its loss
+(each token is trained once, in the member that sampled it) and the ones it did are weighted
+in the loss mask (with "segments", by the number of root-to-leaf paths through the token, so
+the loss is TreeRL's per-path loss: `reroll.methods.treerl`). Everything comes
 from the records, so a resumed run and `reroll replay` compute the same advantages; nothing
 is stored. Every other row is the scalar broadcast, bitwise as before.
 
 The metrics say what the trees cost and save: ``tree/tokens_held`` (policy tokens in the
 tree groups' sequences, inherited ones once per member that holds them),
-``tree/tokens_trained`` (those in the loss) and ``tree/trained_share`` (their ratio: 1 with
-leaf credit, the generated share with segment credit). With per-token credit in the batch a
+``tree/tokens_trained`` (positions in the loss, each counted once whatever its weight) and
+``tree/trained_share`` (their ratio: 1 with leaf credit, the generated share with segment
+credit). ``train/tokens`` (the loss mask's sum) counts a path-weighted token once per path. With per-token credit in the batch a
 member's entry of the per-sample advantages (``adv/mean``, ``adv/abs_mean``) is the
 mean of its tokens' advantages (0 when it trains none). Knows nothing of models or losses.
 """
@@ -45,7 +48,7 @@ def tree_credit_of(g: Group) -> dict | None:
 
 def tree_rows(g: Group, rewards: list[float], rec: dict
               ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(advantages [n, L-1], trained [n, L-1]) of a tree group whose credit ``rec`` (from
+    """(advantages [n, L-1], loss weights [n, L-1], 0 where untrained) of a tree group whose credit ``rec`` (from
     `tree_credit_of`) is per-token, with its members' ``rewards``, aligned as a batch is
     (column t predicts token t + 1), L its longest member; None for a credit that keeps the
     scalar broadcast."""
@@ -85,11 +88,11 @@ def token_advantages(groups: Sequence[Group], rewards: torch.Tensor, adv: torch.
             mask[row:row + n, :width] = keep
             adv_tok[row:row + n] = 0.0
             adv_tok[row:row + n, :width] = a.to(adv_tok.device, adv_tok.dtype) * (keep > 0)
-            counts = keep.sum(-1).cpu()  # [n]
+            counts = (keep > 0).to(keep.dtype).sum(-1).cpu()  # [n] trained positions, any weight
             adv[row:row + n] = (adv_tok[row:row + n].sum(-1).cpu().to(adv.dtype)
                                 / counts.clamp(min=1.0).to(adv.dtype))
         if rec is not None:
-            trained += float(mask[row:row + n].sum())
+            trained += float((mask[row:row + n] > 0).sum())
         row += n
     metrics = {}
     if held > 0:

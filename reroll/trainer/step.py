@@ -199,6 +199,10 @@ class Trainer:
             extra, m = vcpo.opob_inputs(lambda b: self._forward(self.model, b)[0], self.model,
                                         batch, sample_w, mb_size)
             metrics.update(m)
+        if self.objective.wants("mean_logprobs"):  # XRPO's novelty: mean behaviour log-prob
+            tok = batch.mask.sum(-1).clamp(min=1.0)  # [N]
+            lp = torch.where(batch.mask > 0, batch.behav_logprobs, 0.0)  # [N, T]
+            extra["mean_logprobs"] = ((lp * batch.mask).sum(-1) / tok).cpu()
         # advantages on the CPU (per-sample scalars); per-token tensors on the model's device
         adv, include = self.objective.advantages(rewards, comps, gidx,
                                                  batch.mask.sum(-1).cpu(), **extra)  # [N], [N]

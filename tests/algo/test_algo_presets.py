@@ -6,7 +6,8 @@ import torch
 from reroll.algo import LossInputs, build_objective
 from reroll.config_checks import load_checked
 
-PRESETS = ["grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp", "mc_grpo", "gdpo"]
+PRESETS = ["grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp", "mc_grpo", "gdpo", "dars",
+           "ar3po"]
 
 
 @pytest.mark.parametrize("name", PRESETS)

@@ -73,7 +73,7 @@ def plain_group(n, gid, rewards=None):
     return g
 
 
-def tree_group(credit_name="segments"):
+def tree_group(credit_name="segments_once"):
     """The two trees of `test_tree_credit` as records (prompt of 2, every response token
     sampled or inherited, so in the loss mask)."""
     g = Group("t", Example("p", "q", "a"), 8)
@@ -82,7 +82,7 @@ def tree_group(credit_name="segments"):
         r.loss_mask = [False] * P + [True] * (LENGTHS[i] - P)
         r.reward, r.scores = REWARDS[i], [Score("s", value=REWARDS[i])]
         r.control["tree"] = {"parent": PARENTS[i], "credit": credit_name, "shared": SHARED[i]}
-        if credit_name == "segments":
+        if credit_name.startswith("segments"):
             r.control["tree"]["scale"] = False
         g.rollouts.append(r)
     return g
@@ -139,3 +139,121 @@ def test_segment_credit_uses_the_rewards_the_estimator_saw():
     twice = 2 * torch.tensor(REWARDS)
     adv, _, _, _ = credit.token_advantages([g], twice, torch.zeros(8), batch.mask)
     assert torch.allclose(adv, 2 * torch.tensor([row[1:] for row in UNSCALED]), atol=1e-7)
+
+
+# ---- TreeRL's per-path loss, each shared token trained once with the paths' weight ---------
+
+# loss weight of each token of the two trees (path count below its node; 0: not trained here)
+PATHS = [
+    [0, 0, 4, 4, 2, 2, 1, 1, 0],
+    [0, 0, 0, 0, 0, 0, 1, 1, 1],
+    [0, 0, 0, 0, 2, 2, 1, 0, 0],
+    [0, 0, 0, 0, 0, 0, 1, 1, 0],
+    [0, 0, 4, 4, 2, 2, 1, 1, 0],
+    [0, 0, 0, 0, 0, 0, 1, 1, 1],
+    [0, 0, 0, 0, 2, 2, 1, 0, 0],
+    [0, 0, 0, 0, 0, 0, 1, 1, 0],
+]
+
+
+def test_segments_weigh_each_token_by_the_root_to_leaf_paths_through_it():
+    """TreeRL trains every root-to-leaf path as its own sequence (the reference assembles one
+    training sample per selected leaf path, each token carrying its node's reward), so a
+    token of a node shared by n leaves is in the loss n times. "segments" keeps one copy with
+    weight n: a tree's top node (4 leaves) weighs 4, a node of 2 leaves 2, a leaf's own
+    tokens 1; the mask then sums to the tokens the 8 paths hold (48), the positions trained
+    stay the 28 sampled ones."""
+    g = tree_group("segments")
+    batch = collate(g.rollouts, pad_id=0)
+    adv, mask, _, m = credit.token_advantages([g], torch.tensor(REWARDS), torch.zeros(8),
+                                              batch.mask)
+    assert mask.tolist() == [[float(x) for x in row[1:]] for row in PATHS]
+    assert torch.allclose(adv, torch.tensor([row[1:] for row in UNSCALED]), atol=1e-7)
+    assert float(mask.sum()) == m["tree/tokens_held"] == 48.0
+    assert m["tree/tokens_trained"] == 28.0
+
+
+class TinyCausal(torch.nn.Module):
+    """A causal LM small enough to differentiate exactly in float64: token and position
+    embeddings, a running mean over the prefix (position t sees tokens 0..t), a tanh layer
+    and an output head."""
+
+    def __init__(self, vocab=11, width=6, length=9):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.tok = torch.nn.Parameter(torch.randn(vocab, width, generator=g, dtype=torch.float64))
+        self.pos = torch.nn.Parameter(torch.randn(length, width, generator=g,
+                                                  dtype=torch.float64))
+        self.mix = torch.nn.Parameter(torch.randn(width, width, generator=g,
+                                                  dtype=torch.float64))
+        self.head = torch.nn.Parameter(torch.randn(width, vocab, generator=g,
+                                                   dtype=torch.float64))
+
+    def logprobs(self, tokens):  # [B, L] -> [B, L-1]: column t is log p(token t+1 | 0..t)
+        x = self.tok[tokens] + self.pos[: tokens.shape[1]]  # [B, L, d]
+        steps = torch.arange(1, tokens.shape[1] + 1, dtype=torch.float64)[None, :, None]
+        h = torch.tanh((x.cumsum(1) / steps) @ self.mix)  # [B, L, d]
+        logp = (h @ self.head).log_softmax(-1)[:, :-1]  # [B, L-1, V]
+        return logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)
+
+
+def tree_tokens():
+    """Token ids of the two trees, each member's inherited prefix a copy of its parent's."""
+    g = torch.Generator().manual_seed(1)
+    rows = []
+    for i, n in enumerate(LENGTHS):
+        own = torch.randint(0, 11, (n,), generator=g).tolist()
+        if PARENTS[i] is not None:
+            own[: SHARED[i]] = rows[PARENTS[i]][: SHARED[i]]
+        rows.append(own)
+    return torch.tensor([r + [0] * (max(LENGTHS) - len(r)) for r in rows])  # [8, 9]
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_sum"])
+def test_segments_gradient_equals_the_per_path_loss(aggregation):
+    """The gradient of "segments" (each token once, weight = paths through it) equals that of
+    TreeRL's loss over every root-to-leaf path as its own sequence (every response token of
+    every member, inherited ones included, with the advantage of its node, scaled by
+    1/sqrt(leaves)), under PPO-clip with a token-level truncated IS correction; "segments_once"
+    does not (it weighs a shared node once). Both losses are float64 sums of the same
+    per-token terms, in a different order and with n copies replaced by one copy times n:
+    each gradient entry is a sum of at most 8 x 9 terms, so the two differ by a few float64
+    roundings (unit 1.1e-16) of the largest partial sum, far under 1e-12 of the gradient's
+    scale; a lost or doubled path would move it by a whole term (~1e-2)."""
+    from reroll.methods.treerl import segment_advantages, tree_segments
+
+    tokens = tree_tokens()
+    rewards = torch.tensor(REWARDS)
+    resp = torch.zeros(8, 8, dtype=torch.float64)  # [8, L-1]: every response token a path holds
+    for i, n in enumerate(LENGTHS):
+        resp[i, P - 1: n - 1] = 1.0
+    obj = build_objective(AlgoConfig(aggregation=aggregation))
+
+    def grads(adv, mask):  # one loss's gradient on every parameter, flattened
+        model = TinyCausal()
+        logp = model.logprobs(tokens)  # [8, 8]
+        prox = logp.detach()
+        behav = prox - 0.3 * torch.cos(tokens[:, 1:].double() + torch.arange(8.0))  # per token
+        loss, _ = obj.loss(LossInputs(logp, prox, behav, adv.double(), mask.double(),
+                                      float(mask.sum()), 8.0))
+        loss.backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    # the reference's loss: member k trains all its response tokens, each with its node's A
+    # (as float32, the precision the trainer's per-token advantages have)
+    segs = tree_segments(PARENTS, SHARED, LENGTHS, P)
+    per_path = torch.zeros(8, 9, dtype=torch.float32)
+    for s, a in zip(segs, segment_advantages(segs, REWARDS, scale=True)):
+        for k in s.leaves:
+            per_path[k, s.start:s.end] = a
+    want = grads(per_path[:, 1:], resp)
+    scale = float(want.abs().max())
+    assert scale > 1e-3  # the trees carry a gradient
+    for name, equal in (("segments", True), ("segments_once", False)):
+        g = tree_group(name)
+        for r in g.rollouts:
+            r.control["tree"]["scale"] = True
+        adv, mask, _, _ = credit.token_advantages([g], rewards, torch.zeros(8),
+                                                  resp.float())
+        got = grads(adv, mask)
+        assert torch.allclose(got, want, rtol=0, atol=1e-12 * scale) == equal, name

@@ -8,7 +8,12 @@ import math
 import pytest
 import torch
 
-from reroll.methods.treerl import segment_advantages, segment_credit, tree_segments
+from reroll.methods.treerl import (
+    segment_advantages,
+    segment_credit,
+    segment_credit_once,
+    tree_segments,
+)
 
 P = 2  # prompt tokens: positions 0 and 1
 # Two trees of w = 2, d = (2, 4): members 0..3 and 4..7 with digits 00, 01, 10, 11.
@@ -71,7 +76,7 @@ SCALED = [
 
 @pytest.mark.parametrize("scale, expect", [(False, UNSCALED), (True, SCALED)])
 def test_two_trees_of_four_leaves_by_hand(scale, expect):
-    adv, own = segment_credit(PARENTS, SHARED, LENGTHS, REWARDS, P, scale)
+    adv, own = segment_credit_once(PARENTS, SHARED, LENGTHS, REWARDS, P, scale)
     assert own.tolist() == [[bool(x) for x in row] for row in TRAINED]
     assert torch.allclose(adv, torch.tensor(expect, dtype=torch.float32), atol=1e-7)
 
@@ -127,7 +132,7 @@ def test_a_partial_trees_chain_of_single_children_is_one_node():
 
 
 def test_each_sampled_token_is_trained_once():
-    adv, own = segment_credit(PARENTS, SHARED, LENGTHS, REWARDS, P)
+    adv, own = segment_credit_once(PARENTS, SHARED, LENGTHS, REWARDS, P)
     for i, (n, p) in enumerate(zip(LENGTHS, PARENTS)):
         first = P if p is None else SHARED[i]
         assert own[i].nonzero().flatten().tolist() == list(range(first, n))

@@ -26,7 +26,7 @@ def weights(run_dir, step):
 
 
 @pytest.mark.parametrize("control", [
-    ["control.allocator=ar3po", "control.selector=dots", "control.selector_args.pool=0"],
+    ["control.allocator=ar3po_stages", "control.selector=dots", "control.selector_args.pool=0"],
     ["control.allocator=gdro", "control.selector=gdro"],
     ["control.allocator=xrpo", "control.allocator_args={n0=2, n_max=8}",
      "control.selector=vade", "control.length=siri",
@@ -52,7 +52,7 @@ def test_resume_makes_the_same_decisions_and_weights_as_an_uninterrupted_run(
 
 
 def test_ar3po_groups_grow_only_while_no_sample_is_correct(tmp_path, small_run):
-    train(small_run(tmp_path, "train.steps=3", "control.allocator=ar3po",
+    train(small_run(tmp_path, "train.steps=3", "control.allocator=ar3po_stages",
                     "control.allocator_args={k=2, max_stages=3}"), progress=False)
     groups = [g for _, g in read_rollouts(tmp_path)]
     for g in groups:

@@ -31,7 +31,7 @@ def test_fixed_gives_group_size_once():
 
 
 def test_ar3po_samples_another_stage_only_while_no_sample_is_correct():
-    a = alloc("ar3po", k=2, max_stages=3)
+    a = alloc("ar3po_stages", k=2, max_stages=3)
     assert a.initial(None) == 2 and a.max_size() == 6
     assert a.more(None, [0.0, 0.0], 0, rounds=1) == 2  # nothing correct after stage 0
     assert a.more(None, [1.0, 0.0], 1, rounds=1) == 0  # a correct one: done
@@ -79,7 +79,7 @@ def test_xrpo_samples_more_while_the_interval_shrinks_more_than_the_price():
 
 
 def test_gdro_sizes_follow_the_bernoulli_std_over_the_price():
-    a = alloc("gdro", 8, n_min=2, n_max=16, mu=0.05)
+    a = alloc("gdro", 8, n_min=2, n_max=16, mu=0.05, bin_by="mean_rate")
     assert a.initial(None) == 10  # unseen: p = 0.5, sqrt(0.25) / 0.05 = 10
     s = stats_with(easy=(8, 8), hard=(0, 8), tenth=(1, 10))
     assert a.initial(s.get("easy")) == 2  # p = 1: std 0, clipped up to n_min
@@ -107,7 +107,7 @@ def group(pid, rewards, rounds=None):
 
 
 def test_controller_caps_growth_at_the_reservation_and_never_decides_on_errors():
-    c = Controller(alloc("ar3po", k=2, max_stages=8), value_of=lambda r: r.reward)
+    c = Controller(alloc("ar3po_stages", k=2, max_stages=8), value_of=lambda r: r.reward)
     g = group("p", [0.0, 0.0])
     g.max_size = 3
     assert c.more(g) == 1  # ar3po asks 2, the group reserved 3

@@ -285,7 +285,7 @@ def test_resume_gives_undecided_members_the_ones_that_finished():
     (["control.pruner=arrol", "control.pruner_args={at=4}"], "must be below rollout"),
     (["control.pruner=arrol", "control.pruner_args={overprovision=1.0}"], "overprovision"),
     (["control.pruner=arrol", "control.pruner_args={atx=1}"], "did you mean 'at'"),
-    (["control.pruner=arrol", "control.allocator=ar3po"], "control.allocator"),
+    (["control.pruner=arrol", "control.allocator=ar3po_stages"], "control.allocator"),
     (["control.pruner=arrol", "control.duet_abort=true"], "control.duet_abort"),
     (["control.pruner=arrol", "algo.dynamic_sampling=true"], "algo.dynamic_sampling"),
     (["control.pruner=arrol", "control.dot_k=2"], "control.dot_k"),

@@ -37,7 +37,7 @@ def test_dots_picks_the_prompts_predicted_nearest_half():
 
 
 def test_vade_posterior_decays_old_evidence():
-    sel = SELECTORS.get("vade")(EXS, 0, 2, decay=0.5)
+    sel = SELECTORS.get("vade")(EXS, 0, 2, decay=0.5, update_decay=1.0)  # one scale
     rec = stats(p0=[(0, 3, 4), (2, 1, 4)]).get("p0")
     # (1,1) + 3/1 -> (4, 2); two steps later: 1 + 0.25 * 3 + 1 = 2.75, 1 + 0.25 * 1 + 3 = 4.25;
     # one more step to step 3: 1 + 0.5 * 1.75 = 1.875, 1 + 0.5 * 3.25 = 2.625
@@ -54,7 +54,8 @@ def test_vade_prefers_prompts_with_variance():
 
 
 def test_prompt_gdro_weights_and_bins():
-    sel = SELECTORS.get("gdro")(EXS, 0, 2, bins=2, eta=1.0, floor=0.0, rate=1.0)
+    sel = SELECTORS.get("gdro")(EXS, 0, 2, bins=2, eta=1.0, floor=0.0, rate=1.0,
+                                bin_by="mean_rate")
     st = stats(p0=[(0, 1, 4)])
     sel.end_step([("p0", 4, 1)], st)
     # p0 was drawn from the unseen bin (rate 0.5 -> bin 1): failure 0.75; bin 0 scored 0
@@ -65,7 +66,8 @@ def test_prompt_gdro_weights_and_bins():
     draws = [sel.pick(d, st).prompt_id for d in range(2000)]
     share = draws.count("p0") / len(draws)
     assert abs(share - 1 / (1 + e)) < 0.03  # 0.3208
-    clone = SELECTORS.get("gdro")(EXS, 0, 2, bins=2, eta=1.0, floor=0.0, rate=1.0)
+    clone = SELECTORS.get("gdro")(EXS, 0, 2, bins=2, eta=1.0, floor=0.0, rate=1.0,
+                                bin_by="mean_rate")
     clone.load_state(sel.state())
     assert [clone.pick(d, st).prompt_id for d in range(50)] == draws[:50]
 

@@ -38,6 +38,6 @@ def test_a_lookup_registers_every_method():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.split("\n")[0] == (
-        "['ar3po', 'dars', 'duet', 'fixed', 'gdro', 'xrpo'] ['dots', 'gdro', 'vade'] "
-        "['leaves', 'segments'] ['entropy', 'positions']")
+        "['ar3po_stages', 'dars', 'duet', 'fixed', 'gdro', 'xrpo'] ['dots', 'gdro', 'vade'] "
+        "['leaves', 'segments', 'segments_once'] ['entropy', 'positions']")
     assert out.stdout.split("\n")[1] == "['fixed', 'siri'] ['dot'] ['das', 'spec_rl']"

@@ -271,7 +271,9 @@ def test_segment_credit_trains_the_branching_rules_trees_once_per_token(small_ru
               len(r["tokens"]) - r["prompt_len"] for g in groups for r in g["rollouts"])
     rows = read_metrics(tmp_path)
     assert sum(m["tree/tokens_trained"] for m in rows) == own
-    assert all(m["train/tokens"] == m["tree/tokens_trained"] for m in rows)
+    # TreeRL's weight: each token counts once per root-to-leaf path through it, so the loss
+    # mask sums to the tokens the leaves hold
+    assert all(m["train/tokens"] == m["tree/tokens_held"] for m in rows)
 
 
 @pytest.mark.parametrize("mode", ["entropy", "positions"])

@@ -1,4 +1,4 @@
-"""Segment credit (rollout.tree_credit = "segments") through the real pipeline: the config
+"""Segment credit (rollout.tree_credit = "segments", and "segments_once") through the real pipeline: the config
 keys and what they refuse, the record, later-round children that re-prefill their parent's
 prefix, a tiny run that trains each generated token once, a resume equal to the
 uninterrupted run, and leaf credit bitwise the scalar broadcast it always was."""
@@ -71,27 +71,35 @@ def test_later_round_children_re_prefill_and_keep_the_tree_shape(tiny):
     adv, mask, _, m = credit.token_advantages([g], rewards, torch.zeros(4), batch_mask)
     # rewards 1, 0, 1, 0: V(root) = V{0,1} = V{2,3} = 0.5, so the two shared tokens of each
     # tree get 0 and every leaf's own 3 tokens (R - .5) * 2 = +-1; members 1 and 3 train
-    # their 3 sampled tokens only (columns P+1.. predict tokens P+2..)
+    # their 3 sampled tokens only (columns P+1.. predict tokens P+2..). Each root's first two
+    # tokens are held by 2 leaves (2 root-to-leaf paths): loss weight 2, every other 1
     for i in range(4):
         sign = 1.0 if i % 2 == 0 else -1.0
         assert adv[i].tolist() == [0.0] * (P + 1) + [sign] * 3
         first = P if i in (0, 2) else P + 2
-        assert mask[i].tolist() == [float(first <= t + 1) for t in range(P + 4)]
+        assert mask[i].tolist() == [0.0 if t + 1 < first else 2.0 if t + 1 < P + 2 else 1.0
+                                    for t in range(P + 4)]
     assert m["tree/tokens_trained"] == s["tokens_generated"] == 5 + 3 + 5 + 3
 
 
-def test_a_tiny_segments_run_trains_each_generated_token_once(small_run, tmp_path):
-    cfg = small_run(tmp_path / "seg", *SEGMENTS, "train.steps=2")
+@pytest.mark.parametrize("name", ["segments", "segments_once"])
+def test_a_tiny_segments_run_trains_each_generated_token_once(small_run, tmp_path, name):
+    """Each generated token is in the loss once, in the member that sampled it. Its weight:
+    the root-to-leaf paths through it ("segments", TreeRL), so the loss mask sums to the
+    tokens the leaves hold (every path's tokens, as the per-path batch has them), or 1
+    ("segments_once"), so it sums to the tokens trained."""
+    cfg = small_run(tmp_path / "seg", *TREE, f"rollout.tree_credit={name}", "train.steps=2")
     result = train(cfg, progress=False)
     groups = [g for _, g in read_rollouts(tmp_path / "seg")]
     assert len(groups) == 8 and all(
-        r["control"]["tree"]["credit"] == "segments" and r["control"]["tree"]["scale"]
+        r["control"]["tree"]["credit"] == name and r["control"]["tree"]["scale"]
         for g in groups for r in g["rollouts"])
     rows = read_metrics(tmp_path / "seg")
     # every token the engine sampled is trained once; the leaves hold more (inherited ones)
     assert sum(m["tree/tokens_trained"] for m in rows) == result["pipeline/tokens_generated"]
     assert all(m["tree/trained_share"] < 1.0 for m in rows)
-    assert all(m["train/tokens"] == m["tree/tokens_trained"] for m in rows)
+    weighed = "tree/tokens_held" if name == "segments" else "tree/tokens_trained"
+    assert all(m["train/tokens"] == m[weighed] for m in rows)
 
 
 def test_a_segments_resume_is_bitwise_the_uninterrupted_run(small_run, tmp_path):
