@@ -45,3 +45,21 @@ def assert_reordered_close(got: torch.Tensor, want: torch.Tensor, n_terms: int,
     atol = reorder_atol(n_terms, want if scale is None else scale, depth)
     torch.testing.assert_close(got, want, rtol=0.0, atol=atol,
                                msg=None if msg is None else lambda m: f"{msg}: {m}")
+
+
+def assert_steps_close(steps_a: list[list[torch.Tensor]], steps_b: list[list[torch.Tensor]],
+                       n_terms: int) -> None:
+    """The gradients of every optimiser step of two runs (one list of parameter gradients per
+    step) agree within ``reorder_atol`` at the scale of the step's largest gradient entry:
+    every gradient is built from the same backpropagated signal, so its terms are at most of
+    that size even where they cancel to a much smaller sum (e.g. the key projections',
+    differences of nearly equal softmax terms). Step k (from 1) is computed from weights
+    that carry the rounding differences of the k - 1 updates before it, so its bound is k
+    chained passes' (``depth = k``), to first order."""
+    assert len(steps_a) == len(steps_b)
+    for k, (g_a, g_b) in enumerate(zip(steps_a, steps_b, strict=True), start=1):
+        assert len(g_a) == len(g_b)
+        scale = max(float(x.abs().max()) for x in g_a)
+        for i, (x, y) in enumerate(zip(g_a, g_b, strict=True)):
+            assert_reordered_close(y, x, n_terms, depth=k, msg=f"step {k}, parameter {i}",
+                                   scale=scale)
