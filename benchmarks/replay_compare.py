@@ -55,6 +55,9 @@ CONFIG = "configs/arithmetic.toml"
 REROLL = [str(Path(sys.executable).parent / "reroll")]
 REPLAY = [sys.executable, "-m", "reroll.replay.command"]
 PRESET_ARGS = {"dr_grpo": ["algo.aggregation_args.divisor=6.0"]}  # = rollout.max_new_tokens
+# the presets' own correction is their papers' "none" (on-policy); a replay under another
+# preset is off-policy from step 2 on, so it reweighs with the recorded behaviour log-probs
+REPLAY_ARGS = ["algo.correction=tis_token"]
 NOT_REPLAYED = ("time", "throughput/", "pipeline/", "engine/", "score_errors/")
 
 
@@ -182,7 +185,8 @@ def main() -> int:
         out = a.out / f"replay_{name}"
         if a.fresh or not (out / "checkpoints" / f"step_{a.steps:06d}").is_dir():
             shutil.rmtree(out, ignore_errors=True)
-            args = ([] if name == "same" else [f"preset={name}", *PRESET_ARGS.get(name, [])])
+            args = ([] if name == "same" else [f"preset={name}", *PRESET_ARGS.get(name, []),
+                                               *REPLAY_ARGS])
             wall[name] = sh([*REPLAY, str(run), *args, f"out_dir={out}", "log_every=1",
                              f"ckpt_every={a.steps}", "--no-progress"],
                             a.out / f"replay_{name}.log")

@@ -5,6 +5,9 @@ Owns the ``ADVANTAGES`` registry. Every entry has the signature
     fn(rewards [N] float, components [N, K] float, group_index [N] long, *, hyperparams)
         -> (advantages [N], include [N] bool)
 
+An estimator that declares per-token inputs (``token_kl``, ``token_mask``: REINFORCE++'s
+returns under a KL penalty in the reward) returns advantages [N, T] when it gets them.
+
 ``include`` is False for samples that were generated and scored but must not contribute to
 the loss (MC-GRPO's pivot). Outcome-reward methods broadcast the scalar over a sample's
 tokens; that is the caller's job. Advantages are a pure function of the groups, so a recorded
@@ -75,26 +78,56 @@ def rloo(rewards: Tensor, components: Tensor, group_index: Tensor) -> tuple[Tens
     return adv, _all(rewards)
 
 
+KL_RETURNS = ("token", "folded")  # reinforce_pp's placements of a KL penalty in the reward
+
+
 @ADVANTAGES.register("reinforce_pp", ranges={"eps": "[0, 1]"})
 def reinforce_pp(rewards: Tensor, components: Tensor, group_index: Tensor,
-                 token_counts: Tensor | None = None, *, baseline: bool = False,
-                 eps: float = 1e-6) -> tuple[Tensor, Tensor]:
-    """REINFORCE++: the return (the outcome reward, gamma = 1) whitened over all valid tokens
-    of the batch: with ``token_counts`` [N] (the trainer passes each
-    sample's trainable tokens) a sample weighs as many tokens as it has.
+                 token_counts: Tensor | None = None, token_kl: Tensor | None = None,
+                 token_mask: Tensor | None = None, *, baseline: bool = False, eps: float = 1e-6,
+                 kl_returns: str = "token") -> tuple[Tensor, Tensor]:
+    """REINFORCE++: the return (gamma = 1) whitened over all valid tokens of the batch.
 
-    ``baseline=True`` subtracts the group mean first (REINFORCE++-baseline), with no per-group
-    std; a singleton group's mean is taken as 0 (GRPO's rule), so its lone sample keeps its
-    reward rather than getting 0. Any KL penalty is folded into ``rewards`` by the caller.
+    ``baseline=True`` subtracts the group mean of the outcome rewards first
+    (REINFORCE++-baseline), with no per-group std; a singleton group's mean is taken as 0
+    (GRPO's rule), so its lone sample keeps its reward rather than getting 0.
+
+    Without a KL penalty in the reward every token of a sample has the same return, the
+    outcome reward: the result is per sample [N], whitened with ``token_counts`` [N] (each
+    sample's trainable tokens) so that a sample weighs as many tokens as it has.
+
+    With the penalty (the trainer passes ``token_kl`` [N, T], kl_coef * k(t) per token and 0
+    off the mask, and ``token_mask`` [N, T]) and ``kl_returns = "token"`` (the default, as
+    REINFORCE++ defines it), token t's return is the reward less the penalties from t to the
+    end of its response, G_t = x - sum_{s >= t} kl_s, and the returns of all valid tokens
+    are whitened together: advantages [N, T], 0 off the mask. ``kl_returns = "folded"`` is
+    reroll's earlier variant: the whole response's penalty leaves the reward,
+    x = R - sum_t kl_t, one return per sample [N] (as RLOO does).
     """
     check_inputs(rewards, components, group_index, "advantage 'reinforce_pp'")
+    if kl_returns not in KL_RETURNS:
+        raise ValueError(f"advantage 'reinforce_pp': kl_returns must be one of {KL_RETURNS}, "
+                         f"got {kl_returns!r}")
     x = rewards
+    per_token = token_kl is not None and kl_returns == "token"
+    if token_kl is not None and not per_token:
+        x = rewards - token_kl.sum(-1)
     if baseline:
         ids, g = dense_ids(group_index)
-        mean = torch.where(singleton(ids, g), torch.zeros_like(rewards),
-                           group_mean(rewards, ids, g))
-        x = rewards - mean
-    return whiten(x, eps, token_counts), _all(rewards)
+        mean = torch.where(singleton(ids, g), torch.zeros_like(x), group_mean(x, ids, g))
+        x = x - mean
+    if not per_token:
+        return whiten(x, eps, token_counts), _all(rewards)
+    if token_mask is None or token_mask.shape != token_kl.shape or token_kl.shape[0] != x.shape[0]:
+        raise ValueError("advantage 'reinforce_pp': token_kl needs a token_mask of its shape "
+                         f"[N, T] with N = {x.shape[0]}")
+    m = token_mask > 0  # [N, T]
+    pen = torch.where(m, token_kl.to(x.dtype), torch.zeros_like(token_kl, dtype=x.dtype))
+    to_go = pen.flip(-1).cumsum(-1).flip(-1)  # [N, T]: sum_{s >= t} kl_s
+    returns = x[:, None] - to_go  # [N, T]
+    adv = torch.zeros_like(returns)
+    adv[m] = whiten(returns[m], eps)
+    return adv, _all(rewards)
 
 
 @ADVANTAGES.register("mc_grpo", ranges={"mad_eps": "[0, 1]"})

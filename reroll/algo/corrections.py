@@ -97,6 +97,17 @@ def _check_cap(name: str, cap: float) -> None:
         raise ValueError(f"correction {name!r}: cap must be > 0, got {cap}")
 
 
+@CORRECTIONS.register("is_token", row_local=True)
+@torch.no_grad()
+def is_token(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor
+             ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """Plain IS per token, no cap: w_t = rho_t (its log clamped to [-20, 20] like every
+    ratio here); no token is masked or truncated. DOTS's rollout replay weighs replayed
+    tokens by the untruncated ratio to the policy that sampled them."""
+    m, log_rho = _log_rho(prox_logprobs, behav_logprobs, mask, "is_token")
+    return _out(_tok(log_rho), m, m, log_rho, torch.zeros_like(m))
+
+
 @CORRECTIONS.register("tis_token", ranges={"cap": "(0, inf)"}, row_local=True)
 @torch.no_grad()
 def tis_token(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *, cap: float = 2.0
@@ -130,7 +141,9 @@ def _check_bounds(name: str, lower: float, upper: float) -> None:
 @torch.no_grad()
 def mis_token(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *,
               lower: float = 0.0, upper: float = 2.0) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-    """Masked IS per token: w_t = rho_t where lower <= rho_t <= upper, else the token is masked."""
+    """Masked IS per token: w_t = rho_t where lower <= rho_t <= upper, else the token is masked.
+    With lower = 0 and upper = AReaL's cap this is AReaL's decoupled-loss rule: a token whose
+    behaviour weight exceeds the cap leaves the loss instead of being truncated to it."""
     _check_bounds("mis_token", lower, upper)
     m, log_rho = _log_rho(prox_logprobs, behav_logprobs, mask, "mis_token")
     rho = _tok(log_rho)

@@ -97,9 +97,11 @@ class Objective:
                    token_counts: Tensor | None = None, **inputs: Tensor
                    ) -> tuple[Tensor, Tensor]:
         """rewards [N], components [N, K], group_index [N] -> (advantages [N], include [N]).
-        ``token_counts`` [N] and the per-sample ``inputs`` (each [N]) reach only estimators
-        that declare a parameter of that name (weighing samples by tokens, VCPO's OPOB); the
-        others never see them."""
+        ``token_counts`` [N] and the other ``inputs`` (per sample [N], or per token [N, T])
+        reach only estimators that declare a parameter of that name (weighing samples by
+        tokens, VCPO's OPOB, REINFORCE++'s per-token KL ``token_kl`` with its
+        ``token_mask``); the others never see them. An estimator given per-token inputs may
+        return per-token advantages [N, T]."""
         given = {"token_counts": token_counts, **inputs}
         extra = {k: v for k, v in given.items() if v is not None and self.wants(k)}
         return self.advantage_fn(rewards, components, group_index, **extra)
@@ -122,7 +124,8 @@ class Objective:
 
     def kl_reward_penalty(self, logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) -> Tensor:
         """kl_coef * k(t) per token [B, T] (no grad) from behaviour or proximal log-probs [B, T];
-        the caller subtracts it from the reward. Zeros when kl_coef = 0."""
+        it leaves the reward: per token where the advantage estimator takes ``token_kl``
+        (REINFORCE++'s returns), else summed over the response. Zeros when kl_coef = 0."""
         return kl_reward_penalty(self.kl_fn, logprobs, ref_logprobs, mask, self.kl_coef)
 
     def loss(self, inp: LossInputs) -> tuple[Tensor, dict[str, Tensor]]:

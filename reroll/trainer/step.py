@@ -185,16 +185,18 @@ class Trainer:
         prox = None
         if o.minibatches > 1 or kl_reward or not o.reuse_prox:
             prox = self._logprobs(self.model, batch)  # [N, T]
+        extra: dict[str, torch.Tensor] = {}
         if kl_reward:
-            # sequence-level KL folded into the reward before advantages (RLOO / REINFORCE++ style)
             pen = self.objective.kl_reward_penalty(prox, ref, batch.mask)  # [N, T]
-            rewards = rewards - pen.sum(-1).cpu()
+            if self.objective.wants("token_kl"):  # the estimator places it per token
+                extra.update(token_kl=pen.cpu(), token_mask=batch.mask.cpu())
+            else:  # the sequence's KL folded into its reward before advantages (RLOO)
+                rewards = rewards - pen.sum(-1).cpu()
         sample_w = torch.tensor([r.sample_weight for r in rollouts],
                                 dtype=torch.float32).to(self.device)  # [N]
         metrics: dict[str, float] = {}
         n = len(batch)
         mb_size = -(-n // o.minibatches)
-        extra: dict[str, torch.Tensor] = {}
         if self.objective.wants("grad_sq_norms"):  # VCPO's OPOB: a pass per sample first
             extra, m = vcpo.opob_inputs(lambda b: self._forward(self.model, b)[0], self.model,
                                         batch, sample_w, mb_size)
@@ -207,10 +209,20 @@ class Trainer:
         adv, include = self.objective.advantages(rewards, comps, gidx,
                                                  batch.mask.sum(-1).cpu(), **extra)  # [N], [N]
         batch.mask = batch.mask * include.float().to(self.device)[:, None]
+        per_tok = adv if adv.dim() == 2 else None  # [N, T]: per-token returns (REINFORCE++)
+        if per_tok is not None:
+            m = batch.mask.cpu()
+            adv = (per_tok * m).sum(-1) / m.sum(-1).clamp(min=1.0)  # [N] for the metrics
         # the scalar broadcast over each sample's tokens; tree groups with segment credit get
         # their own per-token advantages and train each shared token once (`credit`)
         adv_tok, batch.mask, adv, tree_m = credit.token_advantages(groups, rewards, adv,
                                                                    batch.mask)
+        if per_tok is not None:
+            if tree_m:
+                raise ValueError("per-token returns (algo.advantage_args kl_returns = 'token' "
+                                 "with the KL in the reward) cannot take tree segment credit; "
+                                 "set kl_returns = 'folded'")
+            adv_tok = per_tok.to(batch.mask.device, adv_tok.dtype) * batch.mask
         # several optimiser steps per update: a non-finite loss in a later mini-batch must not
         # leave the earlier ones applied (the version would not say so), so keep a copy
         saved = self._snapshot() if o.minibatches > 1 else None

@@ -92,6 +92,39 @@ def test_reinforce_pp_whitens_over_tokens_when_given_token_counts():
           [0.707107, -0.707107])
 
 
+def test_reinforce_pp_gives_each_token_the_return_from_its_position_with_the_kl_in_reward():
+    # rewards [1, 0]; per-token penalties kl_coef * k(t) on 3 and 1 valid tokens (the 9s lie
+    # off the mask and must not count). Returns to go, G_t = R - sum_{s >= t} kl_s:
+    #   sample 0: 1 - (0.1 + 0.2 + 0.3), 1 - (0.2 + 0.3), 1 - 0.3 = 0.4, 0.5, 0.7
+    #   sample 1: 0 - 0.4 = -0.4
+    # whitened over the 4 valid tokens: mean 1.2 / 4 = 0.3, deviations 0.1, 0.2, 0.4, -0.7,
+    # squares sum 0.70, unbiased var 0.70 / 3 -> deviation / sqrt(0.7 / 3); 0 off the mask
+    r = torch.tensor([1.0, 0.0])
+    kl = torch.tensor([[0.1, 0.2, 0.3], [0.4, 9.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    s = math.sqrt(0.7 / 3)
+    want = [[0.1 / s, 0.2 / s, 0.4 / s], [-0.7 / s, 0.0, 0.0]]
+    est = ADVANTAGES.get("reinforce_pp")
+    adv, include = est(r, r[:, None], torch.tensor([0, 1]), torch.tensor([3, 1]),
+                       token_kl=kl, token_mask=mask, eps=0.0)
+    close(adv, want)
+    assert include.all()
+    # baseline: the group mean of the outcome rewards (one group [1, 0]: 0.5) leaves first,
+    # the penalties stay per token: G = 0.5 - [0.6, 0.5, 0.3], -0.5 - 0.4 =
+    # -0.1, 0, 0.2, -0.9; mean -0.2, deviations 0.1, 0.2, 0.4, -0.7 as above
+    adv, _ = est(r, r[:, None], torch.tensor([0, 0]), torch.tensor([3, 1]),
+                 token_kl=kl, token_mask=mask, baseline=True, eps=0.0)
+    close(adv, want)
+    # "folded", reroll's earlier form: the response's whole penalty leaves its reward,
+    # 1 - 0.6 = 0.4 and 0 - 0.4 = -0.4, one value per sample whitened with token counts
+    # [3, 1]: mean (3 * 0.4 - 0.4) / 4 = 0.2, var (3 * 0.2^2 + 0.6^2) / 3 = 0.16, std 0.4
+    adv, _ = est(r, r[:, None], torch.tensor([0, 1]), torch.tensor([3, 1]),
+                 token_kl=kl, token_mask=mask, eps=0.0, kl_returns="folded")
+    close(adv, [0.5, -1.5])
+    with pytest.raises(ValueError, match="kl_returns"):
+        est(r, r[:, None], torch.tensor([0, 1]), kl_returns="sequence")
+
+
 # MC-GRPO: three groups of three.
 #   group 0: 0.2, 0.9, 0.5 -> median 0.5 (sample 2 is the pivot), |dev| 0.3, 0.4, 0 -> MAD 0.3
 #   group 1: 1, 0, 0       -> median 0, MAD = median(1, 0, 0) = 0  (the binary-reward case)

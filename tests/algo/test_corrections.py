@@ -56,6 +56,31 @@ def test_mis_token_masks_tokens_outside_the_bounds():
     close(mask, [[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]])  # now 0.5 is below the lower bound
 
 
+def test_areals_cap_masks_the_tokens_above_it_where_truncation_keeps_them_at_the_cap():
+    # AReaL's rule is mis_token with lower 0 and upper = its cap: with cap 2.5 the ratio 3.0
+    # leaves the loss and 2.5 (at the cap, not above it) stays with its weight ...
+    w, mask, m = run("mis_token", lower=0.0, upper=2.5)
+    close(mask, [[1.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
+    close(w, [[0.5, 0.0, 1.0], [2.5, 0.0, 0.0]])
+    close(m["is/dropped_frac"], 1 / 4)
+    # ... where tis_token with the same cap trains the 3.0 token at weight 2.5
+    w, mask, _ = run("tis_token", cap=2.5)
+    close(mask, MASK.tolist())
+    close(w, [[0.5, 2.5, 1.0], [2.5, 0.0, 0.0]])
+
+
+def test_is_token_weighs_each_token_by_its_untruncated_ratio():
+    w, mask, m = run("is_token")  # DOTS's replay: no cap
+    close(w, [[0.5, 3.0, 1.0], [2.5, 0.0, 0.0]])
+    close(mask, MASK.tolist())
+    close(m["is/weight_mean"], 7.0 / 4)  # (0.5 + 3 + 1 + 2.5) / 4
+    close(m["is/ess"], 49.0 / (4 * 16.5))  # sum w^2 = 0.25 + 9 + 1 + 6.25
+    close(m["is/dropped_frac"], 0.0)
+    # a ratio beyond exp(20) is taken as exp(20), like every ratio here
+    w, _, _ = CORRECTIONS.get("is_token")(BEHAV + 25.0, BEHAV, MASK)
+    close(w[0] / math.exp(20.0), [1.0, 1.0, 1.0])
+
+
 def test_mis_seq_masks_whole_sequences():
     w, mask, m = run("mis_seq")  # row products 1.5 (kept) and 2.5 (> 2, masked)
     close(mask, [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])

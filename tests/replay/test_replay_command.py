@@ -70,7 +70,10 @@ def test_replay_under_another_preset_trains_differently_on_the_same_batches(
         tmp_path, small_run, capsys):
     run = tmp_path / "run"
     train(small_run(run, "train.steps=3"), progress=False)
-    assert replay(run, "preset=rloo", f"out_dir={tmp_path / 'rloo'}") == 0
+    # the preset's own correction is its paper's "none" (on-policy); these batches are
+    # off-policy from step 2 on, so the replay names one that reweighs them
+    assert replay(run, "preset=rloo", "algo.correction=tis_token",
+                  f"out_dir={tmp_path / 'rloo'}") == 0
     err = capsys.readouterr().err
     assert "off-policy from step 2 on" in err and "tis_token" in err
     from reroll.config import read_toml

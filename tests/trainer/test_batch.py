@@ -2,6 +2,7 @@
 hand-rolled forward pass."""
 
 import torch
+from float_bounds import assert_reordered_close
 
 from reroll.rollout import Rollout
 from reroll.trainer.batch import collate, token_logprobs
@@ -45,11 +46,13 @@ def test_token_logprobs_match_manual_forward(tiny, device):
         got = token_logprobs(model, batch, temperature=0.5)
         logits = model(t([[2, 5, 6, 7, 8]])).logits[0]  # [5, V]
         want = torch.log_softmax(logits[:-1] / 0.5, -1)[t([0, 1, 2, 3]), t([5, 6, 7, 8])]
-    assert torch.allclose(got[0], want, atol=1e-5)
+    # one sequence alone vs a batch of two: other matmul shapes, sums in another order; the
+    # tiny model's longest sums are its MLP's (intermediate_size = 256 terms)
+    assert_reordered_close(got[0], want, 256)
     with torch.no_grad():
         logits_b = model(t([[2, 9, 10]])).logits[0]
         want_b = torch.log_softmax(logits_b[:-1] / 0.5, -1)[t([0, 1]), t([9, 10])]
-    assert torch.allclose(got[1, :2], want_b, atol=1e-5)  # right padding does not leak
+    assert_reordered_close(got[1, :2], want_b, 256)  # right padding does not leak
 
 
 def test_micro_slices_cover_exactly():

@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from float_bounds import assert_reordered_close, assert_steps_close
 
 from reroll.algo import build_objective
 from reroll.config import AlgoConfig
@@ -89,7 +90,9 @@ def test_trim_cuts_a_batch_to_its_longest_sequence(tiny, device):
     with torch.no_grad():
         a = tr._forward(model, full)[0][:, :6] * full.mask[:, :6]
         b = tr._forward(model, cut)[0] * cut.mask
-    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    # other matmul shapes (12 vs 7 columns), sums in another order; the tiny model's longest
+    # sums are its MLP's (intermediate_size = 256 terms)
+    assert_reordered_close(b, a, 256)
 
 
 # response lengths with a long tail, in two groups (rewards alternate 0, 1: every sample
@@ -114,14 +117,13 @@ def run(model, start, algo, steps=2, **kw):
 
 
 def assert_same_gradients(a, b):
-    """Equal up to float rounding (the matmuls see other shapes): elements agree to 1e-6,
-    against gradients whose largest elements are ~1e-2 to 1."""
-    assert len(a[0]) == len(b[0])
-    for g_a, g_b in zip(a[0], b[0]):
-        assert len(g_a) == len(g_b)
+    """Equal up to float rounding (the matmuls see other shapes): within the bound for sums
+    in another order (`float_bounds`) of the tiny model's longest, its MLP's inner products
+    (intermediate_size = 256 terms; a weight's gradient sums at most 12 x 17 = 204
+    positions), at the scale of each step's largest gradient (~1e-2 to 1)."""
+    for g_a in a[0]:
         assert max(float(x.abs().max()) for x in g_a) > 1e-2
-        for x, y in zip(g_a, g_b):
-            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)
+    assert_steps_close(a[0], b[0], 256)
     for m_a, m_b in zip(a[2], b[2]):
         assert m_a["loss/policy"] == pytest.approx(m_b["loss/policy"], abs=1e-6)
 

@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from float_bounds import assert_reordered_close, assert_steps_close
 
 from reroll.algo import build_objective
 from reroll.config import AlgoConfig
@@ -78,8 +79,10 @@ def test_log_probs_and_entropies_equal_the_padded_batch(tiny, attn, device):
         lp_s, ent_s = shared._forward(model, b, entropy=True)
     m = b.mask
     assert int(m.sum()) == sum(sum(n) for _, n in GROUPS)
-    torch.testing.assert_close(lp_s * m, lp * m, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ent_s * m, ent * m, rtol=1e-5, atol=1e-5)
+    # packed rows vs padded ones: other matmul and attention shapes, sums in another order;
+    # the tiny model's longest sums are its MLP's (intermediate_size = 256 terms)
+    assert_reordered_close(lp_s * m, lp * m, 256, msg="logprobs")
+    assert_reordered_close(ent_s * m, ent * m, 256, msg="entropy")
     assert (lp_s[m == 0] == 0).all()  # prompt and padding columns are not computed
 
 
@@ -112,10 +115,11 @@ def test_the_update_is_the_padded_batchs(tiny, algo, kw, device):
     plain = run(model, start, algo, **kw)
     shared = run(model, start, algo, share_prompt=True, **kw)
     assert len(plain[0]) == len(shared[0]) == 2 * kw.get("minibatches", 1)
-    for g_a, g_b in zip(plain[0], shared[0]):
+    for g_a in plain[0]:
         assert max(float(x.abs().max()) for x in g_a) > 1e-2
-        for x, y in zip(g_a, g_b):
-            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)
+    # packed vs padded: other shapes, sums in another order (`float_bounds`); the tiny
+    # model's longest sums are its MLP's (intermediate_size = 256 terms)
+    assert_steps_close(plain[0], shared[0], 256)
     for m_a, m_b in zip(plain[1], shared[1]):
         assert m_b["loss/policy"] == pytest.approx(m_a["loss/policy"], abs=1e-6)
 

@@ -332,3 +332,36 @@ def test_the_fused_optimizer_makes_the_same_update_and_a_resume_keeps_the_runs_c
         assert back.opt.param_groups[0]["fused"] is (True if not saved_by else None)
         back.step(groups_of(batch))
         close(weights(), w2)
+
+
+@pytest.mark.parametrize("kl_returns", ["token", "folded"])
+def test_reinforce_pp_with_the_kl_in_the_reward_trains_per_token_returns(tiny, kl_returns,
+                                                                          device):
+    """With the penalty in the reward, REINFORCE++'s default gives each token its own return
+    (the advantages vary along a response and are whitened over the batch's tokens);
+    ``kl_returns = "folded"`` keeps one advantage per response."""
+    import copy
+
+    model, _ = tiny
+    model.to(device)
+    ref = copy.deepcopy(model)
+    with torch.no_grad():  # a reference that differs from the policy: penalties are nonzero
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(0))
+                   .to(p.device))
+    algo = AlgoConfig(advantage="reinforce_pp", kl="k1", kl_coef=0.5, kl_in_reward=True,
+                      advantage_args={"baseline": True, "eps": 0.0, "kl_returns": kl_returns})
+    t = Trainer(model, build_objective(algo), TrainerOptions(pad_id=0, lr=0.0),
+                ref_model=ref)
+    seen, loss = [], t.objective.loss
+    t.objective.loss = lambda inp: seen.append(inp) or loss(inp)
+    t.step(groups_of([[1.0, 0.0], [1.0, 1.0, 0.0]]))
+    adv, mask = seen[0].advantages.cpu(), seen[0].mask.cpu()
+    a = adv[:, -2:]  # every response is its 2 last positions
+    if kl_returns == "folded":
+        assert torch.equal(a[:, 0], a[:, 1])
+        return
+    assert not torch.allclose(a[:, 0], a[:, 1])
+    assert bool((adv[mask == 0] == 0).all())
+    valid = adv[mask > 0]
+    assert abs(float(valid.mean())) < 1e-5 and abs(float(valid.std()) - 1.0) < 1e-5

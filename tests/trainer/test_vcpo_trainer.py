@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from float_bounds import assert_reordered_close
 
 from reroll.algo import build_objective
 from reroll.config import AlgoConfig
@@ -75,7 +76,9 @@ def test_per_sample_gradient_norms_equal_separate_single_sample_backward_passes(
                      if p.grad is not None)
         assert expect > 0 and sq[i].item() == pytest.approx(expect, rel=1e-6)
         n = alone.mask.shape[1]
-        assert torch.allclose(logp[i, :n], lp.detach()[0], atol=1e-6)
+        # alone vs in the batch: other matmul shapes, sums in another order; the tiny
+        # model's longest sums are its MLP's (intermediate_size = 256 terms)
+        assert_reordered_close(lp.detach()[0], logp[i, :n], 256)
     # a sample kept out of the loss has no score gradient: norm 0, and no pass is made
     rollouts[1].loss_exclusion = "pruned"
     calls = []
