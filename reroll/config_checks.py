@@ -253,6 +253,11 @@ def _warnings(cfg: RunConfig) -> None:
             warn(f"runtime.{reserving}_gpus > 0 but the {bare} actor(s) reserve no GPU: they "
                  f"take {key} = {name!r} as this driver resolves it, the CPU; reserve GPUs "
                  f"for them too (runtime.{bare}_gpus) to put them on a GPU")
+    if cfg.algo.correction == "none" and rt.max_staleness > 0:  # replay with none is refused
+        warn(f"algo.correction = \"none\" with runtime.max_staleness = {rt.max_staleness}: "
+             f"samples of older policies train with no behaviour weight (the synchronous "
+             f"presets' paper setting); name a correction for them, e.g. "
+             f"algo.correction=tis_token")
     adv = algo.ADVANTAGES.get(cfg.algo.advantage)
     if cfg.rollout.group_size == 1 and getattr(adv, "group_normalised", False):
         warn(f"rollout.group_size = 1 with algo.advantage = {cfg.algo.advantage!r}, which "

@@ -167,6 +167,22 @@ def test_a_ray_side_without_gpus_beside_one_with_them_is_warned_when_it_lands_on
                              "runtime.engine_gpus=1", "eval.every=0"])
 
 
+def test_no_correction_on_samples_of_older_policies_is_warned():
+    """The synchronous presets train with algo.correction = "none" (their papers' setting);
+    stale samples under it would train with no behaviour weight: said (replayed or reused
+    ones are refused outright). A synchronous run with "none", or a stale one with a
+    correction, says nothing."""
+    import warnings
+
+    with pytest.warns(UserWarning, match=r'algo.correction = "none" with '
+                                          r"runtime.max_staleness = 2: samples of older"):
+        load_checked(None, ["preset=dapo", "runtime.max_staleness=2"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_checked(None, ["preset=dapo"])
+        load_checked(None, ["runtime.max_staleness=2"])  # the default tis_token
+
+
 def test_ranges_live_in_the_fields_and_load_config_checks_only_keys_and_types(tmp_path):
     """Each numeric field's interval sits in its field's metadata; loading parses and types
     the config, and the range walk (`validate`, run by `load_checked` and by every command
