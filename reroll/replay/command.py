@@ -273,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
         if args.resume:
             rd.truncate(state.get("step", 0))
         trainer = build.build_trainer(cfg, init_dir, ckpt)
-        evaluate = Evaluator(cfg, trainer, init_dir) if cfg.eval.every else _no_eval
+        evaluate, close = held_out_eval(cfg, trainer, init_dir)
         rd.commit()
         (rd.path / "replay.json").write_text(json.dumps(
             {"run": str(src.resolve()), "steps": cfg.train.steps}, indent=1))
@@ -289,9 +289,7 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return e.exit_code
         finally:
-            close = getattr(evaluate, "close", None)
-            if close is not None:
-                close()
+            close()
     finally:
         rd.close()
     print(json.dumps({k: round(v, 6) for k, v in last.items()
@@ -299,32 +297,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _no_eval() -> dict[str, float]:
-    return {}
+def held_out_eval(cfg, trainer, init_dir: Path):
+    """(evaluate, close): held-out evaluation of the replayed policy as a training run
+    evaluates it (`reroll.trainer.evaluate.HeldOutEval`, generating on ``engine.device``),
+    or nothing when ``eval.every`` is 0."""
+    if not cfg.eval.every:
+        return (lambda: {}), (lambda: None)
+    from reroll import build
+    from reroll.devices import resolved_engine_device
+    from reroll.trainer.evaluate import HeldOutEval
 
-
-class Evaluator:
-    """Held-out evaluation of the replayed policy, as a training run evaluates."""
-
-    def __init__(self, cfg, trainer, init_dir: Path):
-        from reroll import build, build_rollout
-
-        self.cfg, self.trainer = cfg, trainer
-        self.tok = build.load_tokenizer(init_dir)
-        task = build.build_task(cfg, self.tok, init_dir)
-        self.scorer = build_rollout.build_scorer(cfg, task)
-        self.encode = build_rollout.encode_prompt(self.tok, cfg.task.chat)
-        self.test = task.test[: cfg.eval.n_examples]
-
-    def __call__(self) -> dict[str, float]:
-        from reroll.devices import resolved_engine_device
-        from reroll.trainer.evaluate import evaluate
-
-        return evaluate(self.trainer.policy(), self.tok, self.test, self.scorer, self.encode,
-                        self.cfg, k=1, device=resolved_engine_device(self.cfg))
-
-    def close(self) -> None:
-        self.scorer.close()
+    tok = build.load_tokenizer(init_dir)
+    held_out = HeldOutEval(cfg, tok, build.build_task(cfg, tok, init_dir),
+                           device=resolved_engine_device(cfg), k=1)
+    return (lambda: held_out(trainer.policy())), held_out.close
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

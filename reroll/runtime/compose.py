@@ -50,7 +50,7 @@ def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_com
         progress: bool = True, stop=None) -> dict:
     """Build everything, run `reroll.loop.run`, and close what was built in reverse order."""
     from reroll.loop import run as run_loop
-    from reroll.trainer.evaluate import evaluate
+    from reroll.trainer.evaluate import HeldOutEval
     from reroll.workflows import WORKFLOWS
 
     state = checkpoint.read_state(ckpt) if ckpt else {}
@@ -94,12 +94,10 @@ def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_com
 
         source = RolloutSource(make, rerun)
         done.callback(source.close)
-        encode = build_rollout.encode_prompt(tok, cfg.task.chat)
-        test = task.test[: cfg.eval.n_examples]
+        held_out = HeldOutEval(cfg, tok, task, parts.scorer, device=parts.eval_device, k=1)
 
         def evaluator() -> dict[str, float]:
-            return evaluate(parts.trainer.policy(), tok, test, parts.scorer, encode, cfg, k=1,
-                            device=parts.eval_device)
+            return held_out(parts.trainer.policy())
 
         rd.commit()  # everything is built: from now on the directory holds this run
         return run_loop(cfg, trainer=parts.trainer, source=source,
