@@ -100,6 +100,12 @@ def _registries(cfg: RunConfig) -> None:
     if a.ess_rule not in algo.vcpo.LR_RULES:
         raise ConfigError(f"algo.ess_rule must be one of "
                           f"{', '.join(algo.vcpo.LR_RULES.names())}, got {a.ess_rule!r}")
+    from reroll.trainer.schedules import SCHEDULES
+
+    for key, value in (("sft.schedule", cfg.sft.schedule), ("train.schedule", cfg.train.schedule)):
+        if value not in SCHEDULES:
+            raise ConfigError(f"{key} must be one of {', '.join(SCHEDULES.names())}, "
+                              f"got {value!r}")
     tasks.TASKS.check_kwargs(cfg.task.name, cfg.task.args, "task.args")
     _engine_registered(ENGINES, cfg.engine.name)
     check_remote_engine(cfg)
@@ -189,9 +195,6 @@ def _combinations(cfg: RunConfig) -> None:
                           f"{cfg.reward.inline!r}")
     if rt.kind not in ("local", "ray"):
         raise ConfigError(f"runtime.kind must be local or ray, got {rt.kind!r}")
-    for key, value in (("sft.schedule", cfg.sft.schedule), ("train.schedule", cfg.train.schedule)):
-        if value not in ("constant", "linear"):
-            raise ConfigError(f"{key} must be constant or linear, got {value!r}")
     if rt.scoring_workers and rt.kind != "ray":
         raise ConfigError("runtime.scoring_workers places scoring actors on Ray: it needs "
                           f"runtime.kind = \"ray\" (got {rt.kind!r}); the local "

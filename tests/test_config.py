@@ -75,9 +75,9 @@ def test_parse_value_and_dump_round_trip():
 
 
 def test_sft_schedule_checked_at_load():
-    with pytest.raises(ConfigError, match="sft.schedule must be constant or linear"):
+    with pytest.raises(ConfigError, match="sft.schedule must be one of constant, linear, got 'cosine'"):
         load_checked(None, ["sft.schedule=cosine"])
-    with pytest.raises(ConfigError, match="train.schedule must be constant or linear, got 'cos'"):
+    with pytest.raises(ConfigError, match="train.schedule must be one of constant, linear, got 'cos'"):
         load_checked(None, ["train.schedule=cos"])
 
 

@@ -235,6 +235,7 @@ def run(args: argparse.Namespace) -> int:
     from reroll.runlog import RunDir
     from reroll.stopping import StopFlag, Stopped, stop_on_signals
     from reroll.trainer import checkpoint
+    from reroll.trainer.schedules import SCHEDULES
 
     src = Path(args.run_dir)
     if not (src / "config.toml").is_file():
@@ -244,8 +245,8 @@ def run(args: argparse.Namespace) -> int:
     store = RolloutStore(src)
     steps_set = any(x.split("=", 1)[0].strip() == "train.steps" for x in args.overrides)
     recorded = read_toml(src / "config.toml")
-    if cfg.train.schedule == "linear" and not cfg.train.schedule_steps:
-        # the run's own decay, however many of its steps are replayed
+    if SCHEDULES.trait(cfg.train.schedule, "needs_steps", False) and not cfg.train.schedule_steps:
+        # a schedule that decays to an end: the run's own, however many steps are replayed
         run_train = recorded.get("train", {})
         cfg.train.schedule_steps = run_train.get("schedule_steps") or run_train.get(
             "steps", TrainConfig.steps)
