@@ -98,9 +98,11 @@ def _registries(cfg: RunConfig) -> None:
     algo.AGGREGATIONS.check_kwargs(a.aggregation, a.aggregation_args, "algo.aggregation_args")
     algo.KL_ESTIMATORS.get(a.kl)
     algo.CORRECTIONS.check_kwargs(a.correction, a.correction_args, "algo.correction_args")
-    if a.ess_rule not in algo.vcpo.LR_RULES:
+    from reroll.methods.vcpo import LR_RULES
+
+    if a.ess_rule not in LR_RULES:
         raise ConfigError(f"algo.ess_rule must be one of "
-                          f"{', '.join(algo.vcpo.LR_RULES.names())}, got {a.ess_rule!r}")
+                          f"{', '.join(LR_RULES.names())}, got {a.ess_rule!r}")
     from reroll.trainer.schedules import SCHEDULES
 
     for key, value in (("sft.schedule", cfg.sft.schedule), ("train.schedule", cfg.train.schedule)):

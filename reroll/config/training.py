@@ -49,7 +49,7 @@ class AlgoConfig:
     is untouched. Logged as vcpo/ess_ratio and vcpo/lr_scale. VCPO's other half, the
     off-policy optimal baseline, is algo.advantage = "opob"."""
     ess_rule: str = "sqrt"
-    """ESS learning-rate rule (registry `reroll.algo.vcpo.LR_RULES`): sqrt (Adam-type
+    """ESS learning-rate rule (registry `reroll.methods.vcpo.LR_RULES`): sqrt (Adam-type
     optimisers) or linear."""
     ess_base_ratio: float = ranged(1.0, "(0, 1]")
     """ESS ratio at or above which the full learning rate is kept, in (0, 1]."""

@@ -5,7 +5,8 @@ on their first lookup (`reroll.registry.PLUGINS`), so `reroll list`, `reroll con
 config validation see every entry.
 
 ar3po, dars, xrpo, gdro, duet: allocators (gdro also a selector; duet also the marker gate);
-vade, dots: selectors; latr: the tree workflow's branching; treerl: segment credit.
+vade, dots: selectors; latr: the tree workflow's branching; treerl: segment credit; vcpo:
+the advantage estimator ``opob`` and the optimiser step hook ``ess_lr``.
 """
 
 from reroll.methods import (  # noqa: F401  (registers them)
@@ -17,5 +18,6 @@ from reroll.methods import (  # noqa: F401  (registers them)
     latr,
     treerl,
     vade,
+    vcpo,
     xrpo,
 )

@@ -29,7 +29,7 @@ import torch
 
 from reroll.algo import LossInputs
 from reroll.rollout import Group
-from reroll.trainer import checkpoint, credit, shared_prompt, vcpo
+from reroll.trainer import checkpoint, credit, shared_prompt
 from reroll.trainer.batch import Batch, collate, flatten, token_logprobs_and_entropy
 from reroll.trainer.metrics import version_lag_metrics
 from reroll.trainer.micro_batches import micro_slices, plan_micro_batches
@@ -195,9 +195,9 @@ class Trainer:
         n = len(batch)
         mb_size = -(-n // o.minibatches)
         extra: dict[str, torch.Tensor] = {}
-        if self.objective.wants("grad_sq_norms"):  # VCPO's OPOB: a pass per sample first
-            extra, m = vcpo.opob_inputs(lambda b: self._forward(self.model, b)[0], self.model,
-                                        batch, sample_w, mb_size)
+        if self.objective.advantage_inputs is not None:  # e.g. VCPO's OPOB: a pass per sample
+            extra, m = self.objective.advantage_inputs(
+                lambda b: self._forward(self.model, b)[0], self.model, batch, sample_w, mb_size)
             metrics.update(m)
         # advantages on the CPU (per-sample scalars); per-token tensors on the model's device
         adv, include = self.objective.advantages(rewards, comps, gidx,
