@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                    "./report.html for several)")
     p.add_argument("--no-png", action="store_true", help="skip the PNGs")
     p.set_defaults(fn=cmd_report)
-    from reroll.replay.command import add_parser as add_replay  # reroll replay RUN_DIR
+    from reroll.recording.retrain import add_parser as add_replay  # reroll replay RUN_DIR
 
     add_replay(sub)
     cli_info.add_parsers(sub)

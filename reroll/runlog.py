@@ -1,5 +1,5 @@
 """The run directory: resolved config, metrics.jsonl, TensorBoard events, recorded rollouts
-(the Parquet rollout store under ``RUN/rollouts/``, `reroll.replay.store`).
+(the Parquet rollout store under ``RUN/rollouts/``, `reroll.recording.store`).
 
 Owns the rules that protect finished work: a directory that already holds a run is never
 overwritten (resume it or choose another), and resuming with a config that differs in what
@@ -179,7 +179,7 @@ class RunDir:
 
     def _store(self):
         if self._rollouts is None:
-            from reroll.replay.store import RolloutStore  # pyarrow only when recording
+            from reroll.recording.store import RolloutStore  # pyarrow only when recording
 
             self._rollouts = RolloutStore(self.path)
         return self._rollouts
@@ -230,7 +230,7 @@ def read_rollouts(run_dir: str | Path) -> list[tuple[int, dict]]:
     rows = [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.exists() else []
     out = [(r["step"], r["group"]) for r in rows]
     if (Path(run_dir) / "rollouts").is_dir():
-        from reroll.replay.store import RolloutStore
+        from reroll.recording.store import RolloutStore
 
         out += [(s, g.to_dict()) for s, g in RolloutStore(run_dir).groups()]
     return out

@@ -1,7 +1,7 @@
 """`reroll replay RUN_DIR [preset=X] [key=value ...] out_dir=DIR`: train again on a run's
 recorded rollouts under another advantage estimator, loss or learning rate.
 
-The batches are the recorded ones (`reroll.replay.store`), step by step in the order the run
+The batches are the recorded ones (`reroll.recording.store`), step by step in the order the run
 trained them; nothing is generated (no engine, except for held-out evaluation when
 ``eval.every`` asks for it). The trainer starts from the run's initial weights (its `init`,
 `model.path`, or ``RUN/init``) and is built as training builds it (`build.build_trainer`,
@@ -231,7 +231,7 @@ def run(args: argparse.Namespace) -> int:
     from reroll import build
     from reroll.config import ConfigError, TrainConfig, read_toml
     from reroll.loop import run as run_loop
-    from reroll.replay.store import RolloutStore
+    from reroll.recording.store import RolloutStore
     from reroll.runlog import RunDir
     from reroll.stopping import StopFlag, Stopped, stop_on_signals
     from reroll.trainer import checkpoint
@@ -330,7 +330,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from reroll.config import ConfigError
 
-    ap = argparse.ArgumentParser(prog="python -m reroll.replay.command")
+    ap = argparse.ArgumentParser(prog="python -m reroll.recording.retrain")
     sub = ap.add_subparsers(dest="cmd", required=True)
     add_parser(sub)
     args = ap.parse_args(["replay", *(sys.argv[1:] if argv is None else argv)])
