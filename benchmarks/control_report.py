@@ -27,7 +27,7 @@ def training_mix(run: Path) -> dict:
     """From the recorded groups: share of trained samples per level, share of trained
     samples in groups with both outcomes (a nonzero GRPO advantage), success rate per level.
     Pruned samples (finish "pruned": out of the loss) are not trained samples."""
-    from reroll.replay.store import RolloutStore
+    from reroll.recording.store import RolloutStore
 
     n = {lv: 0 for lv in LEVELS}
     ok = {lv: 0 for lv in LEVELS}

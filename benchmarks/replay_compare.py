@@ -53,7 +53,7 @@ from control import sh  # noqa: E402  (one runner for every benchmark)
 
 CONFIG = "configs/arithmetic.toml"
 REROLL = [str(Path(sys.executable).parent / "reroll")]
-REPLAY = [sys.executable, "-m", "reroll.replay.command"]
+REPLAY = [sys.executable, "-m", "reroll.recording.retrain"]
 PRESET_ARGS = {"dr_grpo": ["algo.aggregation_args.divisor=6.0"]}  # = rollout.max_new_tokens
 # the presets' own correction is their papers' "none" (on-policy); a replay under another
 # preset is off-policy from step 2 on, so it reweighs with the recorded behaviour log-probs

@@ -69,10 +69,10 @@ def cmd_sft(args) -> int:
 
 
 def cmd_eval(args) -> int:
-    from reroll import build, build_rollout
+    from reroll import build
     from reroll.config import ConfigError
     from reroll.config_checks import load_checked
-    from reroll.trainer.evaluate import evaluate
+    from reroll.trainer.evaluate import HeldOutEval
 
     cfg = load_checked(args.config, args.overrides)
     build.prepare_process(cfg)
@@ -82,13 +82,11 @@ def cmd_eval(args) -> int:
             raise ConfigError(f"--output {str(out)!r}: cannot write a file there (its "
                               f"directory must exist and be writable)")
     model, tok = build.load_model(build.weights_dir(args.checkpoint), cfg)
-    task = build.build_task(cfg)
-    scorer = build_rollout.build_scorer(cfg, task)
+    held_out = HeldOutEval(cfg, tok, build.build_task(cfg))
     try:
-        m = evaluate(model, tok, task.test[: cfg.eval.n_examples], scorer,
-                     build_rollout.encode_prompt(tok, cfg.task.chat), cfg)
+        m = held_out(model)
     finally:
-        scorer.close()
+        held_out.close()
     m["checkpoint"] = str(args.checkpoint)
     print(json.dumps(m))
     if args.output:
@@ -137,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                    "./report.html for several)")
     p.add_argument("--no-png", action="store_true", help="skip the PNGs")
     p.set_defaults(fn=cmd_report)
-    from reroll.replay.command import add_parser as add_replay  # reroll replay RUN_DIR
+    from reroll.recording.retrain import add_parser as add_replay  # reroll replay RUN_DIR
 
     add_replay(sub)
     cli_info.add_parsers(sub)

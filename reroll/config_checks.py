@@ -1,6 +1,7 @@
 """Checks of a loaded config that need more than its types: registry choices and their
 hyperparameters (against each component's signature and declared ranges, so a typo or an
-out-of-range value fails before any work starts), ranges of every numeric field,
+out-of-range value fails before any work starts), ranges of every numeric field and the
+allowed values of every choice-valued one (declared in the fields, `reroll.config.ranges`),
 combinations that would silently do nothing or break a promise (a "synchronous" run with
 stale tokens), and warnings for values that are legal but almost surely wrong. Imports the
 registries (inside the checks), so `reroll.config` itself stays free of them and of torch.
@@ -67,8 +68,8 @@ def load_checked(path: str | Path | None, overrides: list[str] = ()) -> RunConfi
 
 
 def validate(cfg: RunConfig) -> None:
-    """Check each field's declared range (`reroll.config.ranges`), registry-backed choices
-    and combinations; warn on likely mistakes. Raises `ConfigError` for the first problem."""
+    """Check each field's declared range or choices (`reroll.config.ranges`), registry-backed
+    choices and combinations; warn on likely mistakes. Raises `ConfigError` for the first problem."""
     from reroll.registry import RegistryError
 
     check_ranges(cfg)
@@ -97,9 +98,17 @@ def _registries(cfg: RunConfig) -> None:
     algo.AGGREGATIONS.check_kwargs(a.aggregation, a.aggregation_args, "algo.aggregation_args")
     algo.KL_ESTIMATORS.get(a.kl)
     algo.CORRECTIONS.check_kwargs(a.correction, a.correction_args, "algo.correction_args")
-    if a.ess_rule not in algo.vcpo.LR_RULES:
+    from reroll.methods.vcpo import LR_RULES
+
+    if a.ess_rule not in LR_RULES:
         raise ConfigError(f"algo.ess_rule must be one of "
-                          f"{', '.join(algo.vcpo.LR_RULES.names())}, got {a.ess_rule!r}")
+                          f"{', '.join(LR_RULES.names())}, got {a.ess_rule!r}")
+    from reroll.trainer.schedules import SCHEDULES
+
+    for key, value in (("sft.schedule", cfg.sft.schedule), ("train.schedule", cfg.train.schedule)):
+        if value not in SCHEDULES:
+            raise ConfigError(f"{key} must be one of {', '.join(SCHEDULES.names())}, "
+                              f"got {value!r}")
     tasks.TASKS.check_kwargs(cfg.task.name, cfg.task.args, "task.args")
     _engine_registered(ENGINES, cfg.engine.name)
     check_remote_engine(cfg)
@@ -184,14 +193,6 @@ def _combinations(cfg: RunConfig) -> None:
     if cfg.algo.overlong_buffer > limit:
         raise ConfigError(f"algo.overlong_buffer must be in [0, {limit}] (the policy tokens a "
                           f"sample may hold), got {cfg.algo.overlong_buffer}")
-    if cfg.reward.inline not in ("auto", "always", "never"):
-        raise ConfigError(f"reward.inline must be auto, always or never, got "
-                          f"{cfg.reward.inline!r}")
-    if rt.kind not in ("local", "ray"):
-        raise ConfigError(f"runtime.kind must be local or ray, got {rt.kind!r}")
-    for key, value in (("sft.schedule", cfg.sft.schedule), ("train.schedule", cfg.train.schedule)):
-        if value not in ("constant", "linear"):
-            raise ConfigError(f"{key} must be constant or linear, got {value!r}")
     if rt.scoring_workers and rt.kind != "ray":
         raise ConfigError("runtime.scoring_workers places scoring actors on Ray: it needs "
                           f"runtime.kind = \"ray\" (got {rt.kind!r}); the local "
@@ -202,18 +203,12 @@ def _combinations(cfg: RunConfig) -> None:
             f"train over-provisioned groups one version late, so the run would not be "
             f"synchronous; keep overprovision = 1 for synchronous RL, or set "
             f"runtime.max_staleness >= 1 (over-provisioned groups then lag at most one more)")
-    if cfg.log.wandb_mode not in ("online", "offline", "disabled"):
-        raise ConfigError(f"log.wandb_mode must be online, offline or disabled, got "
-                          f"{cfg.log.wandb_mode!r}")
     if cfg.log.wandb:
         import importlib.util
 
         if importlib.util.find_spec("wandb") is None:
             raise ConfigError("log.wandb = true needs the wandb package: "
                               "pip install 'reroll[wandb]'")
-    if cfg.model.dtype not in ("float32", "bfloat16", "float16"):
-        raise ConfigError(f"model.dtype must be float32, bfloat16 or float16, got "
-                          f"{cfg.model.dtype!r}")
     _check_devices(cfg)
     rp = cfg.replay
     if (rp.buffer_size > 0 or rp.reuse) and cfg.algo.correction == "none":

@@ -1,5 +1,5 @@
 """The run directory: resolved config, metrics.jsonl, TensorBoard events, recorded rollouts
-(the Parquet rollout store under ``RUN/rollouts/``, `reroll.replay.store`).
+(the Parquet rollout store under ``RUN/rollouts/``, `reroll.recording.store`).
 
 Owns the rules that protect finished work: a directory that already holds a run is never
 overwritten (resume it or choose another), and resuming with a config that differs in what
@@ -27,7 +27,7 @@ from typing import Any
 from reroll.config import ConfigError, RunConfig, build, dump_toml, read_toml, to_dict
 
 # Keys that may change between a run and its resume (they do not change what is learned;
-# train.steps and train.schedule_steps only where they keep a linear lr decay's end, below).
+# train.steps and train.schedule_steps only where they keep the lr schedule's decay end, below).
 RESUMABLE = {"train.steps", "train.schedule_steps", "log_every", "ckpt_every", "record_every",
              "eval", "out_dir", "runtime.threads", "runtime.kind", "runtime.engine_workers",
              "runtime.scoring_workers", "runtime.engine_gpus", "runtime.trainer_gpus",
@@ -59,15 +59,21 @@ def config_diff(old: dict, new: dict) -> list[str]:
         if a.get(k) != b.get(k):
             diff.append(f"{k}: {a.get(k)!r} -> {b.get(k)!r}")
     was, now = _decay_horizon(a), _decay_horizon(b)
-    if was != now and not diff:  # train.steps moved the end of a linear lr decay
-        diff.append(f"the linear lr decay's end (train.schedule_steps, else train.steps): "
-                    f"{was} -> {now}; set train.schedule_steps={was} to keep the run's")
+    if was != now and not diff:  # train.steps moved the end of the lr schedule's decay
+        diff.append(f"the {b.get('train.schedule')} lr decay's end (train.schedule_steps, "
+                    f"else train.steps): {was} -> {now}; set train.schedule_steps={was} to "
+                    f"keep the run's")
     return diff
 
 
 def _decay_horizon(flat: dict[str, Any]) -> int | None:
-    """The update at which a linear learning-rate decay reaches 0; None: constant lr."""
-    if flat.get("train.schedule") != "linear":
+    """The update at which the learning-rate schedule's decay ends, for a schedule whose
+    factor depends on it (trait ``needs_steps`` in `reroll.trainer.schedules.SCHEDULES`);
+    None for one that does not (constant lr)."""
+    from reroll.trainer.schedules import SCHEDULES
+
+    name = flat.get("train.schedule")
+    if name not in SCHEDULES or not SCHEDULES.trait(name, "needs_steps", False):
         return None
     return flat.get("train.schedule_steps") or flat.get("train.steps")
 
@@ -173,7 +179,7 @@ class RunDir:
 
     def _store(self):
         if self._rollouts is None:
-            from reroll.replay.store import RolloutStore  # pyarrow only when recording
+            from reroll.recording.store import RolloutStore  # pyarrow only when recording
 
             self._rollouts = RolloutStore(self.path)
         return self._rollouts
@@ -224,7 +230,7 @@ def read_rollouts(run_dir: str | Path) -> list[tuple[int, dict]]:
     rows = [json.loads(x) for x in p.read_text().splitlines() if x.strip()] if p.exists() else []
     out = [(r["step"], r["group"]) for r in rows]
     if (Path(run_dir) / "rollouts").is_dir():
-        from reroll.replay.store import RolloutStore
+        from reroll.recording.store import RolloutStore
 
         out += [(s, g.to_dict()) for s, g in RolloutStore(run_dir).groups()]
     return out

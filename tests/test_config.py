@@ -75,9 +75,9 @@ def test_parse_value_and_dump_round_trip():
 
 
 def test_sft_schedule_checked_at_load():
-    with pytest.raises(ConfigError, match="sft.schedule must be constant or linear"):
+    with pytest.raises(ConfigError, match="sft.schedule must be one of constant, linear, got 'cosine'"):
         load_checked(None, ["sft.schedule=cosine"])
-    with pytest.raises(ConfigError, match="train.schedule must be constant or linear, got 'cos'"):
+    with pytest.raises(ConfigError, match="train.schedule must be one of constant, linear, got 'cos'"):
         load_checked(None, ["train.schedule=cos"])
 
 
@@ -218,3 +218,26 @@ def test_device_names_resolve_in_one_place():
     cfg = load_config(None, ["model.device=cpu"])
     assert engine_device(cfg) == "cpu"
     assert engine_device(load_config(None, ["model.device=cpu", "engine.device=auto"])) == "auto"
+
+
+def test_choice_fields_declare_their_values_and_are_refused_naming_key_and_values():
+    """A field with a fixed set of values declares them in its metadata beside the ranges;
+    the same walk refuses another value, naming the key and every allowed value."""
+    from reroll.runtime import RUNTIMES
+
+    ranges = field_ranges(RunConfig)
+    assert ranges["runtime.kind"] == "{local, ray}"
+    assert ranges["model.dtype"] == "{float32, bfloat16, float16}"
+    assert ranges["reward.inline"] == "{auto, always, never}"
+    assert ranges["log.wandb_mode"] == "{online, offline, disabled}"
+    assert set(RUNTIMES) == {"local", "ray"}  # every declared runtime.kind has a runtime
+    for override, msg in (
+            ("runtime.kind=k8s", "runtime.kind must be one of local, ray, got 'k8s'"),
+            ("model.dtype=fp8", "model.dtype must be one of float32, bfloat16, float16, got 'fp8'"),
+            ("reward.inline=sometimes",
+             "reward.inline must be one of auto, always, never, got 'sometimes'"),
+            ("log.wandb_mode=cloud",
+             "log.wandb_mode must be one of online, offline, disabled, got 'cloud'")):
+        assert load_config(None, [override])  # parsed, not yet checked
+        with pytest.raises(ConfigError, match=f"^{msg}$"):
+            load_checked(None, [override])

@@ -40,7 +40,7 @@ def test_wandb_offline_logs_every_row_and_resume_keeps_the_run(small_run, tmp_pa
 
 
 def test_wandb_settings_are_checked_when_the_config_loads(monkeypatch):
-    with pytest.raises(ConfigError, match="log.wandb_mode must be online, offline or disabled"):
+    with pytest.raises(ConfigError, match="log.wandb_mode must be one of online, offline, disabled, got 'cloud'"):
         load_checked(None, ["log.wandb_mode=cloud"])
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",

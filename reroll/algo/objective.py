@@ -9,10 +9,11 @@ policy, the sampler/trainer gap corrected by a separate weight,
 
 with ``s_i`` the sample's weight (``Rollout.sample_weight``, 1 unless a control or replay
 policy set it), aggregated with the global normalisers (weights do not change them), plus ``kl_coef * agg(kl(pi_theta, pi_ref))`` when the
-KL penalty sits in the loss. VCPO's ESS-scaled learning rate (``lr_scale``) is a factor on
-each mini-batch's optimiser step, its OPOB baseline the advantage estimator ``opob``
-(`reroll.algo.vcpo`). The trainer never branches on component names; everything it
-needs is a method here. Must not know about models, batches or the optimiser.
+KL penalty sits in the loss. The objective carries VCPO's ESS-scaled learning-rate settings
+(``ess_*``), which its optimiser step hook reads (`reroll.methods.vcpo`), and the per-sample
+inputs its advantage estimator asks of the trainer (``advantage_inputs``, the estimator's
+registry trait ``trainer_inputs``; VCPO's OPOB baseline). The trainer never branches on
+component names; everything it needs is a method or a field here. Must not know about models, batches or the optimiser.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from reroll.algo.aggregation import AGGREGATIONS
 from reroll.algo.corrections import CORRECTIONS
 from reroll.algo.kl import KL_ESTIMATORS, kl_reward_penalty
 from reroll.algo.surrogates import SURROGATES, masked_mean
-from reroll.algo.vcpo import LR_RULES, effective_sample_size, ess_lr_scale, seq_log_weights
 
 if TYPE_CHECKING:
     from reroll.config import AlgoConfig
@@ -64,9 +64,13 @@ class Objective:
     kl_coef: float = 0.0
     kl_in_reward: bool = False
     ess_lr: bool = False  # VCPO: scale each mini-batch's learning rate by its ESS
-    ess_rule: str = "sqrt"  # a `vcpo.LR_RULES` name
+    ess_rule: str = "sqrt"  # a `reroll.methods.vcpo.LR_RULES` name
     ess_base_ratio: float = 1.0
     ess_is_cap: float = 0.0  # clip of the sequence IS weights for the ESS (0: none)
+    # per-sample inputs the advantage estimator needs from the trainer (its trait
+    # ``trainer_inputs``): (forward, model, batch, sample_weights [N], mini-batch size) ->
+    # (inputs {name: [N]}, metrics); None: it needs none
+    advantage_inputs: Callable[..., tuple[dict[str, Tensor], dict[str, float]]] | None = None
     pieces_inert: bool = False  # surrogate inert at A = 0 and correction row-local (traits)
 
     def __post_init__(self) -> None:
@@ -105,22 +109,6 @@ class Objective:
         given = {"token_counts": token_counts, **inputs}
         extra = {k: v for k, v in given.items() if v is not None and self.wants(k)}
         return self.advantage_fn(rewards, components, group_index, **extra)
-
-    def seq_log_weights(self, prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor,
-                        sample_weights: Tensor | None = None) -> Tensor:
-        """log w_i [B] of VCPO's ESS: each sample's sequence IS weight pi_prox / mu over its
-        loss tokens [B, T], clipped at ``ess_is_cap`` (> 0), times its sample weight [B]."""
-        return seq_log_weights(prox_logprobs, behav_logprobs, mask, sample_weights,
-                               self.ess_is_cap)
-
-    def lr_scale(self, log_weights: Tensor) -> tuple[float, dict[str, float]]:
-        """VCPO's factor on one mini-batch's learning rate from its samples' log sequence IS
-        weights [n] (``seq_log_weights``), and its metrics; (1.0, {}) with ``ess_lr`` off."""
-        if not self.ess_lr:
-            return 1.0, {}
-        ess, ratio = effective_sample_size(log_weights)
-        scale = ess_lr_scale(ratio, self.ess_base_ratio, self.ess_rule)
-        return scale, {"vcpo/ess": ess, "vcpo/ess_ratio": ratio, "vcpo/lr_scale": scale}
 
     def kl_reward_penalty(self, logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor) -> Tensor:
         """kl_coef * k(t) per token [B, T] (no grad) from behaviour or proximal log-probs [B, T];
@@ -165,7 +153,6 @@ class Objective:
 def build_objective(algo_cfg: AlgoConfig) -> Objective:
     """Bind every registered piece named by ``algo_cfg`` to its hyperparameters."""
     a = algo_cfg
-    LR_RULES.get(a.ess_rule)  # an unknown rule fails here, naming the registered ones
     return Objective(
         advantage_fn=ADVANTAGES.bind(a.advantage, a.advantage_args, "algo.advantage_args"),
         surrogate_fn=SURROGATES.bind(a.surrogate, a.surrogate_args, "algo.surrogate_args"),
@@ -178,6 +165,7 @@ def build_objective(algo_cfg: AlgoConfig) -> Objective:
         ess_rule=a.ess_rule,
         ess_base_ratio=float(a.ess_base_ratio),
         ess_is_cap=float(a.ess_is_cap),
+        advantage_inputs=ADVANTAGES.trait(a.advantage, "trainer_inputs"),
         pieces_inert=bool(SURROGATES.trait(a.surrogate, "inert_at_zero_advantage", False)
                           and CORRECTIONS.trait(a.correction, "row_local", False)),
     )

@@ -31,7 +31,7 @@ class ModelConfig:
     """MLP width of the tiny model."""
     max_position: int = ranged(256, "[2, inf)")
     """Context length of the tiny model."""
-    dtype: str = "float32"
+    dtype: str = ranged("float32", choices=("float32", "bfloat16", "float16"))
     """Compute dtype: float32, bfloat16 or float16 (CUDA only). The trainer always keeps
     float32 master weights and AdamW state; bfloat16 runs its forward and backward under
     bf16 autocast, and the engine (and the reference model) hold weights in this dtype,
@@ -190,7 +190,7 @@ class RewardConfig:
     with weight 1. The scalar reward is the weighted sum; components stay visible."""
     workers: int = ranged(1, "[0, inf)")
     """Scoring worker processes (0 = score in a thread of the main process)."""
-    inline: str = "auto"
+    inline: str = ranged("auto", choices=("auto", "always", "never"))
     """Score in the rollout loop itself, with no process or thread hand-off: "auto" when
     every reward component is a verifier registered as cheap (exact, numeric, countdown:
     pure, bounded, microseconds), "always" (trusted verifiers: no timeout, and a crash takes

@@ -39,7 +39,7 @@ class EvalConfig:
 
 @dataclass
 class RuntimeConfig:
-    kind: str = "local"
+    kind: str = ranged("local", choices=("local", "ray"))
     """Where services run: local (one process) or ray."""
     max_staleness: int = ranged(0, "[0, inf)")
     """Bound on policy-version lag of trained tokens. 0 is synchronous RL."""
@@ -93,7 +93,7 @@ class LogConfig:
     RUN/wandb_id), so `--resume` continues it."""
     wandb_project: str = "reroll"
     """W&B project of the run."""
-    wandb_mode: str = "offline"
+    wandb_mode: str = ranged("offline", choices=("online", "offline", "disabled"))
     """online (streams to the W&B server; needs `wandb login`), offline (writes RUN/wandb;
     upload later with `wandb sync`) or disabled."""
 

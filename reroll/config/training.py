@@ -49,7 +49,7 @@ class AlgoConfig:
     is untouched. Logged as vcpo/ess_ratio and vcpo/lr_scale. VCPO's other half, the
     off-policy optimal baseline, is algo.advantage = "opob"."""
     ess_rule: str = "sqrt"
-    """ESS learning-rate rule (registry `reroll.algo.vcpo.LR_RULES`): sqrt (Adam-type
+    """ESS learning-rate rule (registry `reroll.methods.vcpo.LR_RULES`): sqrt (Adam-type
     optimisers) or linear."""
     ess_base_ratio: float = ranged(1.0, "(0, 1]")
     """ESS ratio at or above which the full learning rate is kept, in (0, 1]."""
@@ -166,10 +166,11 @@ class TrainConfig:
     warmup_steps: int = ranged(0, "[0, inf)")
     """Linear learning-rate warm-up over this many steps (Adam's first steps are large)."""
     schedule: str = "constant"
-    """Learning rate: constant after the warm-up, or linear: decays to 0 at the last update
-    (TRL's default; here the warm-up ramp multiplies the decay instead of preceding it)."""
+    """Learning-rate schedule after the warm-up, a name in the `SCHEDULES` registry
+    (`reroll.trainer.schedules`): constant, or linear: decays to 0 at the last update (TRL's
+    default; here the warm-up ramp multiplies the decay instead of preceding it)."""
     schedule_steps: int = ranged(0, "[0, inf)")
-    """Updates a linear decay spans; 0: train.steps. A resume that changes train.steps must
+    """Updates a decaying schedule (such as linear) spans; 0: train.steps. A resume that changes train.steps must
     keep the run's (set this to its train.steps); `reroll replay` keeps it by itself."""
     grad_clip: float = ranged(1.0, "[0, inf)")
     """Global gradient-norm clip (0 disables)."""
@@ -237,6 +238,7 @@ class SFTConfig:
     batch_size: int = ranged(128, "[1, inf)")
     """Demonstrations per step."""
     schedule: str = "constant"
-    """Learning-rate schedule after warm-up: constant, or linear (decay to 0 at `steps`)."""
+    """Learning-rate schedule after warm-up, from the `SCHEDULES` registry: constant, or
+    linear (decay to 0 at `steps`)."""
     warmup_steps: int = ranged(20, "[0, inf)")
     """Linear learning-rate warm-up steps of the warm start."""

@@ -6,7 +6,8 @@ it. The registries import this package on their first lookup (`reroll.registry.P
 
 ar3po, dars, xrpo, gdro, duet: allocators (gdro also a selector; duet also the marker gate);
 vade, dots: selectors; siri: a length schedule; dot: a group shaper; specrl, das:
-drafters (speculative rollouts); latr: the tree workflow's branching; treerl: segment credit.
+drafters (speculative rollouts); latr: the tree workflow's branching; treerl: segment credit;
+vcpo: the advantage estimator ``opob`` and the optimiser step hook ``ess_lr``.
 """
 
 from reroll.methods import (  # noqa: F401  (registers them)
@@ -22,5 +23,6 @@ from reroll.methods import (  # noqa: F401  (registers them)
     specrl,
     treerl,
     vade,
+    vcpo,
     xrpo,
 )

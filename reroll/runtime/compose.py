@@ -28,7 +28,8 @@ from reroll.trainer.step import TrainerHandle
 
 @dataclass
 class Components:
-    """What a runtime builds for where it runs."""
+    """What a runtime builds for where it runs, from the config and what the composition
+    built once for every side (the tokenizer and the task)."""
 
     trainer: TrainerHandle
     engine_core: Any  # a `reroll.engine.EngineCore`, or an asynchronous `Engine` (remote)
@@ -48,19 +49,21 @@ class Transport:
 
 def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_components,
         progress: bool = True, stop=None) -> dict:
-    """Build everything, run `reroll.loop.run`, and close what was built in reverse order."""
+    """Build everything, run `reroll.loop.run`, and close what was built in reverse order.
+    The tokenizer and the task are built once, here, and handed to ``build_components``
+    (``(cfg, init_dir, ckpt, tok, task) -> Components``)."""
     from reroll.loop import run as run_loop
-    from reroll.trainer.evaluate import evaluate
+    from reroll.trainer.evaluate import HeldOutEval
     from reroll.workflows import WORKFLOWS
 
     state = checkpoint.read_state(ckpt) if ckpt else {}
     with contextlib.ExitStack() as done:
-        parts: Components = build_components(cfg, init_dir, ckpt)
-        done.callback(parts.trainer.close)
-        done.callback(parts.scorer.close)
         tok = build.load_tokenizer(init_dir)
         task = build.build_task(cfg, tok, init_dir)
         build_rollout.check_sandbox(cfg, task)
+        parts: Components = build_components(cfg, init_dir, ckpt, tok, task)
+        done.callback(parts.trainer.close)
+        done.callback(parts.scorer.close)
         combine = parts.scorer.combine
         control, prompts = build_control(
             cfg, task.train, lambda x: None if x.failed else combine(x.scores), state,
@@ -94,12 +97,10 @@ def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_com
 
         source = RolloutSource(make, rerun)
         done.callback(source.close)
-        encode = build_rollout.encode_prompt(tok, cfg.task.chat)
-        test = task.test[: cfg.eval.n_examples]
+        held_out = HeldOutEval(cfg, tok, task, parts.scorer, device=parts.eval_device, k=1)
 
         def evaluator() -> dict[str, float]:
-            return evaluate(parts.trainer.policy(), tok, test, parts.scorer, encode, cfg, k=1,
-                            device=parts.eval_device)
+            return held_out(parts.trainer.policy())
 
         rd.commit()  # everything is built: from now on the directory holds this run
         return run_loop(cfg, trainer=parts.trainer, source=source,

@@ -17,11 +17,11 @@ from reroll.devices import resolved_engine_device
 from reroll.runtime.compose import Components
 
 
-def components(cfg: RunConfig, init_dir: Path, ckpt: Path | None) -> Components:
+def components(cfg: RunConfig, init_dir: Path, ckpt: Path | None, tok, task) -> Components:
+    """Trainer, engine core and scorer, all in this process; ``tok`` and ``task`` are the
+    run's, built once by the composition (`reroll.runtime.compose.run`)."""
     trainer = build.build_trainer(cfg, init_dir, ckpt)
-    tok = build.load_tokenizer(init_dir)
     core = build.run_engine(trainer, tok, cfg)
-    task = build.build_task(cfg)
     # held-out evaluation generates where the run's engine does (engine.device), not on the
     # trainer's device
     return Components(trainer=trainer, engine_core=core,

@@ -234,9 +234,11 @@ class RayEnginePool:
 
 
 # ---- the composition ----------------------------------------------------------------------
-def components(cfg: RunConfig, init_dir: Path, ckpt: Path | None):
+def components(cfg: RunConfig, init_dir: Path, ckpt: Path | None, tok, task):
     """Trainer actor, engine actors (started with the trainer's weights, by reference) and
-    scorer (scoring actors with `runtime.scoring_workers`, else a local process pool)."""
+    scorer (scoring actors with `runtime.scoring_workers`, else a local process pool) for
+    ``task`` (the run's, built once by `reroll.runtime.compose.run`; the actors load their
+    own tokenizer from ``init_dir``)."""
     from reroll import build, build_rollout
     from reroll.runtime.compose import Components
 
@@ -252,7 +254,6 @@ def components(cfg: RunConfig, init_dir: Path, ckpt: Path | None):
                          keep_memory=cfg.runtime.keep_freed_memory,
                          deterministic=cfg.runtime.deterministic, gpus=gpus,
                          device=device if gpus > 0 else resolve_device(device))
-    task = build.build_task(cfg)
     if cfg.runtime.scoring_workers > 0 and build_rollout.uses_verifiers(cfg):
         from reroll.runtime.ray_scoring import RayScoringPool
 

@@ -8,6 +8,11 @@ scoring failed counts as an error, reported separately, never as a wrong answer.
 examples carry a level in ``fields["difficulty"]`` (a string, as ``arith_mixed`` sets it),
 greedy accuracy and sampled pass@1 are also reported per level (``eval/greedy_accuracy_easy``,
 ``eval/pass@1_sampled_easy``, ...), over the examples of that level.
+
+`HeldOutEval` is how every command assembles it (`reroll eval`, the in-loop evaluation of
+`reroll train` and of `reroll replay`): the test split's first ``eval.n_examples`` examples,
+the run's prompt encoding and scorer, and the device its engine generates on. This module
+knows no runtime and no loop: callers hand it a model.
 """
 
 from __future__ import annotations
@@ -99,3 +104,29 @@ def evaluate(model, tok, examples: list[Example], scorer, encode, cfg: RunConfig
             metrics.update(env_metrics([r for g in groups for r in g.rollouts], "eval/env/"))
     metrics["eval/n_examples"] = float(len(examples))
     return metrics
+
+
+class HeldOutEval:
+    """Held-out evaluation of a run's task: ``__call__(model)`` returns `evaluate`'s metrics
+    on the first ``eval.n_examples`` test examples. ``scorer`` is the run's own (its owner
+    closes it); without one, a scorer is built from ``cfg`` and ``task`` and `close` closes
+    it. ``k``: samples per example (None: ``eval.k``); ``device``: where the evaluation's
+    engine generates (None: the model's own device)."""
+
+    def __init__(self, cfg: RunConfig, tok, task, scorer=None, device: str | None = None,
+                 k: int | None = None):
+        from reroll import build_rollout
+
+        self.cfg, self.tok, self.device, self.k = cfg, tok, device, k
+        self.owns_scorer = scorer is None
+        self.scorer = build_rollout.build_scorer(cfg, task) if scorer is None else scorer
+        self.encode = build_rollout.encode_prompt(tok, cfg.task.chat)
+        self.examples = task.test[: cfg.eval.n_examples]
+
+    def __call__(self, model) -> dict[str, float]:
+        return evaluate(model, self.tok, self.examples, self.scorer, self.encode, self.cfg,
+                        k=self.k, device=self.device)
+
+    def close(self) -> None:
+        if self.owns_scorer:
+            self.scorer.close()

@@ -3,9 +3,10 @@
 `OptimiserStep` owns what happens between a mini-batch's last backward pass and the next
 one's first: gradients cleared (`begin`), clipped and checked finite, the learning rate
 scaled for this step alone by the hooks' factors, AdamW's step. A `StepHook` sees every
-pass's loss inputs (`observe`) and names its factor at the step (`lr_factor`); VCPO's
-ESS-scaled learning rate is one (`reroll.trainer.vcpo.EssLrHook`), built by `step_hooks`
-when the objective asks for it. Must not know the loss, the batch layout or the schedule
+pass's loss inputs (`observe`) and names its factor at the step (`lr_factor`). Hooks are
+plug-ins: a method registers a factory ``(objective) -> StepHook | None`` in `STEP_HOOKS`
+(VCPO's ESS-scaled learning rate, `reroll.methods.vcpo`), and `step_hooks` builds those
+that the objective asks for. Must not know the loss, the batch layout or the schedule
 (the schedule's lr is the one the hooks scale).
 """
 
@@ -17,6 +18,9 @@ from typing import Protocol
 import torch
 
 from reroll.algo import LossInputs
+from reroll.registry import Registry
+
+STEP_HOOKS = Registry("optimiser step hook")
 
 
 class StepHook(Protocol):
@@ -30,10 +34,10 @@ class StepHook(Protocol):
 
 
 def step_hooks(objective) -> list[StepHook]:
-    """The hooks ``objective`` asks for: VCPO's ESS-scaled learning rate with ``ess_lr``."""
-    from reroll.trainer.vcpo import EssLrHook
-
-    return [EssLrHook(objective)] if objective.ess_lr else []
+    """The hooks ``objective`` asks for: each registered factory's, in name order, where it
+    returns one (VCPO's ``ess_lr`` with ``algo.ess_lr``)."""
+    hooks = (STEP_HOOKS.get(name)(objective) for name in STEP_HOOKS.names())
+    return [h for h in hooks if h is not None]
 
 
 class OptimiserStep:

@@ -29,7 +29,7 @@ import torch
 
 from reroll.algo import LossInputs
 from reroll.rollout import Group
-from reroll.trainer import checkpoint, credit, shared_prompt, vcpo
+from reroll.trainer import checkpoint, credit, shared_prompt
 from reroll.trainer.batch import Batch, collate, flatten, token_logprobs_and_entropy
 from reroll.trainer.metrics import version_lag_metrics
 from reroll.trainer.micro_batches import micro_slices, plan_micro_batches
@@ -197,9 +197,10 @@ class Trainer:
         metrics: dict[str, float] = {}
         n = len(batch)
         mb_size = -(-n // o.minibatches)
-        if self.objective.wants("grad_sq_norms"):  # VCPO's OPOB: a pass per sample first
-            extra, m = vcpo.opob_inputs(lambda b: self._forward(self.model, b)[0], self.model,
-                                        batch, sample_w, mb_size)
+        if self.objective.advantage_inputs is not None:  # e.g. VCPO's OPOB: a pass per sample
+            inputs, m = self.objective.advantage_inputs(
+                lambda b: self._forward(self.model, b)[0], self.model, batch, sample_w, mb_size)
+            extra.update(inputs)
             metrics.update(m)
         if self.objective.wants("mean_logprobs"):  # XRPO's novelty: mean behaviour log-prob
             tok = batch.mask.sum(-1).clamp(min=1.0)  # [N]

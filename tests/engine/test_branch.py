@@ -12,7 +12,7 @@ from reroll.engine.branch import branch_tokens
 from reroll.engine.fork import inherit
 from reroll.engine.service import EngineService
 from reroll.engine.torch_engine import TorchEngine
-from reroll.replay.store import from_table, to_table
+from reroll.recording.store import from_table, to_table
 from reroll.rollout import BranchRule, Example, Group, Rollout, Span
 
 PROMPT = "12+34="

@@ -240,8 +240,8 @@ def test_gpu_reservations_place_the_actors_and_the_run_is_unchanged(ray_run, tmp
     seen = {}
     real = rr.components
 
-    def spy(cfg, init_dir, ckpt):
-        parts = real(cfg, init_dir, ckpt)
+    def spy(cfg, init_dir, ckpt, tok, task):
+        parts = real(cfg, init_dir, ckpt, tok, task)
         seen["trainer"] = parts.trainer.placement()
         seen["engines"] = parts.engine_core.placement()
         return parts

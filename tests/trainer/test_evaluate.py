@@ -69,3 +69,43 @@ def test_examples_without_a_level_keep_the_metrics_as_they_were(monkeypatch):
     m = ev.evaluate(None, _Tok(), _examples([None, "hard", "hard"]), None, None,
                     load_checked(None, []), k=1)
     assert m["eval/greedy_accuracy_hard"] == 0.5 and "eval/greedy_accuracy_None" not in m
+
+
+class _Task:
+    def __init__(self, examples):
+        self.test = examples
+
+
+class _Scorer:
+    closed = False
+
+    def close(self):
+        self.closed = True
+
+
+def test_held_out_eval_takes_the_first_n_examples_and_closes_only_its_own_scorer(monkeypatch):
+    seen = []
+
+    async def run(model, tok, cfg, examples, scorer, encode, params, n, device):
+        seen.append((model, len(examples), scorer, n, device))
+        return await _fake_run([[1, 1]] * len(examples))(model, tok, cfg, examples, scorer,
+                                                        encode, params, n, device)
+
+    monkeypatch.setattr(ev, "_run", run)
+    cfg = load_checked(None, ["eval.n_examples=3", "eval.k=2"])
+    given = _Scorer()
+    held_out = ev.HeldOutEval(cfg, _Tok(), _Task(_examples([None] * 5)), given, device="cpu",
+                              k=1)
+    m = held_out("model")
+    assert m["eval/n_examples"] == 3.0 and "eval/pass@2" not in m
+    assert seen == [("model", 3, given, 1, "cpu")]
+    held_out.close()
+    assert not given.closed  # the run's scorer: its owner closes it
+    built = _Scorer()
+    monkeypatch.setattr("reroll.build_rollout.build_scorer", lambda cfg, task: built)
+    held_out = ev.HeldOutEval(cfg, _Tok(), _Task(_examples([None] * 5)))  # eval.k, own scorer
+    seen.clear()
+    assert held_out("model")["eval/pass@2"] == 1.0
+    assert [s[3] for s in seen] == [1, 2] and seen[0][2] is built
+    held_out.close()
+    assert built.closed

@@ -201,7 +201,7 @@ def test_every_recorded_rollout_of_a_real_multi_turn_run_replays_to_its_transcri
         "task.args.n_test=8", "ckpt_every=2", "log_every=1"])
     train(cfg, progress=False)
     tok = build.load_tokenizer(tmp_path / "init")
-    from reroll.replay.store import RolloutStore
+    from reroll.recording.store import RolloutStore
 
     groups = [g for _, g in RolloutStore(tmp_path).groups()]
     assert len(groups) == 8

@@ -58,7 +58,7 @@ def test_tree_config_checks():
 
 
 def test_a_tiny_tree_run_trains_on_the_leaves(small_run, tmp_path):
-    from reroll.replay.store import RolloutStore
+    from reroll.recording.store import RolloutStore
     from reroll.runtime import train
 
     cfg = small_run(tmp_path / "tree", "rollout.workflow=tree", "rollout.tree_branch_at=[1]",

@@ -1,7 +1,7 @@
 """`reroll replay RUN_DIR [preset=X] [key=value ...] out_dir=DIR`: train again on a run's
 recorded rollouts under another advantage estimator, loss or learning rate.
 
-The batches are the recorded ones (`reroll.replay.store`), step by step in the order the run
+The batches are the recorded ones (`reroll.recording.store`), step by step in the order the run
 trained them; nothing is generated (no engine, except for held-out evaluation when
 ``eval.every`` asks for it). The trainer starts from the run's initial weights (its `init`,
 `model.path`, or ``RUN/init``) and is built as training builds it (`build.build_trainer`,
@@ -231,10 +231,11 @@ def run(args: argparse.Namespace) -> int:
     from reroll import build
     from reroll.config import ConfigError, TrainConfig, read_toml
     from reroll.loop import run as run_loop
-    from reroll.replay.store import RolloutStore
+    from reroll.recording.store import RolloutStore
     from reroll.runlog import RunDir
     from reroll.stopping import StopFlag, Stopped, stop_on_signals
     from reroll.trainer import checkpoint
+    from reroll.trainer.schedules import SCHEDULES
 
     src = Path(args.run_dir)
     if not (src / "config.toml").is_file():
@@ -244,8 +245,8 @@ def run(args: argparse.Namespace) -> int:
     store = RolloutStore(src)
     steps_set = any(x.split("=", 1)[0].strip() == "train.steps" for x in args.overrides)
     recorded = read_toml(src / "config.toml")
-    if cfg.train.schedule == "linear" and not cfg.train.schedule_steps:
-        # the run's own decay, however many of its steps are replayed
+    if SCHEDULES.trait(cfg.train.schedule, "needs_steps", False) and not cfg.train.schedule_steps:
+        # a schedule that decays to an end: the run's own, however many steps are replayed
         run_train = recorded.get("train", {})
         cfg.train.schedule_steps = run_train.get("schedule_steps") or run_train.get(
             "steps", TrainConfig.steps)
@@ -273,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
         if args.resume:
             rd.truncate(state.get("step", 0))
         trainer = build.build_trainer(cfg, init_dir, ckpt)
-        evaluate = Evaluator(cfg, trainer, init_dir) if cfg.eval.every else _no_eval
+        evaluate, close = held_out_eval(cfg, trainer, init_dir)
         rd.commit()
         (rd.path / "replay.json").write_text(json.dumps(
             {"run": str(src.resolve()), "steps": cfg.train.steps}, indent=1))
@@ -289,9 +290,7 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return e.exit_code
         finally:
-            close = getattr(evaluate, "close", None)
-            if close is not None:
-                close()
+            close()
     finally:
         rd.close()
     print(json.dumps({k: round(v, 6) for k, v in last.items()
@@ -299,32 +298,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _no_eval() -> dict[str, float]:
-    return {}
+def held_out_eval(cfg, trainer, init_dir: Path):
+    """(evaluate, close): held-out evaluation of the replayed policy as a training run
+    evaluates it (`reroll.trainer.evaluate.HeldOutEval`, generating on ``engine.device``),
+    or nothing when ``eval.every`` is 0."""
+    if not cfg.eval.every:
+        return (lambda: {}), (lambda: None)
+    from reroll import build
+    from reroll.devices import resolved_engine_device
+    from reroll.trainer.evaluate import HeldOutEval
 
-
-class Evaluator:
-    """Held-out evaluation of the replayed policy, as a training run evaluates."""
-
-    def __init__(self, cfg, trainer, init_dir: Path):
-        from reroll import build, build_rollout
-
-        self.cfg, self.trainer = cfg, trainer
-        self.tok = build.load_tokenizer(init_dir)
-        task = build.build_task(cfg, self.tok, init_dir)
-        self.scorer = build_rollout.build_scorer(cfg, task)
-        self.encode = build_rollout.encode_prompt(self.tok, cfg.task.chat)
-        self.test = task.test[: cfg.eval.n_examples]
-
-    def __call__(self) -> dict[str, float]:
-        from reroll.devices import resolved_engine_device
-        from reroll.trainer.evaluate import evaluate
-
-        return evaluate(self.trainer.policy(), self.tok, self.test, self.scorer, self.encode,
-                        self.cfg, k=1, device=resolved_engine_device(self.cfg))
-
-    def close(self) -> None:
-        self.scorer.close()
+    tok = build.load_tokenizer(init_dir)
+    held_out = HeldOutEval(cfg, tok, build.build_task(cfg, tok, init_dir),
+                           device=resolved_engine_device(cfg), k=1)
+    return (lambda: held_out(trainer.policy())), held_out.close
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -343,7 +330,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from reroll.config import ConfigError
 
-    ap = argparse.ArgumentParser(prog="python -m reroll.replay.command")
+    ap = argparse.ArgumentParser(prog="python -m reroll.recording.retrain")
     sub = ap.add_subparsers(dest="cmd", required=True)
     add_parser(sub)
     args = ap.parse_args(["replay", *(sys.argv[1:] if argv is None else argv)])

@@ -11,10 +11,10 @@ from float_bounds import assert_reordered_close
 
 from reroll.algo import build_objective
 from reroll.config import AlgoConfig
+from reroll.methods import vcpo
 from reroll.rollout import Example, SamplingParams, Score, new_group
 from reroll.runlog import read_metrics
 from reroll.runtime import train
-from reroll.trainer import vcpo
 from reroll.trainer.batch import collate, flatten, token_logprobs
 from reroll.trainer.options import TrainerOptions
 from reroll.trainer.step import Trainer

@@ -8,14 +8,16 @@ import pytest
 import torch
 
 from reroll.algo import ADVANTAGES, build_objective
-from reroll.algo.vcpo import (
+from reroll.config import AlgoConfig, ConfigError
+from reroll.config_checks import load_checked
+from reroll.methods.vcpo import (
+    EssLrHook,
     effective_sample_size,
     ess_lr_scale,
     opob_baseline,
     seq_log_weights,
 )
-from reroll.config import AlgoConfig, ConfigError
-from reroll.config_checks import load_checked
+from reroll.trainer.optim_step import step_hooks
 
 INF = math.inf
 
@@ -102,18 +104,21 @@ def test_lr_scale_is_exactly_one_on_policy_and_errors_are_named():
         ess_lr_scale(0.5, 1.0, "cube")
 
 
-def test_objective_lr_scale_with_the_option_on_and_off():
+def test_the_ess_lr_hook_with_the_option_on_and_off():
     w = logs([1.0, 2.0, 3.0, 2.0])
-    on = build_objective(AlgoConfig(ess_lr=True, ess_rule="linear"))
-    scale, m = on.lr_scale(w)
+    [on] = step_hooks(build_objective(AlgoConfig(ess_lr=True, ess_rule="linear")))
+    assert isinstance(on, EssLrHook)
+    scale, m = on.scale(w)
     close([scale, m["vcpo/ess_ratio"], m["vcpo/ess"]], [0.8889, 0.8889, 3.5556])
     assert m["vcpo/lr_scale"] == scale
-    assert build_objective(AlgoConfig()).lr_scale(w) == (1.0, {})
-    # the objective's own weights use its cap: w = [1, 1, 8] capped at 2 -> rho 0.8889
-    capped = build_objective(AlgoConfig(ess_lr=True, ess_is_cap=2.0))
-    lw = capped.seq_log_weights(logs([[1.0], [1.0], [8.0]]).float(), torch.zeros(3, 1),
-                                torch.ones(3, 1))
-    close(capped.lr_scale(lw)[1]["vcpo/ess_ratio"], 0.8889)
+    assert step_hooks(build_objective(AlgoConfig())) == []  # off: no hook, the lr untouched
+    # the hook's own weights use the objective's cap: w = [1, 1, 8] capped at 2 -> rho 0.8889
+    [capped] = step_hooks(build_objective(AlgoConfig(ess_lr=True, ess_is_cap=2.0)))
+    lw = capped.weights(logs([[1.0], [1.0], [8.0]]).float(), torch.zeros(3, 1),
+                        torch.ones(3, 1))
+    close(capped.scale(lw)[1]["vcpo/ess_ratio"], 0.8889)
+    with pytest.raises(KeyError, match="unknown ESS learning-rate rule 'cube'"):
+        step_hooks(build_objective(AlgoConfig(ess_lr=True, ess_rule="cube")))
 
 
 @pytest.mark.parametrize("override, match", [
@@ -151,10 +156,13 @@ def test_opob_baseline_weighs_rewards_by_squared_is_weight_times_squared_grad_no
     assert include.all()
 
 
-def test_opob_divides_by_the_groups_reward_std_by_default():
-    # unbiased std of [1, 0, 0] = sqrt(((2/3)^2 + 2 (1/3)^2) / 2) = sqrt(1/3) = 0.57735
-    # A = [0.76471, -0.23529, -0.23529] / 0.57735 = [1.32451, -0.40754, -0.40754]
-    close(opob()[0], [1.32451, -0.40754, -0.40754])
+def test_opob_divides_by_the_groups_population_reward_std_by_default():
+    # as the paper's reference: population std of [1, 0, 0] =
+    # sqrt(((2/3)^2 + 2 (1/3)^2) / 3) = sqrt(2/9) = 0.47140
+    # A = [0.76471, -0.23529, -0.23529] / 0.47140 = [1.62219, -0.49913, -0.49913]
+    close(opob()[0], [1.62219, -0.49913, -0.49913])
+    # unbiased_std: the (n - 1) std sqrt(1/3) = 0.57735 -> [1.32451, -0.40754, -0.40754]
+    close(opob(unbiased_std=True)[0], [1.32451, -0.40754, -0.40754])
 
 
 def test_opob_length_factor_divides_each_weight_by_its_squared_length():
@@ -210,9 +218,14 @@ def test_on_policy_with_equal_norms_opob_is_grpo():
     gen = torch.Generator().manual_seed(0)
     r = torch.randint(0, 2, (12,), generator=gen).float()
     gidx = torch.arange(3).repeat_interleave(4)
-    adv, _ = opob(rewards=r, w=[1.0] * 12, sq=[2.5] * 12, groups=gidx)
+    adv, _ = opob(rewards=r, w=[1.0] * 12, sq=[2.5] * 12, groups=gidx, unbiased_std=True)
     grpo, _ = ADVANTAGES.get("grpo")(r, r[:, None], gidx)
     close(adv, grpo.tolist(), tol=1e-6)
+    # by default GRPO's centring over the population std of each group
+    adv, _ = opob(rewards=r, w=[1.0] * 12, sq=[2.5] * 12, groups=gidx)
+    g = r.view(3, 4)
+    pop = ((g - g.mean(1, keepdim=True)) / (g.std(1, unbiased=False, keepdim=True) + 1e-6))
+    close(adv, pop.flatten().tolist(), tol=1e-6)
 
 
 def test_opob_without_the_trainers_inputs_says_what_is_missing():
@@ -229,7 +242,13 @@ def test_the_vcpo_preset_turns_on_both_halves():
     obj = build_objective(cfg.algo)
     assert obj.ess_lr and obj.ess_rule == "sqrt" and obj.wants("grad_sq_norms")
     assert build_objective(AlgoConfig()).wants("grad_sq_norms") is False  # off by default
-    # opob as the preset binds it, on hand-checked inputs: (R - 0.23529) / 0.57735
+    # the trainer computes its inputs through the estimator's trait, not by its name
+    from reroll.methods.vcpo import opob_inputs
+
+    assert obj.advantage_inputs is opob_inputs
+    assert build_objective(AlgoConfig()).advantage_inputs is None
+    # opob as the preset binds it, on hand-checked inputs: (R - 0.23529) / 0.47140 (the
+    # population std, as the paper's reference)
     adv, _ = obj.advantages(R, R[:, None], ONE_GROUP, seq_log_weights=logs([1.0, 2.0, 1.0]),
                             grad_sq_norms=torch.tensor([4.0, 1.0, 9.0]))
-    close(adv, [1.32451, -0.40754, -0.40754])
+    close(adv, [1.62219, -0.49913, -0.49913])

@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from reroll.replay import command
-from reroll.replay.store import RolloutStore
+from reroll.recording import retrain
+from reroll.recording.store import RolloutStore
 from reroll.runlog import read_metrics
 from reroll.runtime import train
 
@@ -23,8 +23,8 @@ NOT_REPLAYED = ("time", "throughput/", "pipeline/", "engine/", "score_errors/")
 
 def replay(run_dir, *overrides: str) -> int:
     ap = argparse.ArgumentParser()
-    command.add_parser(ap.add_subparsers())
-    return command.run(ap.parse_args(["replay", str(run_dir), *overrides, "--no-progress"]))
+    retrain.add_parser(ap.add_subparsers())
+    return retrain.run(ap.parse_args(["replay", str(run_dir), *overrides, "--no-progress"]))
 
 
 def weights(run_dir, step: int) -> dict[str, torch.Tensor]:
@@ -101,10 +101,10 @@ def test_a_stopped_replay_resumes_to_the_runs_weights(tmp_path, small_run, sched
     shutil.rmtree(tmp_path / "again" / "checkpoints" / "step_000003")
     (tmp_path / "again" / "checkpoints" / "latest").write_text("step_000002")
     ap = argparse.ArgumentParser()
-    command.add_parser(ap.add_subparsers())
+    retrain.add_parser(ap.add_subparsers())
     args = ap.parse_args(["replay", str(run), out, "train.steps=4", "ckpt_every=2",
                           "--resume", "--no-progress"])
-    assert command.run(args) == 0
+    assert retrain.run(args) == 0
     assert_bitwise(run, tmp_path / "again", 4)
 
 
@@ -166,7 +166,7 @@ def test_bad_replays_are_named(recorded, tmp_path):
 
 
 def test_module_entry_point_refuses_with_exit_code_2(recorded, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "reroll.replay.command", str(recorded),
+    r = subprocess.run([sys.executable, "-m", "reroll.recording.retrain", str(recorded),
                         "preset=rloo", "rollout.temperature=0.5", f"out_dir={tmp_path / 'o'}"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
@@ -193,13 +193,13 @@ def test_a_run_recorded_before_the_fused_optimizer_replays_with_torchs_default_a
     cfg_file = recorded / "config.toml"
     assert read_toml(cfg_file)["train"]["fused_optimizer"] is True  # recorded since the key
     out = [f"out_dir={tmp_path / 'again'}"]
-    assert command.replay_config(recorded, out, []).train.fused_optimizer is True
-    assert command.replay_config(recorded, out + ["train.fused_optimizer=false"],
+    assert retrain.replay_config(recorded, out, []).train.fused_optimizer is True
+    assert retrain.replay_config(recorded, out + ["train.fused_optimizer=false"],
                                  []).train.fused_optimizer is False
     old = read_toml(cfg_file)
     del old["train"]["fused_optimizer"]
     cfg_file.write_text(tomli_w.dumps(old))
-    assert command.replay_config(recorded, out, []).train.fused_optimizer is False
+    assert retrain.replay_config(recorded, out, []).train.fused_optimizer is False
 
 
 def test_a_run_recorded_on_ray_across_gpus_replays_here_in_this_process(recorded, tmp_path):
@@ -219,7 +219,7 @@ def test_a_run_recorded_on_ray_across_gpus_replays_here_in_this_process(recorded
     cfg_file.write_text(tomli_w.dumps(data))
     out = [f"out_dir={tmp_path / 'again'}"]
     notes = []
-    cfg = command.replay_config(recorded, out + ["model.device=cpu", "engine.device=cpu"], notes)
+    cfg = retrain.replay_config(recorded, out + ["model.device=cpu", "engine.device=cpu"], notes)
     assert (cfg.runtime.kind, cfg.runtime.engine_gpus, cfg.runtime.trainer_gpus,
             cfg.runtime.scoring_workers) == ("local", 0.0, 0.0, 0)
     assert (cfg.model.device, cfg.engine.device) == ("cpu", "cpu")
@@ -230,12 +230,12 @@ def test_a_run_recorded_on_ray_across_gpus_replays_here_in_this_process(recorded
     with pytest.raises(ConfigError, match=r"runtime.trainer_gpus cannot change in a replay: "
                                           r"it is where the recorded run's actors ran \(a "
                                           r"replay trains in this process\)\. A replay"):
-        command.replay_config(recorded, out + ["runtime.trainer_gpus=1"], [])
+        retrain.replay_config(recorded, out + ["runtime.trainer_gpus=1"], [])
     # a recorded GPU this machine lacks: auto, said; one the user names is checked as named
     data["model"]["device"] = "cuda:99"
     cfg_file.write_text(tomli_w.dumps(data))
     notes = []
-    assert command.replay_config(recorded, out, notes).model.device == "auto"
+    assert retrain.replay_config(recorded, out, notes).model.device == "auto"
     assert notes[-1].startswith("model.device = 'cuda:99' as recorded, but torch sees ")
     with pytest.raises(ConfigError, match=r"model.device = 'cuda:99' but torch sees"):
-        command.replay_config(recorded, out + ["model.device=cuda:99"], [])
+        retrain.replay_config(recorded, out + ["model.device=cuda:99"], [])

@@ -4,7 +4,7 @@ updates and weights bitwise."""
 
 from test_replay_command import assert_bitwise, replay
 
-from reroll.replay.store import RolloutStore
+from reroll.recording.store import RolloutStore
 from reroll.runtime import train
 
 

@@ -8,7 +8,7 @@ import threading
 import pyarrow.compute as pc
 import pytest
 
-from reroll.replay.store import RolloutStore
+from reroll.recording.store import RolloutStore
 from reroll.rollout import Draft, Example, Group, SamplingParams, Score, SuffixSource, new_group
 from reroll.runlog import RunDir, read_rollouts
 
