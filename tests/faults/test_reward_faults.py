@@ -113,3 +113,22 @@ def test_a_reward_that_always_fails_is_reported_once_then_stops_the_run(tmp_path
     # of it is closed: then the stop message is the one report)
     assert len(reports) == (fn != "exits") or (fn == "exits" and len(reports) <= 1), reports
     assert all(f"broken_reward:{fn}" in r and "prompt '" in r for r in reports)
+
+
+def test_a_reward_defined_in_the_running_script_is_refused_at_load_with_the_fix(tmp_path,
+                                                                               monkeypatch):
+    import sys
+
+    from reroll.errors import RewardError
+
+    monkeypatch.setattr(sys.modules["__main__"], "script_reward",
+                        lambda prompts, completions, **kw: [1.0], raising=False)
+    cfg = load_checked(None, [
+        "model.max_position=32", "task.args.digits=1", "task.args.n_train=8",
+        "task.args.n_test=2", "rollout.group_size=2", "rollout.batch_groups=2",
+        "rollout.max_new_tokens=2", "reward.workers=1", "runtime.threads=1", "train.steps=1",
+        f"out_dir={tmp_path / 'run'}",
+        'reward.verifiers=[{name="python", args={fn="__main__:script_reward"}}]'])
+    with pytest.raises(RewardError, match=r"defined in the script being run.*reward.workers=0"):
+        train(cfg, progress=False)  # refused before any step, not abandoned prompt by prompt
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
