@@ -90,7 +90,8 @@ def build_scorer(cfg: RunConfig, task):
     if not uses_verifiers(cfg):
         return EnvReward()
     return ScoringPool(cfg.reward.verifiers, task.verifier, workers=cfg.reward.workers,
-                       timeout_s=cfg.reward.timeout_s, inline=score_inline(cfg, task))
+                       timeout_s=cfg.reward.timeout_s, inline=score_inline(cfg, task),
+                       max_worker_crashes=cfg.reward.max_worker_crashes)
 
 
 def score_inline(cfg: RunConfig, task) -> bool:

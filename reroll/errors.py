@@ -9,3 +9,8 @@ class ConfigError(ValueError):
 class CheckpointError(ConfigError):
     """A checkpoint that does not match the model or optimiser the config builds; the
     checkpoint is left untouched."""
+
+
+class RewardError(ConfigError):
+    """The reward (a verifier or a user's reward function) keeps failing, or cannot run
+    where scoring runs: the run stops with this message (the CLI exits with status 2)."""

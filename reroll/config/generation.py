@@ -196,6 +196,16 @@ class RewardConfig:
     pure, bounded, microseconds), "always" (trusted verifiers: no timeout, and a crash takes
     the run down), "never" (always the worker pool)."""
     timeout_s: float = ranged(10.0, "(0, inf)")
-    """Per-call scoring timeout; a verifier that exceeds it yields an error score."""
+    """Per-call scoring timeout; a verifier that exceeds it yields an error score (its
+    worker process is killed and replaced)."""
+    max_errors: int = ranged(100, "[1, inf)")
+    """Failed scores of one reward component in a row (raised, non-finite or wrongly typed
+    result, timed out, killed its worker) after which the run stops with the last error. A
+    failed score is never trained: its group is dropped and the prompt retried. A success
+    resets the count, so an occasionally failing verifier never stops a run."""
+    max_worker_crashes: int = ranged(10, "[0, inf)")
+    """Scoring worker processes that may die (the reward killed its own process or
+    crashed) and be replaced; one more and the run stops with the reason. Timeouts are
+    not crashes: they count toward `max_errors`."""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     """How policy-written programs run (the `code` verifier)."""

@@ -14,6 +14,7 @@ import asyncio
 from typing import Any
 
 from reroll.control.scheduler import Scheduler
+from reroll.errors import RewardError
 from reroll.rollout import Group
 from reroll.workflows.base import EpisodeContext, Workflow
 
@@ -123,5 +124,7 @@ class Rollouts:
         self._admit()
 
     def _check(self) -> None:
+        if isinstance(self._error, RewardError):  # the reward's own message, unwrapped
+            raise self._error
         if self._error is not None:
             raise RuntimeError(f"rollout generation failed: {self._error}") from self._error

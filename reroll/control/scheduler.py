@@ -6,6 +6,11 @@ A state machine with no engine, no scorer, no threads and no event loop: `reroll
 rollouts.Rollouts` runs a workflow for every group `admit` returns and calls `close` when it
 is done. It owns the counters that make the pipeline auditable: samples and groups started,
 accepted, consumed, and dropped with a reason.
+
+A failing reward is reported once: the first failed score of each reward component is one
+warning naming the component (its function) and the prompt, and the first abandoned
+prompt another; later ones are counted, not repeated. A component whose scores fail
+``max_errors`` times in a row stops the run with a `reroll.errors.RewardError`.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from collections.abc import Callable
 from reroll.control.controller import Controller
 from reroll.control.prompts import PromptStream
 from reroll.control.staleness import allowed_lag, can_take, capacity
+from reroll.errors import RewardError
 from reroll.rollout import Example, Group
 
 GroupFilter = Callable[[Group], "str | None"]  # returns the reason to drop, or None to keep
@@ -35,7 +41,7 @@ class Scheduler:
     def __init__(self, prompts: PromptStream, start_group: StartGroup, *, group_size: int,
                  batch_groups: int, max_staleness: int = 0, overprovision: float = 1.0,
                  filters: list[GroupFilter] = (), max_score_retries: int = 3,
-                 controller: Controller | None = None, replay=None):
+                 controller: Controller | None = None, replay=None, max_errors: int = 100):
         self.prompts, self.start_group = prompts, start_group
         self.controller = controller or Controller()
         self.replay = replay  # a `reroll.replay.stage.Replay` (response reuse), or None
@@ -56,6 +62,9 @@ class Scheduler:
         self._drop_run = 0  # groups dropped since the last accepted one
         self._last_error: str | None = None
         self.max_drop_run = 50 * batch_groups  # then stop: the pipeline is not converging
+        self.max_errors = max_errors  # failed scores of one component in a row: then stop
+        self._error_run: Counter[str] = Counter()  # the current run of failures, per component
+        self._warned: set[str] = set()  # components (and "abandoned") already reported
 
     # ---- admission -------------------------------------------------------------------
     def free_capacity(self, version: int) -> int:
@@ -112,6 +121,7 @@ class Scheduler:
         errors = [s for r in g.rollouts for s in r.scores if not s.ok]
         for s in errors:
             self.score_errors[s.name] += 1
+        self._watch_errors(g)
         failed = any(r.failed or r.reward is None for r in g.rollouts)
         reason = "scoring_error" if failed else None
         if not failed and self.replay is not None:
@@ -161,8 +171,38 @@ class Scheduler:
         self.controller.abandon(pid)
         err = next((s.error for r in g.rollouts for s in r.scores if not s.ok),
                    "a sample has no reward")
+        if "abandoned" in self._warned:
+            return
+        self._warned.add("abandoned")
         warnings.warn(f"prompt {pid!r}: scoring failed {self.score_failures[pid]} times, "
-                      f"giving up on it (last error: {err})", RuntimeWarning, stacklevel=2)
+                      f"giving up on it (last error: {err}); later prompts given up are "
+                      f"listed in the run's counters, not reported again",
+                      RuntimeWarning, stacklevel=2)
+
+    def _watch_errors(self, g: Group) -> None:
+        """Report each component's first failure once; stop after ``max_errors`` in a row."""
+        for r in g.rollouts:
+            for s in r.scores:
+                if s.ok:
+                    self._error_run.pop(s.name, None)
+                    continue
+                if s.info.get("reason") == "not run":  # another component's failure
+                    continue
+                self._error_run[s.name] += 1
+                where = f"prompt {g.example.prompt_id!r} ({g.example.prompt[:60]!r})"
+                if self._error_run[s.name] >= self.max_errors:
+                    raise RewardError(
+                        f"reward component {s.name!r} failed {self._error_run[s.name]} times "
+                        f"in a row (reward.max_errors={self.max_errors}); last, on {where}: "
+                        f"{s.error}")
+                if s.name not in self._warned:
+                    self._warned.add(s.name)
+                    warnings.warn(
+                        f"scoring failed on {where}: {s.error}. A failed sample is never "
+                        f"trained (its group is dropped and the prompt retried); further "
+                        f"failures of {s.name!r} are counted in score_errors/{s.name}, not "
+                        f"reported again; {self.max_errors} in a row stop the run "
+                        f"(reward.max_errors)", RuntimeWarning, stacklevel=3)
 
     # ---- hand-out ----------------------------------------------------------------------
     def take(self, n: int, trainer_version: int) -> list[Group]:

@@ -81,7 +81,7 @@ def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_com
                           batch_groups=fresh_groups(cfg), max_staleness=cfg.runtime.max_staleness,
                           overprovision=cfg.runtime.overprovision,
                           filters=build_rollout.build_filters(cfg, combine), controller=control,
-                          replay=replay)
+                          replay=replay, max_errors=cfg.reward.max_errors)
         rerun = sched.restore(checkpoint.read_groups(ckpt), state["counters"]) if ckpt else []
         control.resume(rerun)
         workflow = WORKFLOWS.get(r.workflow)

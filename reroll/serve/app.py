@@ -9,7 +9,7 @@ bytes with ``?version=N``, or JSON ``{"path", "version"}``), ``GET /health`` and
 server-sent events as tokens are sampled.
 
 Owns request handling: an optional bearer token (every route but ``/health``), body size
-limits, reading weights, and errors as OpenAI error objects with a 4xx status and a reason;
+limits, reading weights (a tensor file that cannot be read is a 400), and errors as OpenAI error objects with a 4xx status and a reason;
 nothing a client sends can stop the server. Generation requests are turned into engine jobs
 and answered by `reroll.serve.generation`; the engine's internals are `reroll.serve.backend`'s.
 """
@@ -90,9 +90,9 @@ def _route(fn):
 
 
 class _Handlers:
-    def __init__(self, backend: ServeBackend, max_body: int, max_weights: int):
+    def __init__(self, backend: ServeBackend, max_body: int, max_weights: int, **bounds: int):
         self.b, self.max_body, self.max_weights = backend, max_body, max_weights
-        self.gen = Generation(backend)
+        self.gen = Generation(backend, **bounds)
         self.http: Counter = Counter()
 
     # ---- bodies -----------------------------------------------------------------------------
@@ -129,7 +129,8 @@ class _Handlers:
         self._model(req.model)
         prompts = [self.gen.ids(p) for p in req.prompts()]
         rid = req.request_id or request.headers.get("x-request-id")
-        return await self.gen.respond(rid, req, prompts, req.max_tokens, chat=False)
+        return await self.gen.respond(rid, req, prompts, req.max_tokens, chat=False,
+                                      client=_client(request))
 
     @_route
     async def chat(self, request: Request) -> Response:
@@ -137,7 +138,8 @@ class _Handlers:
         self._model(req.model)
         limit = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         rid = req.request_id or request.headers.get("x-request-id")
-        return await self.gen.respond(rid, req, [self.gen.chat_ids(req)], limit, chat=True)
+        return await self.gen.respond(rid, req, [self.gen.chat_ids(req)], limit, chat=True,
+                                      client=_client(request))
 
     @_route
     async def abort(self, request: Request) -> Response:
@@ -195,6 +197,11 @@ class _Handlers:
         return PlainTextResponse(fmt.prometheus(stats, dict(self.http)))
 
 
+def _client(request: Request) -> str:
+    """Who a request counts against for the per-client bound: its peer address."""
+    return request.client.host if request.client is not None else ""
+
+
 def _load_bytes(raw: bytes) -> dict:
     from safetensors.torch import load
 
@@ -225,9 +232,12 @@ def _load_path(path: str) -> dict:
 
 
 def create_app(backend: ServeBackend, *, token: str = "", max_body_bytes: int = 8 << 20,
-               max_weights_bytes: int = 16 << 30) -> Any:
+               max_weights_bytes: int = 16 << 30, max_request_sequences: int = 1024,
+               max_client_sequences: int = 16384) -> Any:
     """The ASGI app (Starlette behind the token guard)."""
-    h = _Handlers(backend, max_body_bytes, max_weights_bytes)
+    h = _Handlers(backend, max_body_bytes, max_weights_bytes,
+                  max_request_sequences=max_request_sequences,
+                  max_client_sequences=max_client_sequences)
 
     @asynccontextmanager
     async def lifespan(app):

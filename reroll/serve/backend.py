@@ -5,8 +5,11 @@ streamed responses read tokens on, and counters.
 
 Owns what the HTTP layer (`reroll.serve.app`) asks of the engine; knows nothing of HTTP or of
 OpenAI's JSON shapes. Everything a request carries is checked here before the engine sees it
-(`make_request` as a dry run, weights against the model's own names and shapes), because an
-error inside the engine's thread would stop generation for every client.
+(`make_request` as a dry run, weights against the model's own names, shapes and dtypes, and
+finite), because an error inside the engine's thread would stop generation for every client,
+and weights with a NaN or an integer cast would serve garbage. The weights it serves are
+checked the same way when it starts: while they are not finite, `/health` says why and
+generation is refused (503).
 
 Waves: requests that carry the same ``wave`` id are held until all ``wave_size`` of them have
 arrived (or ``wave_timeout_s`` passed) and are then handed to the engine in ``wave_index``
@@ -66,6 +69,8 @@ class ServeBackend:
         self._shapes = {k: tuple(v.shape) for k, v in state.items()}
         first: dict[int, str] = {}  # tied weights (one tensor, several names): name -> first
         self._tied = {k: first.setdefault(id(v), k) for k, v in state.items()}
+        self._floating = {k: v.is_floating_point() for k, v in state.items()}
+        self.weights_problem = weights_problem(state)  # of the weights served now
         self.counts = dict.fromkeys(["serve_requests", "serve_finished", "serve_aborted",
                                      "serve_waves", "serve_wave_timeouts",
                                      "serve_weight_updates"], 0)
@@ -83,6 +88,10 @@ class ServeBackend:
                sampling: SamplingParams, wave: Wave | None = None) -> Job:
         """Check a request and hand it to the engine (or hold it for its wave). ``ids``: the
         whole sequence so far, whose last ``sampled`` tokens this call sampled before."""
+        if self.weights_problem is not None:
+            raise BadRequest(f"the served weights are unusable: {self.weights_problem}; "
+                             f"publish good ones to /v1/weights", status=503,
+                             code="bad_weights")
         if rid in self.jobs:
             raise BadRequest(f"request id {rid!r} is already running", status=409,
                              param="request_id")
@@ -179,7 +188,8 @@ class ServeBackend:
     # ---- weights ----------------------------------------------------------------------------
     def check_weights(self, state: dict[str, Any]) -> dict[str, Any]:
         """``state`` with tied names filled in (a saved model folder holds a tied tensor
-        once); its names and shapes must be the model's, else the engine's thread fails."""
+        once); its names and shapes must be the model's, else the engine's thread fails, and
+        every tensor the model holds in floating point must be floating point and finite."""
         state = dict(state)
         for k, src in self._tied.items():
             if k not in state and src != k and src in state:
@@ -193,6 +203,16 @@ class ServeBackend:
                      for name, keys in (("missing", missing), ("unexpected", extra),
                                         ("wrong shape", wrong)) if keys]
             raise BadRequest("the weights do not match the served model: " + "; ".join(parts))
+        cast = sorted(k for k, v in state.items()
+                      if self._floating[k] and not v.is_floating_point())
+        if cast:
+            raise BadRequest(f"the weights have the wrong type: {cast[0]} is "
+                             f"{state[cast[0]].dtype}, the model's is floating point ("
+                             f"{len(cast)} tensors so)", param="weights", code="bad_weights")
+        why = weights_problem({k: v for k, v in state.items() if self._floating[k]})
+        if why is not None:
+            raise BadRequest(f"the weights are refused: {why}", param="weights",
+                             code="bad_weights")
         return state
 
     async def update_weights(self, state: dict[str, Any], version: int, interrupt: bool) -> None:
@@ -201,6 +221,7 @@ class ServeBackend:
                              code="weight_updates_disabled")
         state = self.check_weights(state)
         await self.service.update_weights(state, version, interrupt=interrupt)
+        self.weights_problem = None  # checked above
         self.counts["serve_weight_updates"] += 1
 
     # ---- the stream clock -------------------------------------------------------------------
@@ -229,9 +250,14 @@ class ServeBackend:
 
     # ---- state ------------------------------------------------------------------------------
     def healthy(self) -> str | None:
-        """None, or why generation cannot go on (the engine's thread failed)."""
+        """None, or why generation cannot go on (the engine's thread failed, or the weights
+        it serves are not finite)."""
         err = self.service._error
-        return None if err is None else f"the engine failed: {err!r}"
+        if err is not None:
+            return f"the engine failed: {err!r}"
+        if self.weights_problem is not None:
+            return f"the served weights are unusable: {self.weights_problem}"
+        return None
 
     def stats(self) -> dict[str, float]:
         s = dict(self.service.stats())
@@ -243,3 +269,15 @@ class ServeBackend:
         if self._ticker is not None:
             self._ticker.cancel()
         await self.service.close()
+
+
+def weights_problem(state: dict[str, Any]) -> str | None:
+    """Why these tensors cannot be served (a floating-point one holds NaN or inf), or None."""
+    import torch
+
+    with torch.no_grad():
+        for k, v in state.items():
+            if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+                bad = int((~torch.isfinite(v)).sum())
+                return f"{k} holds {bad} non-finite values (NaN or inf) of {v.numel()}"
+    return None

@@ -34,6 +34,10 @@ def add_parser(sub) -> None:
                    "weights excepted")
     p.add_argument("--max-weights-mb", type=float, default=16384.0, help="largest weight "
                    "update sent as tensors")
+    p.add_argument("--max-request-sequences", type=int, default=1024, help="most sequences "
+                   "(prompts x n) one request may ask for; more is refused with 400")
+    p.add_argument("--max-client-sequences", type=int, default=16384, help="most sequences one "
+                   "client (address) may have queued or running; more is refused with 429")
     p.add_argument("--no-weight-updates", action="store_true", help="refuse /v1/weights")
     p.add_argument("--stream-interval-ms", type=float, default=50.0, help="how often streamed "
                    "responses receive the tokens sampled since their last chunk")
@@ -75,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
                            stream_interval_s=args.stream_interval_ms / 1000.0,
                            wave_timeout_s=args.wave_timeout_s)
     app = create_app(backend, token=args.token, max_body_bytes=int(args.max_body_mb * 2**20),
-                     max_weights_bytes=int(args.max_weights_mb * 2**20))
+                     max_weights_bytes=int(args.max_weights_mb * 2**20),
+                     max_request_sequences=args.max_request_sequences,
+                     max_client_sequences=args.max_client_sequences)
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

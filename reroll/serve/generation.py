@@ -3,14 +3,20 @@ by the tokenizer's template) become engine jobs with the request's sampling (``s
 for choice ``k``; the stop ids, EOS included unless ``ignore_eos``; reroll's ``sampled``,
 ``stop_rule`` and wave), and finished or streaming jobs become OpenAI responses.
 
-Owns that translation; knows nothing of HTTP routing, bearer tokens or body limits
-(`reroll.serve.app`) nor of the engine's thread (`reroll.serve.backend`)."""
+Owns that translation and the bounds on the work a request and a client may queue: a
+request of more than ``max_request_sequences`` sequences (prompts x ``n``) is refused (400),
+and one that would take a client (its address) past ``max_client_sequences`` sequences queued
+or running is refused with 429 until some finish. Knows nothing of HTTP routing, bearer
+tokens or body limits (`reroll.serve.app`) nor of the engine's thread
+(`reroll.serve.backend`)."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import uuid
+from collections import Counter
 from typing import Any
 
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -22,8 +28,27 @@ from reroll.serve.schemas import BadRequest, ChatRequest
 
 
 class Generation:
-    def __init__(self, backend: ServeBackend):
+    def __init__(self, backend: ServeBackend, *, max_request_sequences: int = 1024,
+                 max_client_sequences: int = 16384):
         self.b = backend
+        self.max_request, self.max_client = max_request_sequences, max_client_sequences
+        self.queued: Counter[str] = Counter()  # sequences queued or running, per client
+
+    def _bound(self, count: int, client: str) -> None:
+        if count > self.max_request:
+            raise BadRequest(f"prompts x n = {count} sequences exceed this server's limit of "
+                             f"{self.max_request} per request (reroll serve "
+                             f"--max-request-sequences)", param="n", code="too_many_sequences")
+        if self.queued[client] + count > self.max_client:
+            raise BadRequest(f"this client has {self.queued[client]} sequences queued or "
+                             f"running; {count} more exceed the limit of {self.max_client} per "
+                             f"client (reroll serve --max-client-sequences): retry when some "
+                             f"finish", status=429, code="rate_limit_exceeded")
+
+    def _done(self, client: str, _: asyncio.Future) -> None:
+        self.queued[client] -= 1
+        if self.queued[client] <= 0:
+            del self.queued[client]
 
     # ---- requests -> jobs ---------------------------------------------------------------
     def ids(self, prompt: str | list[int]) -> list[int]:
@@ -44,9 +69,10 @@ class Generation:
             raise BadRequest(f"the chat template cannot render these messages: {e}") from None
 
     async def submit(self, rid: str | None, req: Any, prompts: list[list[int]],
-                     max_tokens: int | None) -> list[Job]:
+                     max_tokens: int | None, client: str = "") -> list[Job]:
         """One engine job per prompt and choice (``rid``, or ``rid-k`` when there are
         several); all or none: a job that is refused stops the ones already submitted."""
+        self._bound(len(prompts) * req.n, client)
         rid = rid or uuid.uuid4().hex
         multi = len(prompts) * req.n > 1
         ext = req.reroll
@@ -71,15 +97,17 @@ class Generation:
                                     stop_rule=rule)
                 jobs.append(self.b.submit(f"{rid}-{k}" if multi else rid, ids, ext.sampled,
                                           max(0, n_new), sp, wave))
+                self.queued[client] += 1
+                jobs[-1].done.add_done_callback(functools.partial(self._done, client))
         except BadRequest:
             await self.b.abort([j.rid for j in jobs])
             raise
         return jobs
 
     async def respond(self, rid: str | None, req: Any, prompts: list[list[int]],
-                      max_tokens: int | None, chat: bool) -> Response:
+                      max_tokens: int | None, chat: bool, client: str = "") -> Response:
         """The whole response once every job finished, or (``stream``) server-sent events."""
-        jobs = await self.submit(rid, req, prompts, max_tokens)
+        jobs = await self.submit(rid, req, prompts, max_tokens, client)
         if req.stream:
             return StreamingResponse(self.events(jobs, req, chat), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})

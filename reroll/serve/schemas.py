@@ -3,7 +3,9 @@ the token-id extensions vLLM also accepts: ``top_k``, ``stop_token_ids``, ``igno
 ``return_tokens_as_token_ids``), and reroll's own abort and weight-update bodies.
 
 Owns validation: a malformed body is a `BadRequest` naming the field, never an exception the
-server did not expect. Knows nothing of HTTP, engines or tokenizers.
+server did not expect. Values are taken as JSON types, strictly: a number sent as a string
+(``"max_tokens": "16"``), a boolean for a number, ``Infinity`` or ``NaN`` are refused, not
+coerced. Knows nothing of HTTP, engines or tokenizers.
 
 reroll's client adds one object, ``reroll``, to a completion request: ``sampled`` (how many
 trailing prompt tokens this call already sampled: a resume, so the length limit, stop
@@ -30,7 +32,7 @@ class BadRequest(ValueError):
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class StopRuleSpec(_Body):

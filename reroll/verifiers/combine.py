@@ -32,6 +32,12 @@ class Component:
     weight: float = 1.0
     spec: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def label(self) -> str:
+        """How messages name it: its name and arguments, e.g. ``'python' (fn='m:f')``."""
+        args = ", ".join(f"{k}={v!r}" for k, v in self.spec.get("args", {}).items())
+        return f"{self.name!r}" + (f" ({args:.100})" if args else "")
+
 
 def check_spec(spec: Any, where: str) -> dict[str, Any]:
     """A spec normalised to ``{name, weight, args}``; a clear error naming ``where``."""
@@ -57,7 +63,7 @@ def score_one(comp: Component, rollout: Rollout, example: Example) -> Score:
         if not isinstance(s, Score):
             raise TypeError(f"verifier returned {type(s).__name__}, expected Score")
     except Exception as e:
-        s = Score(name=comp.name, error=f"verifier {comp.name!r} raised {type(e).__name__}: {e}",
+        s = Score(name=comp.name, error=f"verifier {comp.label} raised {type(e).__name__}: {e}",
                   info={"traceback": traceback.format_exc(limit=-4)})
     s.name = comp.name
     s.latency_s = time.perf_counter() - t0

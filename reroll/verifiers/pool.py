@@ -13,6 +13,14 @@ a time. A verifier that raises gives an error Score (inside the worker); one tha
 past ``timeout_s`` or kills its worker (``os._exit``, segfault) gives an error Score with
 the reason, the worker is killed and replaced, and the pool keeps going. Components that
 finished before the culprit keep their scores; those after it get an error "not run".
+Workers die with the pool's process (`reroll.verifiers.worker`), also after ``kill -9``.
+
+Some failures are not the sample's but the reward's, and scoring cannot go on: a reward the
+workers cannot build (a module they cannot import), or more than ``max_worker_crashes``
+worker deaths (a reward that kills its own process). Then every Future from then on fails
+with a `reroll.errors.RewardError` naming the reason, which stops the run with that message
+(instead of respawning workers forever). A reward that can only run in this process (a
+function defined in ``__main__``) is refused when the pool is built.
 
 ``inline = True``: ``submit`` scores in the caller's thread and returns a finished Future:
 no hand-off, no process, no timeout. Only for verifiers registered ``cheap`` (pure, bounded,
@@ -41,6 +49,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from reroll.errors import RewardError
 from reroll.rollout import Example, Rollout, Score
 from reroll.verifiers.combine import Reward, build_reward, score_one
 
@@ -61,14 +70,20 @@ class _Worker:
 
     def __init__(self, specs: list[dict], default: dict):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "reroll.verifiers.worker"], stdin=subprocess.PIPE,
+            [sys.executable, "-m", "reroll.verifiers.worker", str(os.getpid())],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, start_new_session=True)
         self.tx = Connection(os.dup(self.proc.stdin.fileno()), readable=False)  # type: ignore[union-attr]
         self.rx = Connection(os.dup(self.proc.stdout.fileno()), writable=False)  # type: ignore[union-attr]
         self.proc.stdin.close()  # type: ignore[union-attr]
         self.proc.stdout.close()  # type: ignore[union-attr]
         self.fatal: str | None = None
-        self.tx.send(("init", list(sys.path), specs, default))
+        self.broken = False  # the reward itself cannot be built: no use in a new worker
+        try:
+            self.tx.send(("init", list(sys.path), specs, default))
+        except OSError:
+            self.fatal = f"scoring worker died at startup ({self.exit_reason()})"
+            return
         if not self.rx.poll(STARTUP_TIMEOUT_S):
             self.fatal = f"scoring worker did not start within {STARTUP_TIMEOUT_S:g}s"
             return
@@ -78,6 +93,7 @@ class _Worker:
             kind, payload = "fatal", f"scoring worker died at startup ({self.exit_reason()})"
         if kind == "fatal":
             self.fatal = f"scoring worker could not build the reward: {payload}"
+            self.broken = True
 
     def exit_reason(self) -> str:
         try:
@@ -122,7 +138,7 @@ class ScoringPool(Scorer):
     """``submit(rollout, example) -> Future[list[Score]]``; see the module docstring."""
 
     def __init__(self, reward_specs: list[dict], default_spec: dict, *, workers: int = 1,
-                 timeout_s: float = 10.0, inline: bool = False):
+                 timeout_s: float = 10.0, inline: bool = False, max_worker_crashes: int = 10):
         if workers < 0:
             raise ValueError(f"ScoringPool: workers must be >= 0, got {workers}")
         if not timeout_s > 0:
@@ -130,6 +146,14 @@ class ScoringPool(Scorer):
         self.reward: Reward = build_reward(reward_specs, default_spec)  # validates specs here
         self._specs, self._default = list(reward_specs), dict(default_spec)
         self.workers, self.timeout_s, self.inline = workers, timeout_s, inline
+        self.max_worker_crashes = max_worker_crashes
+        self._broken: str | None = None  # why scoring cannot go on (see the module docstring)
+        if workers > 0 and not inline:
+            for comp in self.reward.components:
+                why = getattr(comp.verifier, "caller_only", None)
+                if why:
+                    raise RewardError(f"reward component {comp.label}: {why} "
+                                      f"(reward.workers={workers}).")
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._lock = threading.Lock()
         self._next_id = 0
@@ -216,6 +240,9 @@ class ScoringPool(Scorer):
                 break
             if not job.future.set_running_or_notify_cancel():
                 continue
+            if self._broken is not None:
+                job.future.set_exception(RewardError(self._broken))
+                continue
             if self.workers == 0:
                 t0 = time.perf_counter()
                 scores, failure = self._in_thread(job)
@@ -226,11 +253,25 @@ class ScoringPool(Scorer):
                 t0 = time.perf_counter()
                 scores, failure = self._in_worker(worker, job)
                 if failure is not None:
+                    self._give_up_if_hopeless(worker, failure, scores)
                     worker.kill()
                     worker = None
             self._finish(job, scores, failure, t0)
         if worker is not None:
             worker.stop()
+
+    def _give_up_if_hopeless(self, worker: _Worker, failure: str, scores: list[Score]) -> None:
+        """After a failed call: stop scoring when the reward cannot be built, or when
+        workers died more than ``max_worker_crashes`` times (this death included)."""
+        with self._lock:
+            crashes = self._stats["crashes"] + (failure == "crash")
+        why = next((s.error for s in scores if not s.ok), failure)
+        if worker.broken:
+            self._broken = f"scoring stopped: {worker.fatal}"
+        elif failure == "crash" and crashes > self.max_worker_crashes:
+            self._broken = (f"scoring stopped: scoring workers died {crashes} times, more "
+                            f"than reward.max_worker_crashes={self.max_worker_crashes} (a "
+                            f"reward that kills its own process, or crashes it); last: {why}")
 
     def _in_thread(self, job: _Job) -> tuple[list[Score], str | None]:
         got: dict[int, Score] = {}
@@ -274,7 +315,7 @@ class ScoringPool(Scorer):
                 out.append(got[i])
             elif culprit is None:
                 culprit = comp.name
-                out.append(Score(name=comp.name, error=f"verifier {comp.name!r}: {why}",
+                out.append(Score(name=comp.name, error=f"verifier {comp.label}: {why}",
                                  info={"reason": why}))
             else:
                 out.append(Score(name=comp.name, error=f"not run: verifier {culprit!r} {why}",
@@ -303,5 +344,7 @@ class ScoringPool(Scorer):
                     st["skipped"] += 1
                 else:
                     st["errors"][s.name] += 1
-        if job.future is not None:
+        if job.future is not None and failure is not None and self._broken is not None:
+            job.future.set_exception(RewardError(self._broken))
+        elif job.future is not None:
             job.future.set_result(scores)

@@ -62,12 +62,25 @@ class PythonVerifier:
     def __post_init__(self) -> None:
         self.func = resolve(self.fn)
 
+    @property
+    def caller_only(self) -> str | None:
+        """Why this function can run only in the process that loaded it (None: anywhere).
+        A function defined in the script being run (``__main__``) cannot be imported by a
+        scoring worker, whose ``__main__`` is the worker itself."""
+        mod, _, attr = self.fn.partition(":")
+        if mod != "__main__":
+            return None
+        return (f"reward function {self.fn!r} is defined in the script being run, which "
+                f"separate scoring processes cannot import. Move it into a module beside the "
+                f"script (e.g. my_rewards.py) and name it 'my_rewards:{attr}', or set "
+                f"reward.workers=0 to score in a thread of this process")
+
     def __call__(self, rollout: Rollout, example: Example) -> Score:
         kwargs = {k: [v] for k, v in example.fields.items()}
         kwargs.update(answer=[example.answer], prompt_id=[example.prompt_id])
         try:
             out = self.func(prompts=[example.prompt], completions=[rollout.completion], **kwargs)
-        except Exception as e:
+        except (Exception, SystemExit) as e:  # sys.exit() in a reward is its failure too
             tb = traceback.format_exc(limit=-3)
             return failed(self.name, f"reward function {self.fn} raised {type(e).__name__}: {e}",
                           traceback=tb)

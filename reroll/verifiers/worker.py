@@ -5,6 +5,11 @@ component's Score as soon as it is ready (so that when a verifier hangs or kills
 process, the pool knows which one it was). Must not import torch, and knows nothing about
 the pool's timeouts or restarts.
 
+The worker never outlives the run, also after ``kill -9`` of it: on Linux the kernel kills
+it when its parent dies (``prctl(PR_SET_PDEATHSIG, SIGKILL)``), and a watchdog thread checks
+the parent every half second (other platforms, and a parent that died before the
+``prctl``), then kills the worker's process group (it leads one).
+
 Protocol, pickled frames (``multiprocessing.connection.Connection``) over the process's
 original stdin/stdout; fd 1 is pointed at stderr so a verifier's prints cannot corrupt it:
     in : ("init", sys_path, specs, default)  then  (job_id, rollout, example) ...  then None
@@ -15,7 +20,10 @@ original stdin/stdout; fd 1 is pointed at stderr so a verifier's prints cannot c
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
+import time
 import traceback
 from multiprocessing.connection import Connection
 
@@ -50,7 +58,29 @@ def serve(conn: Connection) -> None:
         conn.send(("done", job_id))
 
 
+def _die_with(parent: int) -> None:
+    """Kill this worker's process group when ``parent`` is gone (see the module docstring)."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    if os.getppid() != parent:
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    threading.Thread(target=watch, daemon=True, name="reroll-parent-watch").start()
+
+
 def main() -> None:
+    if len(sys.argv) > 1:  # the pool's pid
+        _die_with(int(sys.argv[1]))
     rd, wr = os.dup(0), os.dup(1)
     os.dup2(2, 1)  # prints from verifiers go to stderr, never into the protocol stream
     devnull = os.open(os.devnull, os.O_RDONLY)

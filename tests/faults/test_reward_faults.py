@@ -4,6 +4,7 @@ as 0: its group is dropped and the prompt retried), and the good prompts train. 
 is certain: the first call of the run kills its worker, and the pool counts it."""
 
 import os
+import warnings
 
 import pytest
 
@@ -65,3 +66,69 @@ def test_a_reward_that_raises_hangs_or_crashes_is_counted_not_trained(tmp_path, 
     assert sum(s["crashes"] for s in stats) == 1, stats
     assert sum(s["worker_restarts"] for s in stats) >= 1, stats
     assert sum(s["errors"].get("python", 0) for s in stats) >= last["score_errors/python"]
+
+
+BROKEN = '''
+import os
+
+def raises(prompts, completions, **kw):
+    raise ValueError("no score for " + prompts[0])
+
+def nan(prompts, completions, **kw):
+    return [float("nan")]
+
+def text(prompts, completions, **kw):
+    return ["1.0"]
+
+def exits(prompts, completions, **kw):
+    os._exit(3)
+'''
+
+
+@pytest.mark.parametrize(("fn", "workers", "error"), [
+    ("raises", 1, "raised ValueError: no score for"),
+    ("nan", 0, "returned nan, expected a finite float"),
+    ("text", 0, "returned '1.0', expected a finite float"),
+    ("exits", 1, "died 2 times, more than reward.max_worker_crashes=1"),
+])
+def test_a_reward_that_always_fails_is_reported_once_then_stops_the_run(tmp_path, monkeypatch,
+                                                                         fn, workers, error):
+    from reroll.errors import RewardError
+
+    (tmp_path / "broken_reward.py").write_text(BROKEN)
+    monkeypatch.chdir(tmp_path)
+    cfg = load_checked(None, [
+        "model.max_position=32", "task.args.digits=1", "task.args.n_train=40",
+        "task.args.n_test=4", "rollout.group_size=2", "rollout.batch_groups=2",
+        "rollout.max_new_tokens=3", f"reward.workers={workers}", "reward.max_errors=6",
+        "reward.max_worker_crashes=1", "runtime.threads=1", "train.steps=3",
+        f"out_dir={tmp_path / 'run'}",
+        f'reward.verifiers=[{{name="python", args={{fn="broken_reward:{fn}"}}}}]'])
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(RewardError) as stop:
+        warnings.simplefilter("always")
+        train(cfg, progress=False)
+    assert error in str(stop.value) and f"broken_reward:{fn}" in str(stop.value)
+    reports = [str(w.message) for w in caught if "scoring failed on prompt" in str(w.message)]
+    # once, not once per sample (a worker-killing reward may stop the run before any group
+    # of it is closed: then the stop message is the one report)
+    assert len(reports) == (fn != "exits") or (fn == "exits" and len(reports) <= 1), reports
+    assert all(f"broken_reward:{fn}" in r and "prompt '" in r for r in reports)
+
+
+def test_a_reward_defined_in_the_running_script_is_refused_at_load_with_the_fix(tmp_path,
+                                                                               monkeypatch):
+    import sys
+
+    from reroll.errors import RewardError
+
+    monkeypatch.setattr(sys.modules["__main__"], "script_reward",
+                        lambda prompts, completions, **kw: [1.0], raising=False)
+    cfg = load_checked(None, [
+        "model.max_position=32", "task.args.digits=1", "task.args.n_train=8",
+        "task.args.n_test=2", "rollout.group_size=2", "rollout.batch_groups=2",
+        "rollout.max_new_tokens=2", "reward.workers=1", "runtime.threads=1", "train.steps=1",
+        f"out_dir={tmp_path / 'run'}",
+        'reward.verifiers=[{name="python", args={fn="__main__:script_reward"}}]'])
+    with pytest.raises(RewardError, match=r"defined in the script being run.*reward.workers=0"):
+        train(cfg, progress=False)  # refused before any step, not abandoned prompt by prompt
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

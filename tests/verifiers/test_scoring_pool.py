@@ -9,6 +9,7 @@ from reroll.rollout import Example, Rollout
 from reroll.verifiers import ScoringPool, build_reward
 
 EX = Example("p", "q", "ok")
+HOSTILE = "verifier 'python' (fn='reroll_test_rewards:hostile')"  # how errors name it
 
 
 def rollout(text: str) -> Rollout:
@@ -57,7 +58,7 @@ def test_hanging_verifier_times_out_and_worker_is_replaced(specs):
         hung = run(pool, "hang")
         good = run(pool, "ok")
         st = pool.stats()
-    assert hung[0].error == "verifier 'python': timed out after 2s"
+    assert hung[0].error == f"{HOSTILE}: timed out after 2s"
     assert hung[1].error == "not run: verifier 'python' timed out after 2s"
     assert pool.combine(hung) is None and pool.combine(good) == 3.0
     assert st["timeouts"] == 1 and st["worker_restarts"] == 1
@@ -71,7 +72,7 @@ def test_verifier_that_kills_its_worker_is_an_error_and_pool_recovers(specs, tex
         dead = run(pool, text)
         good = run(pool, "ok")
         st = pool.stats()
-    assert dead[0].error == f"verifier 'python': scoring worker died ({reason})"
+    assert dead[0].error == f"{HOSTILE}: scoring worker died ({reason})"
     assert [s.value for s in good] == [1.0, 1.0]
     assert st["crashes"] == 1 and st["worker_restarts"] == 1 and st["calls"] == 2
 
@@ -83,7 +84,7 @@ def test_thread_mode_captures_errors_and_abandons_hangs(specs):
         good = run(pool, "ok")
         st = pool.stats()
     assert "asked to raise" in bad[0].error
-    assert hung[0].error == ("verifier 'python': timed out after 1s "
+    assert hung[0].error == (f"{HOSTILE}: timed out after 1s "
                              "(thread abandoned: it cannot be killed)")
     assert pool.combine(good) == 3.0
     assert st["timeouts"] == 1 and st["errors"] == {"python": 2} and st["worker_restarts"] == 0
