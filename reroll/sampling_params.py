@@ -102,17 +102,19 @@ class Draft:
     Draft token ``x_t`` is accepted with probability ``min(1, lenience * p(x_t) / q(x_t))``,
     ``p`` the current policy's sampling distribution and ``q(x_t) = exp(logprobs[t])`` the
     probability the draft was made with (``logprobs`` empty: a deterministic draft, ``q = 1``).
-    At the first rejection the engine samples from ``max(0, p - q)`` renormalised, with ``q``
-    what the request knows of the draft distribution: mass ``q(x_t)`` at the drafted token.
-    With ``lenience = 1`` and no ``logprobs`` that is the whole draft distribution, so the
-    response is distributed exactly as plain sampling from the current policy, whatever the
-    draft; recorded ``logprobs`` accept more, and lenience > 1 more still, at a bias.
+    At the first rejection the engine samples by ``resample`` (`reroll.engine.speculative`):
+    ``"residual"`` draws from ``p`` without the drafted token, renormalised; ``"full"`` from
+    the whole of ``p`` (SPEC-RL's rule). With ``lenience = 1``, no ``logprobs`` and
+    ``"residual"`` the response is distributed exactly as plain sampling from the current
+    policy, whatever the draft; recorded ``logprobs`` accept more, lenience > 1 more still,
+    and ``"full"`` favours the drafted token, each at a bias.
     ``source`` names where the draft came from (a sample id), for the record."""
 
     tokens: tuple[int, ...]
     logprobs: tuple[float, ...] = ()
     lenience: float = 1.0
     source: str = ""
+    resample: str = "residual"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tokens", tuple(int(t) for t in self.tokens))
@@ -120,6 +122,9 @@ class Draft:
         if self.logprobs and len(self.logprobs) != len(self.tokens):
             raise ValueError(f"Draft from {self.source!r}: {len(self.logprobs)} logprobs for "
                              f"{len(self.tokens)} tokens")
+        if self.resample not in ("full", "residual"):
+            raise ValueError(f"Draft from {self.source!r}: resample must be \"full\" or "
+                             f"\"residual\", got {self.resample!r}")
         if not self.lenience >= 1.0:
             raise ValueError(f"Draft from {self.source!r}: lenience must be >= 1, got "
                              f"{self.lenience}")
