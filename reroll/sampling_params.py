@@ -52,8 +52,11 @@ class BranchRule:
     it samples, with ``p_top >= p_j`` the two most likely tokens of the distribution sampled
     from (after temperature, top-k, top-p), a child branches off when ``p_j > tau_abs`` and
     ``p_top - p_j < tau_rel``. The child inherits the tokens before that position and takes
-    the candidate the request did not sample (``top`` when it sampled ``j``, else ``j``) as a
-    ``"forced"`` token, then samples on with its own seed; the request goes on with its own.
+    one candidate as a ``"forced"`` token, then samples on with its own seed. ``parent``
+    says who takes which: ``"argmax"`` (LATR's rule) the request takes ``top`` (a
+    ``"forced"`` token too when it had sampled another) and the child ``j``; ``"sampled"``
+    the request keeps the token it sampled and the child takes the candidate it did not
+    sample (``top`` when it sampled ``j``, else ``j``).
 
     Children are spare members handed to the engine with the tree's root (`TorchEngine.branch`)
     and consumed in order; a request with no spares left (or none, or a greedy one) never
@@ -61,11 +64,15 @@ class BranchRule:
 
     tau_abs: float = 0.15
     tau_rel: float = 0.25
+    parent: str = "argmax"
 
     def __post_init__(self) -> None:
         if not (0.0 <= self.tau_abs < 1.0 and 0.0 < self.tau_rel <= 1.0):
             raise ValueError(f"BranchRule needs 0 <= tau_abs < 1 and 0 < tau_rel <= 1, got "
                              f"tau_abs={self.tau_abs}, tau_rel={self.tau_rel}")
+        if self.parent not in ("argmax", "sampled"):
+            raise ValueError(f"BranchRule.parent must be \"argmax\" or \"sampled\", got "
+                             f"{self.parent!r}")
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,17 @@ class RolloutConfig:
     tree_tau_rel: float = ranged(0.25, "(0, 1]")
     """tree_branch = "entropy": branch only where the alternative token's probability is
     within this of the top token's (LATR's tau_rel). Higher branches more often."""
+    tree_parent: str = ranged("argmax", "{argmax, sampled}")
+    """tree_branch = "entropy": who takes which token where the rule fires. "argmax"
+    (LATR's rule): the member takes the most likely token and the new branch the second
+    (both span "forced": chosen, not sampled). "sampled" (reroll's variant): the member keeps
+    the token it sampled and the branch takes the other of the two."""
+    tree_mix_steps: int = ranged(0, "[0, inf)")
+    """tree_branch = "entropy": LATR's decaying mix of tree and plain sampling. The share of
+    a group's trees grown as trees falls linearly from 1 at policy version 0 to 0 at this
+    version (after it every member is sampled independently); which trees are grown is a
+    hash of the group and the tree, so a resumed run grows the same. 0: every tree is grown
+    at every step."""
 
     @property
     def policy_token_limit(self) -> int:
