@@ -116,10 +116,10 @@ class RolloutConfig:
     (LATR's rule): a group of n is ceil(n / tree_width) trees, each a
     root sampled from the prompt and tree_width - 1 spare members; wherever a member's two
     most likely tokens have p_j > tree_tau_abs and p_top - p_j < tree_tau_rel, the tree's
-    next spare branches off there with the token the member did not sample (span "forced":
-    chosen, not sampled, yet trained like a sampled token); spares left unused are sampled
-    independently. Cheaper than n samples only where the rule fires; the share of members
-    it spawned is logged as tree/branched_share."""
+    next spare branches off there with the second token while the member takes the top one
+    (`tree_parent`; span "forced": chosen, not sampled, yet trained like a sampled token);
+    spares left unused are sampled independently. Cheaper than n samples only where the
+    rule fires; the share of members it spawned is logged as tree/branched_share."""
     tree_tau_abs: float = ranged(0.15, "[0, 1)")
     """tree_branch = "entropy": branch only where the alternative token has at least this
     probability (LATR's tau_abs). Lower branches more often."""
