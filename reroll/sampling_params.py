@@ -52,8 +52,11 @@ class BranchRule:
     it samples, with ``p_top >= p_j`` the two most likely tokens of the distribution sampled
     from (after temperature, top-k, top-p), a child branches off when ``p_j > tau_abs`` and
     ``p_top - p_j < tau_rel``. The child inherits the tokens before that position and takes
-    the candidate the request did not sample (``top`` when it sampled ``j``, else ``j``) as a
-    ``"forced"`` token, then samples on with its own seed; the request goes on with its own.
+    one candidate as a ``"forced"`` token, then samples on with its own seed. ``parent``
+    says who takes which: ``"argmax"`` (LATR's rule) the request takes ``top`` (a
+    ``"forced"`` token too when it had sampled another) and the child ``j``; ``"sampled"``
+    the request keeps the token it sampled and the child takes the candidate it did not
+    sample (``top`` when it sampled ``j``, else ``j``).
 
     Children are spare members handed to the engine with the tree's root (`TorchEngine.branch`)
     and consumed in order; a request with no spares left (or none, or a greedy one) never
@@ -61,11 +64,15 @@ class BranchRule:
 
     tau_abs: float = 0.15
     tau_rel: float = 0.25
+    parent: str = "argmax"
 
     def __post_init__(self) -> None:
         if not (0.0 <= self.tau_abs < 1.0 and 0.0 < self.tau_rel <= 1.0):
             raise ValueError(f"BranchRule needs 0 <= tau_abs < 1 and 0 < tau_rel <= 1, got "
                              f"tau_abs={self.tau_abs}, tau_rel={self.tau_rel}")
+        if self.parent not in ("argmax", "sampled"):
+            raise ValueError(f"BranchRule.parent must be \"argmax\" or \"sampled\", got "
+                             f"{self.parent!r}")
 
 
 @dataclass(frozen=True)
@@ -102,17 +109,19 @@ class Draft:
     Draft token ``x_t`` is accepted with probability ``min(1, lenience * p(x_t) / q(x_t))``,
     ``p`` the current policy's sampling distribution and ``q(x_t) = exp(logprobs[t])`` the
     probability the draft was made with (``logprobs`` empty: a deterministic draft, ``q = 1``).
-    At the first rejection the engine samples from ``max(0, p - q)`` renormalised, with ``q``
-    what the request knows of the draft distribution: mass ``q(x_t)`` at the drafted token.
-    With ``lenience = 1`` and no ``logprobs`` that is the whole draft distribution, so the
-    response is distributed exactly as plain sampling from the current policy, whatever the
-    draft; recorded ``logprobs`` accept more, and lenience > 1 more still, at a bias.
+    At the first rejection the engine samples by ``resample`` (`reroll.engine.speculative`):
+    ``"residual"`` draws from ``p`` without the drafted token, renormalised; ``"full"`` from
+    the whole of ``p`` (SPEC-RL's rule). With ``lenience = 1``, no ``logprobs`` and
+    ``"residual"`` the response is distributed exactly as plain sampling from the current
+    policy, whatever the draft; recorded ``logprobs`` accept more, lenience > 1 more still,
+    and ``"full"`` favours the drafted token, each at a bias.
     ``source`` names where the draft came from (a sample id), for the record."""
 
     tokens: tuple[int, ...]
     logprobs: tuple[float, ...] = ()
     lenience: float = 1.0
     source: str = ""
+    resample: str = "residual"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tokens", tuple(int(t) for t in self.tokens))
@@ -120,6 +129,9 @@ class Draft:
         if self.logprobs and len(self.logprobs) != len(self.tokens):
             raise ValueError(f"Draft from {self.source!r}: {len(self.logprobs)} logprobs for "
                              f"{len(self.tokens)} tokens")
+        if self.resample not in ("full", "residual"):
+            raise ValueError(f"Draft from {self.source!r}: resample must be \"full\" or "
+                             f"\"residual\", got {self.resample!r}")
         if not self.lenience >= 1.0:
             raise ValueError(f"Draft from {self.source!r}: lenience must be >= 1, got "
                              f"{self.lenience}")

@@ -119,16 +119,27 @@ class RolloutConfig:
     (LATR's rule): a group of n is ceil(n / tree_width) trees, each a
     root sampled from the prompt and tree_width - 1 spare members; wherever a member's two
     most likely tokens have p_j > tree_tau_abs and p_top - p_j < tree_tau_rel, the tree's
-    next spare branches off there with the token the member did not sample (span "forced":
-    chosen, not sampled, yet trained like a sampled token); spares left unused are sampled
-    independently. Cheaper than n samples only where the rule fires; the share of members
-    it spawned is logged as tree/branched_share."""
+    next spare branches off there with the second token while the member takes the top one
+    (`tree_parent`; span "forced": chosen, not sampled, yet trained like a sampled token);
+    spares left unused are sampled independently. Cheaper than n samples only where the
+    rule fires; the share of members it spawned is logged as tree/branched_share."""
     tree_tau_abs: float = ranged(0.15, "[0, 1)")
     """tree_branch = "entropy": branch only where the alternative token has at least this
     probability (LATR's tau_abs). Lower branches more often."""
     tree_tau_rel: float = ranged(0.25, "(0, 1]")
     """tree_branch = "entropy": branch only where the alternative token's probability is
     within this of the top token's (LATR's tau_rel). Higher branches more often."""
+    tree_parent: str = ranged("argmax", "{argmax, sampled}")
+    """tree_branch = "entropy": who takes which token where the rule fires. "argmax"
+    (LATR's rule): the member takes the most likely token and the new branch the second
+    (both span "forced": chosen, not sampled). "sampled" (reroll's variant): the member keeps
+    the token it sampled and the branch takes the other of the two."""
+    tree_mix_steps: int = ranged(0, "[0, inf)")
+    """tree_branch = "entropy": LATR's decaying mix of tree and plain sampling. The share of
+    a group's trees grown as trees falls linearly from 1 at policy version 0 to 0 at this
+    version (after it every member is sampled independently); which trees are grown is a
+    hash of the group and the tree, so a resumed run grows the same. 0: every tree is grown
+    at every step."""
 
     @property
     def policy_token_limit(self) -> int:

@@ -113,12 +113,18 @@ class ControlConfig:
     updates; `reroll list pruners`)."""
     dot_k: float = ranged(0.0, "[0, inf)")
     """DOT outlier truncation: in groups where every sample succeeded, samples longer than
-    mean + dot_k x std of the group's lengths lose `dot_penalty` reward (0 disables)."""
+    mean + dot_k x std of the group's lengths are shaped by `dot_rule` (0 disables; the
+    paper's setting is 3)."""
     dot_quantile: float = ranged(0.0, "[0, 1)")
     """DOT: use this quantile of the group's lengths as the threshold instead (0: mean +
     dot_k x std). Either one enables DOT."""
     dot_penalty: float = ranged(1.0, "[0, inf)")
-    """DOT: reward removed from an outlying sample (recorded as a "dot" score)."""
+    """DOT, dot_rule "penalty": reward removed from an outlying sample (recorded as a "dot"
+    shaping term)."""
+    dot_rule: str = ranged("truncate", "{truncate, penalty}")
+    """DOT: "truncate" (the paper's rule) cuts an outlier at the threshold for the loss and
+    gives it reward 0 (cut before its answer); "penalty" (reroll's variant) keeps it whole
+    and removes `dot_penalty` reward (`reroll.methods.dot`)."""
 
 
 @dataclass

@@ -95,7 +95,8 @@ def build_control(cfg: RunConfig, examples: list[Example], value_of: ValueOf,
     allocator = build_allocator(cfg)
     length = build_length(cfg) if cfg.control.length != "fixed" else None
     c = cfg.control
-    shapers = ([SHAPERS.get("dot")(k=c.dot_k, quantile=c.dot_quantile, penalty=c.dot_penalty)]
+    shapers = ([SHAPERS.get("dot")(k=c.dot_k, quantile=c.dot_quantile, penalty=c.dot_penalty,
+                                   rule=c.dot_rule)]
                if c.dot_k > 0 or c.dot_quantile > 0 else [])
     gate = None
     if c.duet_abort:

@@ -12,7 +12,9 @@ rollouts of the root's prompt). When the rule fires at position ``t`` of any mem
 tree, the next spare becomes a child: it inherits the member's first ``t`` tokens (spans
 ``inherited``, `reroll.engine.fork.inherit`), takes the alternative token as its token ``t``
 (span ``forced``, with its log-prob under the distribution the member sampled from) and
-samples on from its own seed; it is a member of the tree too. When no member of a tree is in
+samples on from its own seed; it is a member of the tree too. Under LATR's rule (the
+`BranchRule`'s ``parent = "argmax"``) the member itself takes the most likely token at
+``t`` (span ``forced`` where it had sampled another) and the child the second. When no member of a tree is in
 the engine any more, its unused spares are sampled as independent requests.
 """
 
@@ -32,17 +34,25 @@ def branch_tokens(
     sampled: Tensor,  # [B] int64: the token each row sampled
     tau_abs: Tensor,  # [B] float
     tau_rel: Tensor,  # [B] float
-) -> Tensor:
-    """[B] int64: the token a child takes at this position, -1 where the rule does not fire.
+    argmax: Tensor | None = None,  # [B] bool: the row's rule has parent "argmax"
+) -> tuple[Tensor, Tensor]:
+    """([B] int64 the token a child takes at this position, -1 where the rule does not
+    fire; [B] int64 the token the row itself takes there).
 
     With ``top`` and ``j`` the two most likely tokens (``p_top >= p_j``; equal probabilities
     in the order `torch.topk` gives), the rule fires when ``p_j > tau_abs`` and ``p_top - p_j
-    < tau_rel``; the child takes ``top`` when the row sampled ``j``, else ``j`` (also when
-    the row sampled neither)."""
+    < tau_rel``. Where it fires on an ``argmax`` row the row takes ``top`` and the child
+    ``j`` (LATR); on any other row the row keeps ``sampled`` and the child takes ``top``
+    when the row sampled ``j``, else ``j`` (also when the row sampled neither). Where it
+    does not fire the row keeps ``sampled``."""
     p, idx = logp.exp().topk(2, dim=-1)  # [B, 2] each, most likely first
     fire = (p[:, 1] > tau_abs) & (p[:, 0] - p[:, 1] < tau_rel)
     other = torch.where(sampled == idx[:, 1], idx[:, 0], idx[:, 1])
-    return torch.where(fire, other, torch.full_like(other, -1))
+    own = sampled
+    if argmax is not None:
+        other = torch.where(argmax, idx[:, 1], other)
+        own = torch.where(fire & argmax, idx[:, 0], sampled)
+    return torch.where(fire, other, torch.full_like(other, -1)), own
 
 
 @dataclass

@@ -8,6 +8,7 @@ A plug-in owns its state (its tables, gates, head, flags) and talks to the engin
 through the hooks below and the engine's plug-in surface: the attributes ``rows`` (the
 running `Request` of slot i is ``rows[i]``), ``waiting`` (the queue), ``version``,
 ``device``, ``max_batch``, ``model`` and the per-slot tensors ``pos`` (tokens cached),
+``next_tok`` (the token each slot feeds next),
 ``temp``, ``top_k``, ``top_p``; the methods ``count``, ``add_counters``, ``live``, ``add``,
 ``emit``, ``request``, ``seat``, ``sample``, ``release``, ``finish``, ``ended``, ``length``,
 ``decode_text``, ``extend``, ``logit_rows`` and the property ``one_token``

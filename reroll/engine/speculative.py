@@ -1,11 +1,13 @@
 """Draft verification: which tokens of a `Draft` the current policy accepts, from one forward
 pass over prompt + draft (SPEC-RL's lenient rule: a draft token is kept with probability
-``min(1, lenience * p / q)``; exact rejection sampling at lenience 1). Pure tensor functions.
+``min(1, lenience * p / q)``; exact rejection sampling at lenience 1), and what the token at
+the first rejected position is drawn from. Pure tensor functions.
 
-Owns the acceptance rule and its random numbers. Knows nothing of caches, slots or where a
-draft came from (the drafters live in `reroll.replay.drafts`); the engine feeds the logits
-and samples the token after the accepted prefix itself, with `sampling.sample`'s ``ban``
-for the residual distribution.
+Owns the acceptance rule, its random numbers and the resampling rules (`RESAMPLE`). Knows
+nothing of caches, slots or where a draft came from (the drafters live in
+`reroll.methods.specrl`, `reroll.methods.das`); the engine feeds the logits and samples the
+token after the accepted prefix itself, with `sampling.sample`'s ``ban`` for
+`resample_ban`'s token.
 
 For draft tokens ``x_0 .. x_{D-1}`` at sequence positions ``pos0 .. pos0 + D - 1``:
 
@@ -18,10 +20,19 @@ For draft tokens ``x_0 .. x_{D-1}`` at sequence positions ``pos0 .. pos0 + D - 1
   independent;
 * ``n``: the first ``t`` with ``u_t >= a_t`` (``D`` when none): ``x_0 .. x_{n-1}`` are kept.
 
-Why lenience 1 with a deterministic draft is exact: at a position with policy ``p`` and
-draft token ``x``, the kept token is ``x`` with probability ``p(x)`` and otherwise drawn
-from ``p`` without ``x`` (renormalised), so token ``v`` comes out with probability
-``p(x) [v = x] + (1 - p(x)) p(v) / (1 - p(x)) [v != x] = p(v)``, for any ``x``.
+The token at position ``pos0 + n`` (when ``n < D``) is drawn by the draft's ``resample``:
+
+* ``"full"``: from the whole of ``p`` (SPEC-RL's rule: its reference cuts the draft at the
+  first rejection and lets the rollout engine generate on, which samples that position from
+  the current policy). Not exact: with a deterministic draft the drafted token comes out
+  with probability ``p(x) + (1 - p(x)) p(x)``, more than ``p(x)`` unless ``p(x)`` is 0 or 1.
+* ``"residual"``: from ``p`` without the drafted token, renormalised. This is the standard
+  speculative-sampling residual ``max(0, p - q)`` renormalised when ``q`` is a point mass at
+  ``x`` (a deterministic draft: ``p(x) - 1 <= 0``, every other ``p(v) - 0 = p(v)``), so with
+  lenience 1 and no recorded ``q`` it is exact: token ``v`` comes out with probability
+  ``p(x) [v = x] + (1 - p(x)) p(v) / (1 - p(x)) [v != x] = p(v)``, for any ``x``. With a
+  sampled draft (recorded ``q``) the exact residual needs all of ``q``, which the request
+  does not know; removing ``x`` alone is then an approximation, as is lenience > 1.
 """
 
 from __future__ import annotations
@@ -34,6 +45,17 @@ from torch import Tensor
 from reroll.engine.sampling import _signed, scaled_logits, uniforms
 
 _ACCEPT_SALT = _signed(0x6A09E667F3BCC908)  # keys the acceptance stream apart from sampling
+
+RESAMPLE = ("full", "residual")  # the rules for the first rejected position (module docstring)
+
+
+def resample_ban(tokens: tuple[int, ...], n: int, rule: str) -> int:
+    """The token the draw at the first rejected position ``n`` leaves out (`sampling.sample`'s
+    ``ban``): the rejected draft token under ``"residual"``, none (-1) under ``"full"`` or
+    when the whole draft was kept."""
+    if rule not in RESAMPLE:
+        raise ValueError(f"resample must be one of {RESAMPLE}, got {rule!r}")
+    return tokens[n] if rule == "residual" and n < len(tokens) else -1
 
 
 def acceptance(logp: Tensor, q_logp: Tensor | None, lenience: float) -> Tensor:

@@ -1,10 +1,24 @@
-"""LATR: tree rollouts. The n samples of a prompt grow as trees: a branch forks from a
-running sample, inherits its prefix and continues on its own, so a group costs fewer
-generated tokens than n independent samples. The paper's rule branches where the policy
-hesitates between two likely tokens (both the top token and an alternative are likely) and
-trains the leaves as independent samples. Where reroll differs: besides the entropy rule it
-offers fixed fork positions, and a tree group can instead be trained with TreeRL's segment
-credit (`reroll.methods.treerl`).
+"""LATR (Xing et al. 2025, "Lookahead Tree-Based Rollouts for Enhanced Trajectory-Level
+Exploration in Reinforcement Learning with Verifiable Rewards"): tree rollouts. Rule in one
+line: where the policy hesitates between two likely tokens (``p_j > tau_abs`` and ``p_top -
+p_j < tau_rel``) the sample takes the most likely token and a new branch the alternative,
+and the leaves are trained as independent samples.
+
+The n samples of a prompt grow as trees: a branch forks from a running sample, inherits its
+prefix and continues on its own, so a group costs fewer generated tokens than n independent
+samples. The paper also mixes tree and plain sampling, the share of trees decaying over
+training (``rollout.tree_mix_steps``: a linear decay from 1 to 0 over that many policy
+versions; the paper's exact schedule is assumed linear here). Where reroll differs:
+``rollout.tree_parent = "sampled"`` keeps the member's sampled token at a branch point (the
+branch takes the other candidate); the paper's lookahead pruning (a new branch whose
+continuation after a few tokens is too similar to its sibling's is dropped) is not built, so
+every spare the rule spawns is kept; besides the entropy rule reroll offers fixed fork
+positions, and a tree group can instead be trained with TreeRL's segment credit
+(`reroll.methods.treerl`). Tokens chosen rather than sampled (span ``"forced"``: the
+member's top token where it had sampled another, the branch's alternative) are recorded
+with their log-prob under the distribution the member sampled from and trained like sampled
+tokens; the importance correction sees a ratio of 1 for them at staleness 0 and does not
+undo the choice, as LATR trains its leaves as independent samples.
 
 Owns the two entries of `reroll.workflows.tree.TREE_BRANCHES` (``rollout.tree_branch``) and
 their config checks. Knows nothing of the engine's caches or of advantages: every member's
@@ -26,8 +40,11 @@ carries a `reroll.rollout.BranchRule` (``tree_tau_abs``, ``tree_tau_rel``) and t
 (`TorchEngine.branch`, `reroll.engine.branch`) grows the tree: where the rule fires on any
 member, the tree's next spare branches off with the alternative token (span ``"forced"``);
 spares the tree did not use are sampled as independent requests, so the group has exactly n
-members whatever the rule does. Its record adds ``"mode": "entropy"``, ``"role"`` ("root",
-"branch": spawned by the rule, or "spare": sampled independently) and ``"at"`` (the response
+members whatever the rule does. With ``tree_mix_steps`` > 0 a block of ``w`` members is grown
+as a tree with probability 1 - version / tree_mix_steps (`grown`); otherwise its members are
+sampled independently (role "plain"). Its record adds ``"mode": "entropy"``, ``"role"``
+("root", "branch": spawned by the rule, "spare": sampled independently, "plain": a block
+not grown as a tree) and ``"at"`` (the response
 position of a branch's forced token, its own first token: trained in the branch, never in
 its parent). A group restored from a checkpoint with a tree already under way does not
 re-attach its spares: members with tokens continue as their own requests and unused spares
@@ -37,6 +54,7 @@ are sampled independently; a tree not yet started starts afresh, as it would hav
 from __future__ import annotations
 
 import asyncio
+import hashlib
 
 from reroll.errors import ConfigError
 from reroll.rollout import BranchRule, Group, Rollout
@@ -94,11 +112,32 @@ def unstarted(r: Rollout) -> bool:
     return r.response_len == 0 and r.parent_id is None and not r.finished
 
 
-def entropy_record(r: Rollout, opts: TreeOptions, index_of: dict[str, int]) -> dict:
-    """``control["tree"]`` of a finished member of an "entropy" tree."""
+def tree_share(version: int, mix_steps: int) -> float:
+    """LATR's decaying mix: the share of trees grown at policy ``version``, 1 - version /
+    ``mix_steps`` clamped to [0, 1] (``mix_steps`` 0: always 1)."""
+    if mix_steps <= 0:
+        return 1.0
+    return min(1.0, max(0.0, 1.0 - max(version, 0) / mix_steps))
+
+
+def grown(group: Group, block: int, opts: TreeOptions) -> bool:
+    """Whether the ``block``-th tree of ``group`` is grown as a tree: a uniform from a hash
+    of (group id, block) below `tree_share` at the group's start version (the same on a
+    resume)."""
+    share = tree_share(group.start_version, opts.mix_steps)
+    if share >= 1.0:
+        return True
+    h = hashlib.blake2b(f"{group.group_id}/{block}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "big") / 2.0 ** 64 < share
+
+
+def entropy_record(r: Rollout, opts: TreeOptions, index_of: dict[str, int],
+                   tree: bool = True) -> dict:
+    """``control["tree"]`` of a finished member of an "entropy" tree (``tree`` False: of a
+    block sampled independently by the mix)."""
     parent = index_of.get(r.parent_id) if r.parent_id is not None else None
-    role = ("root" if r.index_in_group % opts.width == 0 else "spare" if parent is None
-            else "branch")
+    role = ("plain" if not tree else "root" if r.index_in_group % opts.width == 0
+            else "spare" if parent is None else "branch")
     return opts.record(r.prefix_len, mode="entropy", role=role, parent=parent,
                        at=None if parent is None else r.prefix_len - r.prompt_len)
 
@@ -111,15 +150,15 @@ async def entropy_trees(ctx: EpisodeContext, group: Group) -> None:
     a started tree are sampled independently)."""
     opts = ctx.tree or TreeOptions()
     w = opts.width
-    rule = BranchRule(tau_abs=opts.tau_abs, tau_rel=opts.tau_rel)
+    rule = BranchRule(tau_abs=opts.tau_abs, tau_rel=opts.tau_rel, parent=opts.parent)
 
-    async def done(r: Rollout, fut) -> None:
+    async def done(r: Rollout, fut, tree: bool) -> None:
         if fut is not None:
             await fut
         if fut is not None or "tree" not in r.control:  # a member that finished just before a
             # checkpoint's snapshot was restored finished but unrecorded: its record is derived
             r.control["tree"] = entropy_record(r, opts, {m.sample_id: m.index_in_group
-                                                         for m in group.rollouts})
+                                                         for m in group.rollouts}, tree)
         if r.reward is None and not r.failed:
             await ctx.score(r, group.example)
 
@@ -128,13 +167,14 @@ async def entropy_trees(ctx: EpisodeContext, group: Group) -> None:
         if i % w:  # its tree's root runs it
             return
         block = group.rollouts[i:i + w]
-        if all(unstarted(m) for m in block):
+        tree = grown(group, i // w, opts)
+        if tree and all(unstarted(m) for m in block):
             for m in block:
                 m.sampling.branch_rule = rule
             futs = ctx.engine.branch(block[0], block[1:])
         else:
             futs = [None if m.finished else ctx.engine.generate(m) for m in block]
-        await asyncio.gather(*(done(m, f) for m, f in zip(block, futs, strict=True)))
+        await asyncio.gather(*(done(m, f, tree) for m, f in zip(block, futs, strict=True)))
 
     await in_rounds(ctx, group, one)
 

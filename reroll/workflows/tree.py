@@ -42,7 +42,10 @@ def check_tree(cfg) -> None:
     r = cfg.rollout
     defaults = TreeOptions()
     tau_keys = [k for k, v, d in (("tree_tau_abs", r.tree_tau_abs, defaults.tau_abs),
-                                   ("tree_tau_rel", r.tree_tau_rel, defaults.tau_rel)) if v != d]
+                                   ("tree_tau_rel", r.tree_tau_rel, defaults.tau_rel),
+                                   ("tree_parent", r.tree_parent, defaults.parent),
+                                   ("tree_mix_steps", r.tree_mix_steps, defaults.mix_steps))
+                if v != d]  # the "entropy" mode's own keys
     if r.workflow != "tree":
         used = [k for k, on in (("tree_branch_at", r.tree_branch_at),
                                 ("tree_branch", r.tree_branch != defaults.branch),

@@ -28,13 +28,18 @@ class TreeOptions:
     """"entropy": the alternative token's least probability (`BranchRule.tau_abs`)."""
     tau_rel: float = 0.25
     """"entropy": the largest gap to the top token (`BranchRule.tau_rel`)."""
+    parent: str = "argmax"
+    """"entropy": who takes the top token at a branch point (`BranchRule.parent`)."""
+    mix_steps: int = 0
+    """"entropy": the policy version where the share of trees grown reaches 0 (0: always 1)."""
 
     @classmethod
     def from_config(cls, r) -> TreeOptions:
         """From a `RolloutConfig`."""
         return cls(branch=r.tree_branch, branch_at=tuple(r.tree_branch_at), width=r.tree_width,
                    credit=r.tree_credit, credit_scale=r.tree_credit_scale,
-                   tau_abs=r.tree_tau_abs, tau_rel=r.tree_tau_rel)
+                   tau_abs=r.tree_tau_abs, tau_rel=r.tree_tau_rel, parent=r.tree_parent,
+                   mix_steps=r.tree_mix_steps)
 
     def record(self, shared: int, **fields) -> dict:
         """``control["tree"]`` of a member: ``fields`` (``parent`` and the mode's own), then

@@ -128,7 +128,7 @@ def test_very_large_groups_share_one_prefill_and_train(tmp_path, small_run):
 
 
 def test_dot_trains_through_the_real_pipeline(tmp_path, small_run):
-    """DOT on: the run trains (the penalty lives outside the verifier scores the trainer
+    """DOT on (its penalty variant): the run trains (the penalty lives outside the verifier scores the trainer
     stacks), and each sample is penalised exactly when the rule says; the values of the
     rule are checked by hand in test_allocators."""
     # every completion passes (empty pattern), so every group is all-correct; the untrained
@@ -136,7 +136,8 @@ def test_dot_trains_through_the_real_pipeline(tmp_path, small_run):
     train(small_run(tmp_path, "train.steps=2", "rollout.max_new_tokens=8",
                     "rollout.group_size=8",
                     'reward.verifiers=[{name="format", args={pattern="", fullmatch=false}}]',
-                    "control.dot_quantile=0.5", "control.dot_penalty=0.5"), progress=False)
+                    "control.dot_quantile=0.5", "control.dot_penalty=0.5",
+                    "control.dot_rule=penalty"), progress=False)
     rows = read_metrics(tmp_path)
     # all-correct groups: the only gradient is DOT's penalty
     assert all(m["grad_norm"] < float("inf") for m in rows)

@@ -43,10 +43,17 @@ def test_the_rule_by_hand(device):
     ]
     z = dict(device=device)  # the engine applies the rule on the model's device
     probs = torch.tensor([p + [0.0] * (7 - len(p)) for p, *_ in rows], **z)
-    got = branch_tokens(probs.log(), torch.tensor([s for _, s, _, _ in rows], **z),
-                        torch.tensor([a for *_, a, _ in rows], **z),
-                        torch.tensor([r for *_, r in rows], **z))
-    assert got.tolist() == [1, 0, 1, 1, -1, 1, -1, 1, 2, 1, -1]
+    args = (probs.log(), torch.tensor([s for _, s, _, _ in rows], **z),
+            torch.tensor([a for *_, a, _ in rows], **z), torch.tensor([r for *_, r in rows], **z))
+    # parent "sampled": the row keeps its token, the child takes the other candidate
+    child, own = branch_tokens(*args)
+    assert child.tolist() == [1, 0, 1, 1, -1, 1, -1, 1, 2, 1, -1]
+    assert own.tolist() == [s for _, s, _, _ in rows]
+    # parent "argmax" (LATR): where it fires the row takes top, the child j, whatever was
+    # sampled; where it does not the row keeps its token
+    child, own = branch_tokens(*args, torch.ones(len(rows), dtype=torch.bool, **z))
+    assert child.tolist() == [1, 1, 1, 1, -1, 1, -1, 1, 1, 1, -1]
+    assert own.tolist() == [0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 0]
 
 
 def _grow(model, tok, n_spares: int, max_batch: int = 16, run: bool = True):
@@ -231,3 +238,39 @@ def test_a_trees_shape_does_not_depend_on_the_requests_beside_it(lm):
     assert sum(p is not None for p, _ in alone[0]) >= 3  # several members fired
     for lens in ([2], [1, 1], [3, 1, 2], [2, 4, 1, 3]):
         assert tree(lens) == alone, lens
+
+
+def test_latrs_argmax_parent_takes_the_top_token_and_the_child_the_second(lm):
+    """LATR's rule (BranchRule.parent "argmax", the default): at each branch point the root
+    takes the most likely token and the child the second, both spans "forced" with their
+    log-probs under the distribution the root sampled from (what the trainer's behaviour
+    log-prob must be: at staleness 0 their importance ratio is 1, as for a sampled token).
+    Under parent "sampled" the root keeps its own token."""
+    model, tok = lm
+    runs = {}
+    for parent in ("argmax", "sampled"):
+        rule = BranchRule(tau_abs=0.04, tau_rel=0.05, parent=parent)
+        eng = TorchEngine(model, tok, max_batch=16)
+        root = make(tok, PROMPT, max_new_tokens=12, seed=5, branch_rule=rule)
+        spares = [make(tok, PROMPT, max_new_tokens=12, seed=100 + i, branch_rule=rule)
+                  for i in range(3)]
+        eng.branch(root, spares)
+        _run(eng)
+        runs[parent] = root, spares
+    root, spares = runs["argmax"]
+    sampled_root, _ = runs["sampled"]
+    swapped = 0
+    for c in spares:
+        t = c.prefix_len
+        assert c.parent_id == root.sample_id and c.tokens[:t] == root.tokens[:t]
+        logp = full_logprobs(model, root.tokens[:t + 1])
+        with torch.no_grad():
+            ids = torch.tensor([root.tokens[:t]], device=model.device)
+            top2 = model(input_ids=ids).logits[0, -1].float().topk(2).indices.tolist()
+        assert (root.tokens[t], c.tokens[t]) == (top2[0], top2[1])
+        assert abs(root.logprobs[t] - float(logp[-1])) < 1e-5  # log p(top), not a sample's
+        if sampled_root.tokens[:t] == root.tokens[:t] and sampled_root.tokens[t] != top2[0]:
+            swapped += 1  # the root had sampled another token here: its top is forced
+            assert any(s.source == "forced" and s.start == t for s in root.spans)
+    assert swapped >= 1  # the replacement happened at least once on this model and seed
+    assert sampled_root.tokens != root.tokens

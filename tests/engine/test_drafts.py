@@ -1,5 +1,5 @@
 """Draft verification in TorchEngine (reroll.engine.speculative): the acceptance rule by hand,
-the residual draw, exactness at lenience 1 (chi-square against the policy's own completion
+the residual draw, the two rules for the rejected position (distributions by hand), exactness at lenience 1 (chi-square against the policy's own completion
 probabilities), the shift lenience > 1 causes, bitwise agreement with plain sampling, the
 records' spans and log-probs."""
 
@@ -14,7 +14,7 @@ from scipy.stats import chisquare
 from reroll.config import ModelConfig
 from reroll.engine import TorchEngine
 from reroll.engine.sampling import sample
-from reroll.engine.speculative import acceptance, first_rejection
+from reroll.engine.speculative import acceptance, first_rejection, resample_ban
 from reroll.models import build_tiny, load
 from reroll.rollout import Draft, Rollout
 
@@ -56,7 +56,61 @@ def test_the_residual_draw_leaves_the_banned_token_out_and_records_the_full_logp
     assert torch.equal(plain[0], banned[0]) and torch.equal(plain[1], banned[1])
 
 
+def _rejected_position_distribution(rule: str, device) -> list[float]:
+    """The distribution of the token at a one-token deterministic draft's position (drafted
+    token 0, policy p = (0.5, 0.3, 0.2)), over a 200 x 200 grid of (acceptance, draw)
+    uniforms: the draft kept when u_acc < p(0), else a draw by ``rule``."""
+    z = dict(device=device)
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.2]])).to(device)
+    one, k0, p1 = torch.ones(1, **z), torch.zeros(1, dtype=torch.long, **z), torch.ones(1, **z)
+    a = acceptance(torch.log(torch.tensor([0.5])), None, 1.0)
+    grid = [(i + 0.5) / 200 for i in range(200)]
+    counts = [0, 0, 0]
+    for ua in grid:
+        n = first_rejection(a, torch.tensor([ua]))
+        if n == 1:
+            counts[0] += len(grid)
+            continue
+        ban = torch.tensor([resample_ban((0,), n, rule)], **z)
+        toks, _ = sample(logits.expand(len(grid), 3), one.expand(len(grid)),
+                         k0.expand(len(grid)), p1.expand(len(grid)),
+                         torch.tensor(grid, **z), ban=ban.expand(len(grid)))
+        for t in toks.tolist():
+            counts[t] += 1
+    return [c / len(grid) ** 2 for c in counts]
+
+
+def test_the_rejected_position_is_drawn_by_the_drafts_rule(device):
+    assert resample_ban((4, 5), 1, "residual") == 5 and resample_ban((4, 5), 1, "full") == -1
+    assert resample_ban((4, 5), 2, "residual") == -1  # all kept: nothing to leave out
+    # "residual": kept w.p. 0.5, else (0, 0.6, 0.4): exactly p = (0.5, 0.3, 0.2)
+    res = _rejected_position_distribution("residual", device)
+    assert res == pytest.approx([0.5, 0.3, 0.2], abs=1e-12)
+    # "full" (SPEC-RL): kept w.p. 0.5, else p again: (0.5 + 0.25, 0.15, 0.1)
+    full = _rejected_position_distribution("full", device)
+    assert full == pytest.approx([0.75, 0.15, 0.1], abs=1e-12)
+
+
+@pytest.mark.parametrize("rule", ["full", "residual"])
+def test_a_draft_rejected_at_its_sampled_token_resamples_by_its_rule(lm, rule):
+    model, tok = lm
+    kw = dict(temperature=1.0, top_k=5, max_new_tokens=12, seed=5)
+    plain = make(tok, "sort: 4 2 8 -> ", **kw)
+    TorchEngine(model, tok).generate([plain])
+    # the plain sample's own first token, recorded with q = e^50: a = p / q ~ 0, rejected
+    r = make(tok, "sort: 4 2 8 -> ", **kw)
+    r.sampling.draft = Draft(tuple(plain.response_tokens[:3]), (50.0,) * 3, resample=rule)
+    TorchEngine(model, tok).generate([r])
+    if rule == "full":  # the whole distribution, the sampler's own uniform: plain sampling
+        assert_sampled_as(r, plain)
+    else:  # the drafted token is left out of the draw
+        assert r.response_tokens[0] != plain.response_tokens[0]
+        assert [s.source for s in r.spans] == ["prompt", "sampled"]
+
+
 def test_draft_validation_names_the_draft():
+    with pytest.raises(ValueError, match="resample must be"):
+        Draft((1,), resample="nearest")
     with pytest.raises(ValueError, match="lenience must be >= 1"):
         Draft((1, 2), lenience=0.5, source="s1")
     with pytest.raises(ValueError, match="1 logprobs for 2 tokens"):

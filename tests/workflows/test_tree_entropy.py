@@ -13,10 +13,11 @@ from tree_helpers import run_tree, tree_group
 from reroll.config import ConfigError
 from reroll.config_checks import load_checked
 from reroll.engine import EngineService, TorchEngine
-from reroll.methods.latr import tree_parent
+from reroll.methods.latr import grown, tree_parent, tree_share
 from reroll.rollout import Rollout, Span, grow_group
 from reroll.runlog import read_metrics, read_rollouts
 from reroll.runtime import train
+from reroll.workflows.tree_options import TreeOptions
 
 ALWAYS = {"tree_tau_abs": 0.0, "tree_tau_rel": 1.0}  # any second candidate, any gap: fires
 
@@ -49,9 +50,12 @@ def test_unused_spares_are_sampled_alone_and_the_group_keeps_n_members(tiny):
 
 
 def test_a_rule_that_always_fires_spends_every_spare_in_slot_order(tiny):
+    """Under tree_parent "sampled" (members keep their sampled tokens): only a branch's own
+    first token is forced."""
     _, tok = tiny
     g = tree_group(tok)
-    s = run_tree(*tiny, g, tree_branch="entropy", tree_width=4, **ALWAYS)
+    s = run_tree(*tiny, g, tree_branch="entropy", tree_width=4, tree_parent="sampled",
+                 **ALWAYS)
     assert len(g.rollouts) == 8 and all(r.finished and r.reward == 1.0 for r in g.rollouts)
     # per tree: the root's first token spawns member 1 (at 0); the next decode step, in slot
     # order, the root spawns member 2 and member 1 spawns member 3 (both at 1)
@@ -75,6 +79,44 @@ def test_a_rule_that_always_fires_spends_every_spare_in_slot_order(tiny):
     # chosen, not sampled) = 19, instead of 4 x 6 = 24
     assert s["tokens_generated"] == 2 * 19 and s["branch_children"] == 6
     assert s["branch_spares_independent"] == 0 and s["prefill_tokens"] == P
+
+
+def test_latrs_argmax_parent_takes_the_top_token_at_every_branch_point(tiny):
+    """The default tree_parent "argmax": where a member branches it takes the most likely
+    token (forced where it had sampled another) and the branch the second; the draws are
+    the same as under "sampled" (a forced token replaces a draw, it is not an extra one)."""
+    model, tok = tiny
+    g = tree_group(tok)
+    s = run_tree(*tiny, g, tree_branch="entropy", tree_width=4, **ALWAYS)
+    assert s["tokens_generated"] == 2 * 19 and s["branch_children"] == 6
+    forced_parents = 0
+    for r in g.rollouts:
+        if r.control["tree"]["role"] != "branch":
+            continue
+        parent, t = g.rollouts[r.control["tree"]["parent"]], r.prefix_len
+        with torch.no_grad():
+            ids = torch.tensor([parent.tokens[:t]], device=model.device)
+            top2 = model(input_ids=ids).logits[0, -1].float().topk(2).indices.tolist()
+        assert (parent.tokens[t], r.tokens[t]) == (top2[0], top2[1])
+        assert _source_at(r, t) == "forced" and _source_at(parent, t) in ("forced", "sampled")
+        forced_parents += _source_at(parent, t) == "forced"
+    assert forced_parents >= 1  # some member had sampled another token there
+
+
+def test_the_tree_share_decays_linearly_and_a_share_of_0_samples_plainly(tiny):
+    assert [tree_share(v, 10) for v in (-1, 0, 5, 10, 20)] == [1.0, 1.0, 0.5, 0.0, 0.0]
+    assert tree_share(7, 0) == 1.0  # no decay
+    _, tok = tiny
+    g = tree_group(tok)
+    g.start_version = 10  # at tree_mix_steps = 10: no tree is grown
+    s = run_tree(*tiny, g, tree_branch="entropy", tree_width=4, tree_mix_steps=10, **ALWAYS)
+    assert s["branch_children"] == 0 and len(g.rollouts) == 8
+    assert [r.control["tree"]["role"] for r in g.rollouts] == ["plain"] * 8
+    half = [tree_group(tok) for _ in range(40)]
+    for h in half:
+        h.start_version = 5
+    share = sum(grown(h, b, TreeOptions(mix_steps=10)) for h in half for b in range(2)) / 80
+    assert 0.3 < share < 0.7  # about half of the trees at version 5 of 10
 
 
 def test_members_the_allocator_adds_to_a_started_tree_run_alone(tiny):

@@ -5,8 +5,17 @@ Owns the engine side of `reroll.engine.branch` (which decides) and the live tree
 `TreeTable`): `branch` (a root with its spares), turning a decision into a child (its record:
 the parent's prefix, then the alternative token as a ``"forced"`` span; its slot: the
 engine's `seat`, a copy of the parent's cache rows or the re-prefill fallback when no slot is
-free), and the spares of finished trees, which are added as independent requests. Knows
-nothing of the other plug-ins.
+free), under LATR's argmax-parent rule the parent's own token at the branch point (the most
+likely one, a ``"forced"`` span where it had sampled another, fed as its next token), and
+the spares of finished trees, which are added as independent requests. Knows nothing of the
+other plug-ins.
+
+A forced token's recorded log-prob is its log-prob under the distribution the member sampled
+from at that position (the parent's top token as much as the child's alternative): what the
+trainer's behaviour log-prob must be for the importance ratio of a policy token. The choice
+itself is not a draw from that distribution; the correction does not undo it (at staleness
+0 the ratio of a forced token is 1, as for a sampled one), as LATR trains its leaves as
+independent samples.
 """
 
 from __future__ import annotations
@@ -76,7 +85,12 @@ class Branches(EnginePlugin):
             any_greedy=False, any_filter=any(rows[j].filtered for j in pick)), dim=-1)  # [k, V]
         rules = [rows[j].rollout.sampling.branch_rule for j in pick]
         taus = torch.tensor([[r.tau_abs, r.tau_rel] for r in rules], device=core.device)
-        forced = branch_tokens(logp, tok[at], taus[:, 0], taus[:, 1]).tolist()
+        # a row that already finished on its sampled token keeps it ("sampled" for it)
+        ended = set(fin)
+        argmax = torch.tensor([r.parent == "argmax" and sl.start + j not in ended
+                               for r, j in zip(rules, pick, strict=True)], device=core.device)
+        forced, own = (x.tolist() for x in branch_tokens(logp, tok[at], taus[:, 0],
+                                                         taus[:, 1], argmax))
         done = []
         # rows that fire together take their trees' spares by rank in the tree, not by slot:
         # slots move as unrelated requests finish, a tree's shape must not
@@ -85,8 +99,11 @@ class Branches(EnginePlugin):
         for k in order:
             j, f = pick[k], forced[k]
             child = self.trees.spawn(rows[j].rollout.sample_id) if f >= 0 else None
-            if child is not None:  # None: an earlier row took the tree's last spare
-                done += self._spawn(rows[j], sl.start + j, child, f, float(logp[k, f]))
+            if child is None:  # None: no fire, or an earlier row took the tree's last spare
+                continue
+            if own[k] != int(tok[at[k]]):
+                done += self._take(rows[j], sl.start + j, own[k], float(logp[k, own[k]]), fin)
+            done += self._spawn(rows[j], sl.start + j, child, f, float(logp[k, f]))
         return done
 
     def stepped(self, done: list[Rollout]) -> None:
@@ -104,7 +121,34 @@ class Branches(EnginePlugin):
         self._add_spares(free)
         return named
 
+    def added(self, q: Request) -> None:
+        """LATR's argmax parent replaces a sampled token, which a stop rule has already
+        counted: the two do not go together."""
+        rule = q.rollout.sampling.branch_rule
+        if rule is not None and rule.parent == "argmax" and q.rule is not None:
+            raise ValueError(f"rollout {q.rollout.sample_id}: a BranchRule with parent "
+                             f"\"argmax\" cannot go with a stop rule (parent \"sampled\" can)")
+
     # ---- children ----------------------------------------------------------------------------
+    def _take(self, q: Request, slot: int, token: int, logprob: float,
+              fin: list[int]) -> list[Rollout]:
+        """At a branch point the member in ``slot`` takes ``token`` (LATR's most likely
+        token) instead of the one it just sampled: span ``"forced"`` with ``logprob``, the
+        token fed next. Returns its record when that token ends it (its slot joins ``fin``:
+        the step releases it after the hooks)."""
+        core = self.core
+        q.toks.pop()
+        q.lps.pop()
+        q.flush(core.version)
+        q.toks.append(token)
+        q.lps.append(logprob)
+        q.flush(core.version, "forced")
+        core.next_tok[slot] = token
+        if reason := q.stop_reason(token, core.decode_text):
+            fin.append(slot)
+            return [core.finish(q, reason)]
+        return []
+
     def _spawn(self, q: Request, slot: int, child: Rollout, token: int,
                logprob: float) -> list[Rollout]:
         """``child`` branches off ``q`` (in ``slot``) at the token just sampled: the parent's

@@ -5,7 +5,8 @@ Owns the engine side of `reroll.engine.speculative` (which holds the acceptance 
 reading each draft's rows of the packed prefill logits (the engine prefills a request's
 draft after its prompt, with one logits row per draft token + 1), recording the kept tokens
 (span "draft", the current policy's log-probs), retiring requests that end inside their
-draft, and sampling every other just-admitted slot. Knows nothing of the other plug-ins.
+draft, and sampling every other just-admitted slot (at a rejected position from the whole
+current distribution or from its residual, as the draft's ``resample`` says). Knows nothing of the other plug-ins.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from torch import Tensor
 
 from reroll.engine.plugin import EnginePlugin
 from reroll.engine.requests import Request
-from reroll.engine.speculative import verify
+from reroll.engine.speculative import resample_ban, verify
 from reroll.rollout import Rollout
 
 
@@ -28,8 +29,8 @@ class Drafts(EnginePlugin):
                   n0: int) -> list[Rollout]:
         """Just-prefilled slots ``n0 ..`` (logits [R, V]: D + 1 rows per unique sequence
         with a D-token draft, 1 without): keep each draft's accepted prefix (span "draft"),
-        retire requests that end inside it, then sample every other slot's next token, from
-        the residual after a rejected draft token (`reroll.engine.speculative`)."""
+        retire requests that end inside it, then sample every other slot's next token (after
+        a rejected draft token by the draft's ``resample`` rule, `reroll.engine.speculative`)."""
         core = self.core
         off = [0]
         for d in nd:
@@ -57,7 +58,7 @@ class Drafts(EnginePlugin):
                     done.append(core.finish(q, reason))
                     done += core.ended(r)
                     continue
-                ban, n_rows = (d.tokens[n] if n < nd[u] else -1), n
+                ban, n_rows = resample_ban(d.tokens, n, d.resample), n
             else:
                 n_rows = nd[u]
             pick[id(q)] = (off[u] + n_rows, ban)

@@ -8,7 +8,7 @@ engine's `extend`), each draft is verified exactly (`reroll.engine.speculative.v
 lenience 1), the accepted prefix is recorded as span "draft" with the current policy's
 log-probs, stop rules truncate it as at admission (`reroll.engine.plugins.drafts`), and every
 row then samples its next token after its accepted prefix, from the residual after a
-rejected draft token. A row without a source (or without a proposal this step) is a
+rejected draft token (rule ``"residual"``, exact for these deterministic drafts). A row without a source (or without a proposal this step) is a
 one-token decode row of the same forward. Steps where no running row has a proposal take the
 plain decode path, unchanged.
 
@@ -32,7 +32,7 @@ import torch
 
 from reroll.engine.plugin import EnginePlugin
 from reroll.engine.requests import Request
-from reroll.engine.speculative import verify
+from reroll.engine.speculative import resample_ban, verify
 from reroll.rollout import Draft, Rollout
 
 
@@ -99,7 +99,7 @@ class Redrafts(EnginePlugin):
                 done.append(core.finish(q, reason))
                 done += core.ended(q.rollout)
                 continue
-            pick[id(q)] = (i, kept, d[kept] if kept < len(d) else -1)
+            pick[id(q)] = (i, kept, resample_ban(tuple(d), kept, "residual"))
         core.release(fin)
         core.count("requests_finished", len(done))
         if core.rows:
