@@ -28,8 +28,8 @@ def cmd_train(args) -> int:
         with stop_on_signals(StopFlag()) as flag:
             last = train(cfg, resume=args.resume, progress=not args.no_progress, stop=flag)
     except Stopped as e:
-        again = " ".join(["reroll train", args.config, *args.overrides, "--resume"])
-        print(f"reroll train: {e}; checkpoint written. Resume with: {again}", file=sys.stderr)
+        print(f"reroll train: {e}; checkpoint written. Resume with: {_again(args)}",
+              file=sys.stderr)
         return e.exit_code
     print(json.dumps({k: round(v, 4) for k, v in last.items() if k.startswith(("reward", "eval"))}))
     return 0
@@ -41,31 +41,57 @@ def cmd_sft(args) -> int:
     from reroll import build, build_rollout
     from reroll.config_checks import load_checked
     from reroll.runlog import RunDir
+    from reroll.stopping import StopFlag, Stopped, stop_on_signals
+    from reroll.trainer import checkpoint
     from reroll.trainer.precision import MASTER_DTYPE, autocast_dtype
     from reroll.trainer.sft import save_model, sft
 
     cfg = load_checked(args.config, args.overrides)
     build.prepare_process(cfg)
     torch.manual_seed(cfg.train.seed)
-    rd = RunDir(cfg, kind="sft")
-    # float32 master weights and AdamW state; bf16 autocast where model.dtype = bfloat16
-    model, tok = build.load_model(build.model_dir(cfg, rd.path), cfg, dtype=MASTER_DTYPE)
-    task = build.build_task(cfg)
-    rd.commit()
-    losses = sft(model, tok, task.train, build_rollout.encode_prompt(tok, cfg.task.chat), steps=cfg.sft.steps,
-                 lr=cfg.sft.lr, batch_size=cfg.sft.batch_size, seed=cfg.train.seed,
-                 schedule=cfg.sft.schedule, warmup_steps=cfg.sft.warmup_steps,
-                 demos=build_rollout.demo_turns(cfg),
-                 encode_observation=build_rollout.encode_observation(tok, cfg.task.chat),
-                 autocast_dtype=autocast_dtype(cfg.model.dtype),
-                 logprob_chunk=cfg.train.logprob_chunk,
-                 fused_optimizer=cfg.train.fused_optimizer,
-                 log=lambda s, m: rd.log(s, m) if s % 10 == 0 or s == cfg.sft.steps else None)
-    # saved in model.dtype (weights and config.json), as a model loaded in it would be
-    out = save_model(model.to(dtype=getattr(torch, cfg.model.dtype)), tok, rd.path / "model")
-    rd.close()
-    print(f"sft: {cfg.sft.steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}; saved {out}")
+    rd = RunDir(cfg, resume=args.resume)
+    try:
+        ckpt = checkpoint.latest(rd.path) if args.resume else None
+        if args.resume:  # rows after the checkpoint (all of them if none) are redone
+            rd.truncate(checkpoint.read_state(ckpt)["step"] if ckpt else 0)
+        # float32 master weights and AdamW state; bf16 autocast where model.dtype = bfloat16
+        start = ckpt / "model" if ckpt else build.model_dir(cfg, rd.path)
+        model, tok = build.load_model(start, cfg, dtype=MASTER_DTYPE)
+        task = build.build_task(cfg)
+        rd.commit()
+
+        def save(step, opt, sched, extras):
+            checkpoint.save(rd.path, step, model, tok, opt, {"kind": "sft"},
+                            lr_scheduler=sched, extras=extras)
+
+        with stop_on_signals(StopFlag()) as flag:
+            losses = sft(model, tok, task.train, build_rollout.encode_prompt(tok, cfg.task.chat),
+                         steps=cfg.sft.steps, lr=cfg.sft.lr, batch_size=cfg.sft.batch_size,
+                         seed=cfg.train.seed, schedule=cfg.sft.schedule,
+                         warmup_steps=cfg.sft.warmup_steps, demos=build_rollout.demo_turns(cfg),
+                         encode_observation=build_rollout.encode_observation(tok, cfg.task.chat),
+                         autocast_dtype=autocast_dtype(cfg.model.dtype),
+                         logprob_chunk=cfg.train.logprob_chunk,
+                         fused_optimizer=cfg.train.fused_optimizer,
+                         log=lambda s, m: rd.log(s, m) if s % 10 == 0 or s == cfg.sft.steps
+                         else None, ckpt_every=cfg.ckpt_every, save=save, resume=ckpt,
+                         stop=flag)
+        # saved in model.dtype (weights and config.json), as a model loaded in it would be
+        out = save_model(model.to(dtype=getattr(torch, cfg.model.dtype)), tok, rd.path / "model")
+    except Stopped as e:
+        print(f"reroll sft: {e}; checkpoint written. Resume with: {_again(args)}",
+              file=sys.stderr)
+        return e.exit_code
+    finally:
+        rd.close()
+    done = f"loss {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else "nothing left to train"
+    print(f"sft: {cfg.sft.steps} steps, {done}; saved {out}")
     return 0
+
+
+def _again(args) -> str:
+    """The command line that resumes this run."""
+    return " ".join([f"reroll {args.cmd}", args.config, *args.overrides, "--resume"])
 
 
 def cmd_eval(args) -> int:
@@ -123,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_train)
     p = sub.add_parser("sft", help="supervised warm start on task demonstrations")
     _common(p)
+    p.add_argument("--resume", action="store_true", help="continue the sft run in out_dir")
     p.set_defaults(fn=cmd_sft)
     p = sub.add_parser("eval", help="greedy accuracy and pass@k on the held-out split")
     _common(p)
@@ -164,6 +191,24 @@ def main(argv: list[str] | None = None) -> int:
     except bad_input as e:
         print(f"reroll {args.cmd}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before the handlers, or a second signal: no traceback
+        print(f"reroll {args.cmd}: interrupted{_resumable(args)}", file=sys.stderr)
+        return 130
+
+
+def _resumable(args) -> str:
+    """What an interrupted train or sft left: the command that resumes it, if anything."""
+    if args.cmd not in ("train", "sft"):
+        return ""
+    try:
+        from reroll.config import load_config
+
+        out = Path(load_config(args.config, args.overrides).out_dir).expanduser()
+    except Exception:  # the config itself is what failed: nothing started
+        return ""
+    if not (out / "config.toml").is_file():
+        return f" before the run started; {out} holds no run to resume"
+    return f"; the last checkpoint is intact. Resume with: {_again(args)}"
 
 
 if __name__ == "__main__":

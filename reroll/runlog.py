@@ -147,16 +147,15 @@ def _legacy_run(path: Path) -> bool:
 
 
 class RunDir:
-    def __init__(self, cfg: RunConfig, resume: bool = False, kind: str = "train"):
+    def __init__(self, cfg: RunConfig, resume: bool = False):
         self.path = claim(cfg.out_dir)
         self.cfg = cfg
         cfg_file = self.path / "config.toml"
         if cfg_file.exists():
             if not resume:
-                hint = ("pass --resume to continue it or set out_dir to a new directory"
-                        if kind == "train" else "set out_dir to a new directory")
                 raise ConfigError(f"run directory {str(self.path)!r} already holds a run "
-                                  f"({cfg_file}); {hint}")
+                                  f"({cfg_file}); pass --resume to continue it or set "
+                                  f"out_dir to a new directory")
             # the saved config through the dataclasses: a key added to reroll since the run
             # started reads as its default, not as a difference
             saved = to_dict(build(type(cfg), read_toml(cfg_file)))
