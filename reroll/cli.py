@@ -137,6 +137,17 @@ def cmd_report(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    parsed: list[argparse.Namespace] = []
+    try:
+        return _main(argv, parsed)
+    except KeyboardInterrupt:  # before the handlers, or a second signal: no traceback
+        what = f"reroll {parsed[0].cmd}" if parsed else "reroll"
+        more = _resumable(parsed[0]) if parsed else ""
+        print(f"{what}: interrupted{more}", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None, parsed: list[argparse.Namespace]) -> int:
     from reroll import cli_info, export
 
     ap = argparse.ArgumentParser(prog="reroll", description="Rollout-centric RL post-training.")
@@ -177,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unrecognized arguments: {' '.join(bad or extra)}")
     if extra:
         args.overrides = list(args.overrides) + extra
+    parsed.append(args)
     from reroll.config import ConfigError
 
     bad_input: tuple[type[BaseException], ...] = (ConfigError, FileNotFoundError)
@@ -191,9 +203,6 @@ def main(argv: list[str] | None = None) -> int:
     except bad_input as e:
         print(f"reroll {args.cmd}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # before the handlers, or a second signal: no traceback
-        print(f"reroll {args.cmd}: interrupted{_resumable(args)}", file=sys.stderr)
-        return 130
 
 
 def _resumable(args) -> str:
