@@ -32,7 +32,9 @@ from typing import Any
 from reroll.config import ConfigError, RunConfig, build, dump_toml, read_toml, to_dict
 
 # Keys that may change between a run and its resume (they do not change what is learned;
-# train.steps and train.schedule_steps only where they keep a linear lr decay's end, below).
+# train.steps and train.schedule_steps only where they keep a linear lr decay's end, below:
+# a constant schedule runs on with more train.steps; a linear one cannot be extended, as
+# its learning rate is 0 after its end; docs/runs.md).
 RESUMABLE = {"train.steps", "train.schedule_steps", "log_every", "ckpt_every", "record_every",
              "eval", "out_dir", "runtime.threads", "runtime.kind", "runtime.engine_workers",
              "runtime.scoring_workers", "runtime.engine_gpus", "runtime.trainer_gpus",
@@ -65,8 +67,16 @@ def config_diff(old: dict, new: dict) -> list[str]:
             diff.append(f"{k}: {a.get(k)!r} -> {b.get(k)!r}")
     was, now = _decay_horizon(a), _decay_horizon(b)
     if was != now and not diff:  # train.steps moved the end of a linear lr decay
-        diff.append(f"the linear lr decay's end (train.schedule_steps, else train.steps): "
-                    f"{was} -> {now}; set train.schedule_steps={was} to keep the run's")
+        end = (f"the linear lr decay's end (train.schedule_steps, else train.steps): "
+               f"{was} -> {now}; ")
+        if now < was:  # a shorter run: the decay keeps its end
+            diff.append(end + f"set train.schedule_steps={was} to keep the run's")
+        else:  # a longer one: the updates after the end would train at a learning rate of 0
+            diff.append(end + f"a linear decay cannot be extended (its learning rate is 0 "
+                        f"after update {was}): keep train.steps <= {was} with "
+                        f"train.schedule_steps={was}, or continue this run's weights in a "
+                        f"new run (init={b.get('out_dir')}, a new out_dir) with a schedule "
+                        f"of its own")
     return diff
 
 
