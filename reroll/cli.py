@@ -7,6 +7,7 @@ Exit codes: 0 success, 2 bad input (config, data, checkpoint), 1 anything else.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -107,7 +108,7 @@ def cmd_eval(args) -> int:
         if out.is_dir() or not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
             raise ConfigError(f"--output {str(out)!r}: cannot write a file there (its "
                               f"directory must exist and be writable)")
-    model, tok = build.load_model(build.weights_dir(args.checkpoint), cfg)
+    model, tok = _load_checkpoint(args.checkpoint, cfg)
     task = build.build_task(cfg)
     scorer = build_rollout.build_scorer(cfg, task)
     try:
@@ -120,6 +121,31 @@ def cmd_eval(args) -> int:
     if args.output:
         Path(args.output).write_text(json.dumps(m, indent=1))
     return 0
+
+
+def _load_checkpoint(path: str, cfg, tries: int = 3):
+    """(model, tokenizer) of what ``path`` names (`reroll.build.weights_dir`), a checkpoint's
+    only when it is whole. Training may rotate a checkpoint away while it is read: through a
+    run directory the read is retried on its new latest checkpoint; a checkpoint named
+    itself is refused, saying so."""
+    from reroll import build
+    from reroll.config import ConfigError
+    from reroll.trainer.checkpoint import check_whole
+
+    attempt = 0
+    while True:
+        src = build.weights_dir(path)
+        try:
+            check_whole(src)
+            return build.load_model(src, cfg)
+        except (ConfigError, OSError):
+            if src.is_dir() and (src / "config.json").is_file():
+                raise  # still there: damaged, not rotated
+            attempt += 1
+            if Path(path) in (src, src.parent) or attempt == tries:
+                raise ConfigError(f"checkpoint {src.parent} was removed while it was read "
+                                  f"(training keeps only its newest checkpoints); evaluate "
+                                  f"the run directory to take its latest, or a copy") from None
 
 
 def cmd_report(args) -> int:
@@ -202,6 +228,11 @@ def _main(argv: list[str] | None, parsed: list[argparse.Namespace]) -> int:
         return args.fn(args)
     except bad_input as e:
         print(f"reroll {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a full disk: the message names the path
+        if e.errno != errno.ENOSPC:
+            raise
+        print(f"reroll {args.cmd}: error: {e.strerror or e}", file=sys.stderr)
         return 2
 
 

@@ -79,6 +79,7 @@ def validate(cfg: RunConfig) -> None:
     _combinations(cfg)
     _counts(cfg)
     _tiny_model(cfg)
+    _model_files(cfg)
     _schedule_end(cfg)
     _warnings(cfg)
     _generation_warnings(cfg)
@@ -282,6 +283,14 @@ def _tiny_model(cfg: RunConfig) -> None:
     if m.hidden_size % m.num_heads:
         raise ConfigError(f"model.num_heads = {m.num_heads} must divide model.hidden_size = "
                           f"{m.hidden_size} (each head takes an equal slice of the width)")
+
+
+def _model_files(cfg: RunConfig) -> None:
+    """`model.path` names a model directory with its tokenizer (before any work starts)."""
+    if cfg.model.path and not cfg.init:
+        from reroll.models.tiny import check_model_dir
+
+        check_model_dir(Path(cfg.model.path).expanduser())
 
 
 def _schedule_end(cfg: RunConfig) -> None:

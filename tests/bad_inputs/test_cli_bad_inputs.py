@@ -45,6 +45,12 @@ REFUSED = [
     (["rollout.workflow=nope"], r"unknown workflow 'nope'"),
     (["engine.name=vllm"], r"unknown engine 'vllm'"),
     (["task.args.digits=0"], r"'digits' .* must be in \[1, 18\], got 0"),
+    (["train.steps=-5"], r"train.steps must be in \[0, inf\), got -5"),
+    (["model.num_kv_heads=3"], r"model.num_kv_heads = 3 must divide model.num_heads = 4"),
+    (["model.num_heads=3"], r"model.num_heads = 3 must divide model.hidden_size = 128"),
+    (["train.schedule=linear", "train.steps=6", "train.schedule_steps=4"],
+     r"decays the learning rate to 0 at update train.schedule_steps = 4, before "
+     r"train.steps = 6"),
 ]
 
 
@@ -87,6 +93,12 @@ WARNED = [
       "eval.every=50"],
      "eval.every = 50 with runtime.trainer_gpus > 0: in-loop evaluation runs in the driver, "
      "on its CPU"),
+    (["rollout.temperature=0"], "rollout.temperature = 0 samples greedily: the 8 samples of a "
+                                "group are identical"),
+    (["rollout.max_new_tokens=300"], r"rollout.max_new_tokens = 300 is not below the model's "
+                                     r"context \(256 tokens, model.max_position\)"),
+    (["model.max_position=8"], r"rollout.max_new_tokens = 8 is not below the model's context "
+                               r"\(8 tokens, model.max_position\)"),
 ]
 
 
