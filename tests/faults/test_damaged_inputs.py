@@ -116,6 +116,16 @@ def test_replay_of_a_truncated_parquet_file(copy, tmp_path, capsys):
     assert f"rollout store: {f} cannot be read, the file is damaged" in err, err
 
 
+def test_replay_of_a_run_whose_store_lost_a_step(copy, tmp_path, capsys):
+    (copy / "rollouts" / "step_000000003.parquet").unlink()
+    assert main(["replay", str(copy), f"out_dir={tmp_path / 'replay'}", "--no-progress"]) == 2
+    err = one_line(capsys, "replay")
+    assert "the rollout store lacks step 3 (recorded: 1-2, 4)" in err, err
+    assert "pass train.steps=2" in err
+    assert main(["replay", str(copy), f"out_dir={tmp_path / 'replay'}", "train.steps=2",
+                 "--no-progress"]) == 0
+
+
 def test_a_full_disk_under_the_rollout_store_names_the_path(tmp_path, monkeypatch, capsys):
     import pyarrow.parquet as pq
 
