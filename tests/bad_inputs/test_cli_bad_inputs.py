@@ -212,3 +212,13 @@ def test_every_command_that_loads_a_config_refuses_a_bad_one_first(tmp_path, cap
     assert code == 2, err
     assert err.startswith(f"reroll {command[0]}: error: train.lr must be in (0, inf)"), err
     assert not out.exists()
+
+
+def test_a_presets_key_overridden_by_the_config_is_said():
+    with pytest.warns(UserWarning, match=r"preset 'mc_grpo' sets rollout.group_size = 3; the "
+                                         r"config's 8 is used"):
+        assert load_checked(None, ["preset=mc_grpo", "rollout.group_size=8"]).rollout \
+            .group_size == 8
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_checked(None, ["preset=mc_grpo", "rollout.group_size=3"])  # the same: no word
