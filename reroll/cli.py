@@ -167,8 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _main(argv, parsed)
     except KeyboardInterrupt:  # before the handlers, or a second signal: no traceback
-        what = f"reroll {parsed[0].cmd}" if parsed else "reroll"
-        more = _resumable(parsed[0]) if parsed else ""
+        words = [w for w in (sys.argv[1:] if argv is None else argv) if not w.startswith("-")]
+        what = f"reroll {parsed[0].cmd if parsed else words[0] if words else ''}".rstrip()
+        more = _resumable(parsed[0]) if parsed else " before the run started"
         print(f"{what}: interrupted{more}", file=sys.stderr)
         return 130
 

@@ -47,7 +47,8 @@ REFUSED = [
     (["task.args.digits=0"], r"'digits' .* must be in \[1, 18\], got 0"),
     (["train.steps=-5"], r"train.steps must be in \[0, inf\), got -5"),
     (["model.num_kv_heads=3"], r"model.num_kv_heads = 3 must divide model.num_heads = 4"),
-    (["model.num_heads=3"], r"model.num_heads = 3 must divide model.hidden_size = 128"),
+    (["model.num_heads=3", "model.num_kv_heads=1"],
+     r"model.num_heads = 3 must divide model.hidden_size = 128"),
     (["train.schedule=linear", "train.steps=6", "train.schedule_steps=4"],
      r"decays the learning rate to 0 at update train.schedule_steps = 4, before "
      r"train.steps = 6"),
