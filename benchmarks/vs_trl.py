@@ -302,6 +302,9 @@ def main() -> None:
                     help="fix glibc's malloc thresholds in this process too (trl, hand), as "
                          "reroll's runtime.keep_freed_memory does in its own")
     a = ap.parse_args()
+    if a.eval_every < 1:
+        ap.error(f"--eval-every must be >= 1 (the benchmark times the step at which held-out "
+                 f"accuracy reaches --target), got {a.eval_every}")
     import torch
 
     torch.set_num_threads(a.threads)

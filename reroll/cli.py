@@ -7,6 +7,7 @@ Exit codes: 0 success, 2 bad input (config, data, checkpoint), 1 anything else.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -28,8 +29,8 @@ def cmd_train(args) -> int:
         with stop_on_signals(StopFlag()) as flag:
             last = train(cfg, resume=args.resume, progress=not args.no_progress, stop=flag)
     except Stopped as e:
-        again = " ".join(["reroll train", args.config, *args.overrides, "--resume"])
-        print(f"reroll train: {e}; checkpoint written. Resume with: {again}", file=sys.stderr)
+        print(f"reroll train: {e}; checkpoint written. Resume with: {_again(args)}",
+              file=sys.stderr)
         return e.exit_code
     print(json.dumps({k: round(v, 4) for k, v in last.items() if k.startswith(("reward", "eval"))}))
     return 0
@@ -41,31 +42,57 @@ def cmd_sft(args) -> int:
     from reroll import build, build_rollout
     from reroll.config_checks import load_checked
     from reroll.runlog import RunDir
+    from reroll.stopping import StopFlag, Stopped, stop_on_signals
+    from reroll.trainer import checkpoint
     from reroll.trainer.precision import MASTER_DTYPE, autocast_dtype
     from reroll.trainer.sft import save_model, sft
 
     cfg = load_checked(args.config, args.overrides)
     build.prepare_process(cfg)
     torch.manual_seed(cfg.train.seed)
-    rd = RunDir(cfg, kind="sft")
-    # float32 master weights and AdamW state; bf16 autocast where model.dtype = bfloat16
-    model, tok = build.load_model(build.model_dir(cfg, rd.path), cfg, dtype=MASTER_DTYPE)
-    task = build.build_task(cfg)
-    rd.commit()
-    losses = sft(model, tok, task.train, build_rollout.encode_prompt(tok, cfg.task.chat), steps=cfg.sft.steps,
-                 lr=cfg.sft.lr, batch_size=cfg.sft.batch_size, seed=cfg.train.seed,
-                 schedule=cfg.sft.schedule, warmup_steps=cfg.sft.warmup_steps,
-                 demos=build_rollout.demo_turns(cfg),
-                 encode_observation=build_rollout.encode_observation(tok, cfg.task.chat),
-                 autocast_dtype=autocast_dtype(cfg.model.dtype),
-                 logprob_chunk=cfg.train.logprob_chunk,
-                 fused_optimizer=cfg.train.fused_optimizer,
-                 log=lambda s, m: rd.log(s, m) if s % 10 == 0 or s == cfg.sft.steps else None)
-    # saved in model.dtype (weights and config.json), as a model loaded in it would be
-    out = save_model(model.to(dtype=getattr(torch, cfg.model.dtype)), tok, rd.path / "model")
-    rd.close()
-    print(f"sft: {cfg.sft.steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}; saved {out}")
+    rd = RunDir(cfg, resume=args.resume)
+    try:
+        ckpt = checkpoint.latest(rd.path) if args.resume else None
+        if args.resume:  # rows after the checkpoint (all of them if none) are redone
+            rd.truncate(checkpoint.read_state(ckpt)["step"] if ckpt else 0)
+        # float32 master weights and AdamW state; bf16 autocast where model.dtype = bfloat16
+        start = ckpt / "model" if ckpt else build.model_dir(cfg, rd.path)
+        model, tok = build.load_model(start, cfg, dtype=MASTER_DTYPE)
+        task = build.build_task(cfg)
+        rd.commit()
+
+        def save(step, opt, sched, extras):
+            checkpoint.save(rd.path, step, model, tok, opt, {"kind": "sft"},
+                            lr_scheduler=sched, extras=extras)
+
+        with stop_on_signals(StopFlag()) as flag:
+            losses = sft(model, tok, task.train, build_rollout.encode_prompt(tok, cfg.task.chat),
+                         steps=cfg.sft.steps, lr=cfg.sft.lr, batch_size=cfg.sft.batch_size,
+                         seed=cfg.train.seed, schedule=cfg.sft.schedule,
+                         warmup_steps=cfg.sft.warmup_steps, demos=build_rollout.demo_turns(cfg),
+                         encode_observation=build_rollout.encode_observation(tok, cfg.task.chat),
+                         autocast_dtype=autocast_dtype(cfg.model.dtype),
+                         logprob_chunk=cfg.train.logprob_chunk,
+                         fused_optimizer=cfg.train.fused_optimizer,
+                         log=lambda s, m: rd.log(s, m) if s % 10 == 0 or s == cfg.sft.steps
+                         else None, ckpt_every=cfg.ckpt_every, save=save, resume=ckpt,
+                         stop=flag)
+        # saved in model.dtype (weights and config.json), as a model loaded in it would be
+        out = save_model(model.to(dtype=getattr(torch, cfg.model.dtype)), tok, rd.path / "model")
+    except Stopped as e:
+        print(f"reroll sft: {e}; checkpoint written. Resume with: {_again(args)}",
+              file=sys.stderr)
+        return e.exit_code
+    finally:
+        rd.close()
+    done = f"loss {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else "nothing left to train"
+    print(f"sft: {cfg.sft.steps} steps, {done}; saved {out}")
     return 0
+
+
+def _again(args) -> str:
+    """The command line that resumes this run."""
+    return " ".join([f"reroll {args.cmd}", args.config, *args.overrides, "--resume"])
 
 
 def cmd_eval(args) -> int:
@@ -81,7 +108,7 @@ def cmd_eval(args) -> int:
         if out.is_dir() or not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
             raise ConfigError(f"--output {str(out)!r}: cannot write a file there (its "
                               f"directory must exist and be writable)")
-    model, tok = build.load_model(build.weights_dir(args.checkpoint), cfg)
+    model, tok = _load_checkpoint(args.checkpoint, cfg)
     held_out = HeldOutEval(cfg, tok, build.build_task(cfg))
     try:
         m = held_out(model)
@@ -92,6 +119,31 @@ def cmd_eval(args) -> int:
     if args.output:
         Path(args.output).write_text(json.dumps(m, indent=1))
     return 0
+
+
+def _load_checkpoint(path: str, cfg, tries: int = 3):
+    """(model, tokenizer) of what ``path`` names (`reroll.build.weights_dir`), a checkpoint's
+    only when it is whole. Training may rotate a checkpoint away while it is read: through a
+    run directory the read is retried on its new latest checkpoint; a checkpoint named
+    itself is refused, saying so."""
+    from reroll import build
+    from reroll.config import ConfigError
+    from reroll.trainer.checkpoint import check_whole
+
+    attempt = 0
+    while True:
+        src = build.weights_dir(path)
+        try:
+            check_whole(src)
+            return build.load_model(src, cfg)
+        except (ConfigError, OSError):
+            if src.is_dir() and (src / "config.json").is_file():
+                raise  # still there: damaged, not rotated
+            attempt += 1
+            if Path(path) in (src, src.parent) or attempt == tries:
+                raise ConfigError(f"checkpoint {src.parent} was removed while it was read "
+                                  f"(training keeps only its newest checkpoints); evaluate "
+                                  f"the run directory to take its latest, or a copy") from None
 
 
 def cmd_report(args) -> int:
@@ -109,6 +161,18 @@ def cmd_report(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    parsed: list[argparse.Namespace] = []
+    try:
+        return _main(argv, parsed)
+    except KeyboardInterrupt:  # before the handlers, or a second signal: no traceback
+        words = [w for w in (sys.argv[1:] if argv is None else argv) if not w.startswith("-")]
+        what = f"reroll {parsed[0].cmd if parsed else words[0] if words else ''}".rstrip()
+        more = _resumable(parsed[0]) if parsed else " before the run started"
+        print(f"{what}: interrupted{more}", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None, parsed: list[argparse.Namespace]) -> int:
     from reroll import cli_info, export
 
     ap = argparse.ArgumentParser(prog="reroll", description="Rollout-centric RL post-training.")
@@ -121,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_train)
     p = sub.add_parser("sft", help="supervised warm start on task demonstrations")
     _common(p)
+    p.add_argument("--resume", action="store_true", help="continue the sft run in out_dir")
     p.set_defaults(fn=cmd_sft)
     p = sub.add_parser("eval", help="greedy accuracy and pass@k on the held-out split")
     _common(p)
@@ -148,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unrecognized arguments: {' '.join(bad or extra)}")
     if extra:
         args.overrides = list(args.overrides) + extra
+    parsed.append(args)
     from reroll.config import ConfigError
 
     bad_input: tuple[type[BaseException], ...] = (ConfigError, FileNotFoundError)
@@ -162,6 +228,26 @@ def main(argv: list[str] | None = None) -> int:
     except bad_input as e:
         print(f"reroll {args.cmd}: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a full disk: the message names the path
+        if e.errno != errno.ENOSPC:
+            raise
+        print(f"reroll {args.cmd}: error: {e.strerror or e}", file=sys.stderr)
+        return 2
+
+
+def _resumable(args) -> str:
+    """What an interrupted train or sft left: the command that resumes it, if anything."""
+    if args.cmd not in ("train", "sft"):
+        return ""
+    try:
+        from reroll.config import load_config
+
+        out = Path(load_config(args.config, args.overrides).out_dir).expanduser()
+    except Exception:  # the config itself is what failed: nothing started
+        return ""
+    if not (out / "config.toml").is_file():
+        return f" before the run started; {out} holds no run to resume"
+    return f"; the last checkpoint is intact. Resume with: {_again(args)}"
 
 
 if __name__ == "__main__":

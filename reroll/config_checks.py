@@ -78,7 +78,12 @@ def validate(cfg: RunConfig) -> None:
     except RegistryError as e:
         raise ConfigError(str(e)) from None
     _combinations(cfg)
+    _counts(cfg)
+    _tiny_model(cfg)
+    _model_files(cfg)
+    _schedule_end(cfg)
     _warnings(cfg)
+    _generation_warnings(cfg)
 
 
 def _registries(cfg: RunConfig) -> None:
@@ -258,3 +263,73 @@ def _warnings(cfg: RunConfig) -> None:
         warn(f"rollout.group_size = 1 with algo.advantage = {cfg.algo.advantage!r}, which "
              f"normalises within groups: every advantage is 0 or un-baselined; use a "
              f"group size >= 2 or a batch-level estimator (reinforce_pp)")
+
+
+def _counts(cfg: RunConfig) -> None:
+    if cfg.train.steps < 0:
+        raise ConfigError(f"train.steps must be in [0, inf), got {cfg.train.steps}")
+
+
+def _tiny_model(cfg: RunConfig) -> None:
+    """The tiny model's shape (built from `model.*` when neither `init` nor `model.path`
+    names one): attention splits the width into heads, and query heads into groups."""
+    m = cfg.model
+    if cfg.init or m.path:
+        return
+    if m.num_heads % m.num_kv_heads:
+        raise ConfigError(f"model.num_kv_heads = {m.num_kv_heads} must divide model.num_heads "
+                          f"= {m.num_heads} (each key/value head serves a whole group of "
+                          f"query heads)")
+    if m.hidden_size % m.num_heads:
+        raise ConfigError(f"model.num_heads = {m.num_heads} must divide model.hidden_size = "
+                          f"{m.hidden_size} (each head takes an equal slice of the width)")
+
+
+def _model_files(cfg: RunConfig) -> None:
+    """`model.path` names a model directory with its tokenizer (before any work starts)."""
+    if cfg.model.path and not cfg.init:
+        from reroll.models.tiny import check_model_dir
+
+        check_model_dir(Path(cfg.model.path).expanduser())
+
+
+def _schedule_end(cfg: RunConfig) -> None:
+    """A linear lr decay ends at `train.schedule_steps`; steps after it would train at a
+    learning rate of 0, so that is refused with the keys to change."""
+    t = cfg.train
+    if t.schedule == "linear" and 0 < t.schedule_steps < t.steps:
+        raise ConfigError(
+            f"train.schedule = \"linear\" decays the learning rate to 0 at update "
+            f"train.schedule_steps = {t.schedule_steps}, before train.steps = {t.steps}: the "
+            f"updates after it would train at a learning rate of 0. Set train.steps <= "
+            f"{t.schedule_steps}, or continue the run's weights in a new run (init=RUN_DIR) "
+            f"with a schedule of its own")
+
+
+def context_of(cfg: RunConfig) -> tuple[int, str] | None:
+    """The context (tokens) the starting model holds and the key or file that sets it,
+    when the config says without loading a model."""
+    if not cfg.init and not cfg.model.path:
+        return cfg.model.max_position, "model.max_position"
+    where = Path(cfg.model.path if not cfg.init else cfg.init).expanduser() / "config.json"
+    if not where.is_file():
+        return None
+    from reroll.build import context_length
+
+    return context_length(where.parent), str(where)
+
+
+def _generation_warnings(cfg: RunConfig) -> None:
+    def warn(msg: str) -> None:
+        warnings.warn(msg, UserWarning, stacklevel=4)
+
+    r = cfg.rollout
+    if r.temperature == 0 and r.group_size > 1 and cfg.train.steps > 0:
+        warn(f"rollout.temperature = 0 samples greedily: the {r.group_size} samples of a "
+             f"group are identical, so their advantages are 0 and nothing is learned; use a "
+             f"temperature > 0 (1.0 keeps the policy's distribution)")
+    ctx = context_of(cfg)
+    if ctx is not None and r.max_new_tokens >= ctx[0]:
+        warn(f"rollout.max_new_tokens = {r.max_new_tokens} is not below the model's context "
+             f"({ctx[0]} tokens, {ctx[1]}): with the prompt, every answer is cut at "
+             f"{ctx[0]} tokens; raise the context or lower rollout.max_new_tokens")

@@ -8,7 +8,8 @@ whose ``eos_token_id`` is the token reroll's rollouts stop at (the tokenizer's E
 whose ``pad_token_id`` is the tokenizer's pad (EOS when it has none, as reroll loads it).
 A damaged checkpoint (manifest mismatch) is refused; the folder is written aside and
 renamed, so a failed export leaves nothing half-written; an existing non-empty OUT_DIR is
-never overwritten. Knows the checkpoint layout only through `reroll.build.weights_dir`.
+never overwritten, ``~`` is the home directory, and an OUT_DIR that cannot be written is a
+one-line error. Knows the checkpoint layout only through `reroll.build.weights_dir`.
 """
 
 from __future__ import annotations
@@ -17,20 +18,9 @@ import json
 import shutil
 from pathlib import Path
 
-from reroll.errors import CheckpointError, ConfigError
+from reroll.errors import ConfigError
 
 DTYPES = ("float32", "bfloat16", "float16")
-
-
-def _check_whole(model_dir: Path) -> None:
-    """A checkpoint's model is exported only if the checkpoint's manifest matches."""
-    ckpt = model_dir.parent
-    if (ckpt / "manifest.json").is_file():
-        from reroll.trainer.checkpoint import damage
-
-        bad = damage(ckpt)
-        if bad:
-            raise CheckpointError(f"cannot export {ckpt}: the checkpoint is damaged ({bad})")
 
 
 def export(source: str | Path, out_dir: str | Path, dtype: str = "") -> Path:
@@ -39,14 +29,16 @@ def export(source: str | Path, out_dir: str | Path, dtype: str = "") -> Path:
     from reroll.build import quiet_transformers, weights_dir
     from reroll.models import load
 
-    out = Path(out_dir)
+    out = Path(str(out_dir)).expanduser()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"{str(out)!r} already exists and is not an empty "
                           f"directory; choose a new OUT_DIR")
     if dtype and dtype not in DTYPES:
         raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    from reroll.trainer.checkpoint import check_whole
+
     src = weights_dir(source)
-    _check_whole(src)
+    check_whole(src)
     quiet_transformers()
     saved = json.loads((src / "config.json").read_text())
     target = dtype or saved.get("dtype") or saved.get("torch_dtype") or "float32"
@@ -59,6 +51,11 @@ def export(source: str | Path, out_dir: str | Path, dtype: str = "") -> Path:
     gen._from_model_config = False  # the file is authoritative, not derived from config.json
     tmp = out.parent / f".{out.name}.export.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir(parents=True)
+    except OSError as e:
+        raise ConfigError(f"OUT_DIR {str(out)!r} cannot be written ({e.strerror or e}); "
+                          f"choose a directory you can write") from None
     try:
         model.save_pretrained(tmp)  # safetensors
         tok.save_pretrained(tmp)

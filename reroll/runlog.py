@@ -1,8 +1,13 @@
 """The run directory: resolved config, metrics.jsonl, TensorBoard events, recorded rollouts
 (the Parquet rollout store under ``RUN/rollouts/``, `reroll.recording.store`).
 
-Owns the rules that protect finished work: a directory that already holds a run is never
-overwritten (resume it or choose another), and resuming with a config that differs in what
+Owns the rules that protect finished work and a user's files (`claim`, the one place they
+are enforced): a run directory is either new and empty, or reroll's own (it holds the marker
+file ``.reroll`` that reroll writes when it first takes the directory); never the current
+directory by accident (``out_dir`` empty or "."), never a directory holding files reroll did
+not write (refused, naming a few of them), never a file; ``~`` is the user's home; a
+directory that cannot be written is a clear error. A directory that already holds a run is
+never overwritten (resume it or choose another), and resuming with a config that differs in what
 shapes the run (model, task, algorithm, rollout) is refused with the differing keys named.
 One process at a time holds a run directory (an flock on ``RUN/.lock``, released by the
 kernel when the holder dies, so a lock left by kill -9 is never stale). A run directory
@@ -27,7 +32,9 @@ from typing import Any
 from reroll.config import ConfigError, RunConfig, build, dump_toml, read_toml, to_dict
 
 # Keys that may change between a run and its resume (they do not change what is learned;
-# train.steps and train.schedule_steps only where they keep the lr schedule's decay end, below).
+# train.steps and train.schedule_steps only where they keep a decaying lr schedule's end, below:
+# a constant schedule runs on with more train.steps; a decaying one cannot be extended,
+# as its learning rate is 0 after its end; docs/runs.md).
 RESUMABLE = {"train.steps", "train.schedule_steps", "log_every", "ckpt_every", "record_every",
              "eval", "out_dir", "runtime.threads", "runtime.kind", "runtime.engine_workers",
              "runtime.scoring_workers", "runtime.engine_gpus", "runtime.trainer_gpus",
@@ -59,10 +66,17 @@ def config_diff(old: dict, new: dict) -> list[str]:
         if a.get(k) != b.get(k):
             diff.append(f"{k}: {a.get(k)!r} -> {b.get(k)!r}")
     was, now = _decay_horizon(a), _decay_horizon(b)
-    if was != now and not diff:  # train.steps moved the end of the lr schedule's decay
-        diff.append(f"the {b.get('train.schedule')} lr decay's end (train.schedule_steps, "
-                    f"else train.steps): {was} -> {now}; set train.schedule_steps={was} to "
-                    f"keep the run's")
+    if was != now and not diff:  # train.steps moved the end of the lr decay
+        end = (f"the {b.get('train.schedule')} lr decay's end (train.schedule_steps, else train.steps): "
+               f"{was} -> {now}; ")
+        if now < was:  # a shorter run: the decay keeps its end
+            diff.append(end + f"set train.schedule_steps={was} to keep the run's")
+        else:  # a longer one: the updates after the end would train at a learning rate of 0
+            diff.append(end + f"a decaying schedule cannot be extended (its learning rate is 0 "
+                        f"after update {was}): keep train.steps <= {was} with "
+                        f"train.schedule_steps={was}, or continue this run's weights in a "
+                        f"new run (init={b.get('out_dir')}, a new out_dir) with a schedule "
+                        f"of its own")
     return diff
 
 
@@ -87,17 +101,76 @@ def without_secrets(cfg: RunConfig) -> RunConfig:
     return replace(cfg, engine=replace(cfg.engine, api_key=""))
 
 
+MARKER = ".reroll"  # in every directory reroll took as a run directory (see `claim`)
+
+
+def run_path(out_dir: str, key: str = "out_dir") -> Path:
+    """``out_dir`` as a path (``~`` expanded), refused when it names no directory of its own:
+    empty, or the current directory."""
+    if not str(out_dir).strip():
+        raise ConfigError(f"{key} is empty: name the run's own directory (e.g. {key}=runs/x); "
+                          f"reroll never writes a run into the current directory")
+    path = Path(str(out_dir)).expanduser()
+    if path.resolve() == Path.cwd().resolve() and not (path / MARKER).is_file():
+        raise ConfigError(f"{key} = {str(out_dir)!r} is the current directory "
+                          f"({Path.cwd()}): name the run's own directory (e.g. {key}=runs/x)")
+    return path
+
+
+def claim(out_dir: str, key: str = "out_dir") -> Path:
+    """The run directory ``out_dir`` names, if reroll may write a run there (it writes
+    nothing yet: `mark` does), else a `ConfigError` saying why not: a file, or a directory
+    holding files reroll did not write (a few named)."""
+    path = run_path(out_dir, key)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{key} = {str(path)!r} is a file, not a directory; name a new "
+                          f"directory for the run")
+    if path.is_dir() and not (path / MARKER).is_file():
+        foreign = sorted(p.name for p in path.iterdir())
+        if foreign and not _legacy_run(path):
+            shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more"
+                                              if len(foreign) > 5 else "")
+            raise ConfigError(f"{key} = {str(path)!r} holds files reroll did not write "
+                              f"({shown}); reroll writes a run only into a new or empty "
+                              f"directory: choose another {key}")
+    return path
+
+
+def mark(path: Path, key: str = "out_dir") -> None:
+    """Create the run directory ``path`` (`claim`ed) and its marker, or a `ConfigError` when
+    it cannot be written."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if not (path / MARKER).is_file():
+            (path / MARKER).write_text("a run directory of reroll\n")
+    except OSError as e:
+        raise ConfigError(f"{key} = {str(path)!r} cannot be written "
+                          f"({e.strerror or e}); choose a directory you can write") from None
+
+
+def _legacy_run(path: Path) -> bool:
+    """A run written before the marker: its config.toml reads as a reroll config and it has
+    checkpoints, or an sft run's model/."""
+    if not (path / "config.toml").is_file() or not (
+            (path / "checkpoints").is_dir() or (path / "model").is_dir()):
+        return False
+    try:
+        build(RunConfig, read_toml(path / "config.toml"))
+    except Exception:  # not reroll's
+        return False
+    return True
+
+
 class RunDir:
-    def __init__(self, cfg: RunConfig, resume: bool = False, kind: str = "train"):
-        self.path = Path(cfg.out_dir)
+    def __init__(self, cfg: RunConfig, resume: bool = False):
+        self.path = claim(cfg.out_dir)
         self.cfg = cfg
         cfg_file = self.path / "config.toml"
         if cfg_file.exists():
             if not resume:
-                hint = ("pass --resume to continue it or set out_dir to a new directory"
-                        if kind == "train" else "set out_dir to a new directory")
                 raise ConfigError(f"run directory {str(self.path)!r} already holds a run "
-                                  f"({cfg_file}); {hint}")
+                                  f"({cfg_file}); pass --resume to continue it or set "
+                                  f"out_dir to a new directory")
             # the saved config through the dataclasses: a key added to reroll since the run
             # started reads as its default, not as a difference
             saved = to_dict(build(type(cfg), read_toml(cfg_file)))
@@ -106,9 +179,9 @@ class RunDir:
             if diff:
                 raise ConfigError(f"cannot resume {self.path}: the config differs from the "
                                   f"run's in: " + "; ".join(diff))
-        elif resume and kind == "train":
+        elif resume:
             raise ConfigError(f"--resume: {str(self.path)!r} holds no run to resume")
-        self.path.mkdir(parents=True, exist_ok=True)
+        mark(self.path)
         self._lock = _lock(self.path)
         self._metrics = None
         self._tb = None
@@ -199,7 +272,11 @@ class RunDir:
 
 def _lock(path: Path):
     """Hold ``path/.lock`` (flock) for this process, or refuse naming the holder."""
-    f = open(path / ".lock", "a+")
+    try:
+        f = open(path / ".lock", "a+")
+    except OSError as e:
+        raise ConfigError(f"out_dir = {str(path)!r} cannot be written ({e.strerror or e}); "
+                          f"choose a directory you can write") from None
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

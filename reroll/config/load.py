@@ -1,5 +1,6 @@
 """Reading a run's config: a TOML file (or the defaults), ``a.b=c`` overrides and a preset,
-built into a `RunConfig` whose keys and types are checked (unknown keys are errors naming
+built into a `RunConfig` (a key the config sets over the preset's value is warned about)
+whose keys and types are checked (unknown keys are errors naming
 the closest valid one; values are converted to the field's type or rejected); and writing
 one back. Checks nothing that needs the registries or looks across fields: the composition
 root runs `reroll.config_checks.validate` (or calls `reroll.config_checks.load_checked`).
@@ -34,8 +35,25 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> RunConfig
     for item in overrides:
         apply_override(data, item)
     if data.get("preset"):
-        data = merge(read_toml(preset_path(str(data["preset"]))), data)
+        preset = read_toml(preset_path(str(data["preset"])))
+        _warn_overridden(str(data["preset"]), preset, data)
+        data = merge(preset, data)
     return build(RunConfig, data)
+
+
+def _warn_overridden(name: str, preset: dict, data: dict, prefix: str = "") -> None:
+    """A warning for each key the preset sets that the config (or an override) sets to
+    another value: the config's wins, said once, not silently."""
+    import warnings
+
+    for k, v in preset.items():
+        if k not in data:
+            continue
+        if isinstance(v, dict) and isinstance(data[k], dict):
+            _warn_overridden(name, v, data[k], f"{prefix}{k}.")
+        elif data[k] != v:
+            warnings.warn(f"preset {name!r} sets {prefix}{k} = {v!r}; the config's "
+                          f"{data[k]!r} is used", UserWarning, stacklevel=3)
 
 
 def dump_toml(cfg: RunConfig) -> str:

@@ -3,7 +3,8 @@
 Owns: building a random-init Llama or Qwen2 from a transformers config and a character-level
 tokenizer made with the `tokenizers` library, then `save_pretrained`, so that every later
 load goes through `AutoModelForCausalLM` / `AutoTokenizer` exactly as a real local checkpoint
-(a Qwen2.5-0.5B directory, say) would. Knows nothing of RL.
+(a Qwen2.5-0.5B directory, say) would; a directory without config.json or tokenizer files,
+or whose weights cannot be read, is a one-line error naming it. Knows nothing of RL.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import string
 from pathlib import Path
 
-from reroll.config import ModelConfig
+from reroll.config import ConfigError, ModelConfig
 
 PAD, EOS, BOS = "<pad>", "<eos>", "<bos>"
 CHARSET = string.digits + string.ascii_letters + " +-*/=()<>[]{}.,:;!?'\"_#%&|^~@$\\\n"
@@ -113,16 +114,35 @@ def build_tiny(cfg: ModelConfig, out_dir: str | Path, seed: int = 0) -> Path:
     return out
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def check_model_dir(p: Path) -> None:
+    """A directory a model loads from holds its config.json and its tokenizer's files; a
+    `ConfigError` (FileNotFoundError for a missing directory) naming what is missing."""
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(f"{p} is not a model directory (no config.json)")
+    if not any((p / f).is_file() for f in TOKENIZER_FILES):
+        raise ConfigError(f"{p} holds a model but no tokenizer (none of "
+                          f"{', '.join(TOKENIZER_FILES)}): save the tokenizer of the model it "
+                          f"was made from into it (tokenizer.save_pretrained)")
+
+
 def load(path: str | Path, dtype: str = "float32"):
     """(model, tokenizer) from a local directory, through the standard Auto classes."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     p = Path(path)
-    if not (p / "config.json").is_file():
-        raise FileNotFoundError(f"{p} is not a model directory (no config.json)")
+    check_model_dir(p)
     tok = AutoTokenizer.from_pretrained(p)
-    model = AutoModelForCausalLM.from_pretrained(p, dtype=getattr(torch, dtype))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(p, dtype=getattr(torch, dtype))
+    except (OSError, ValueError, RuntimeError) as e:  # a truncated or unreadable weights file
+        if not p.is_dir():
+            raise FileNotFoundError(f"{p} was removed while its model was read") from None
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"cannot read the model weights in {p}: {first}") from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return model, tok

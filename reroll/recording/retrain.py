@@ -206,13 +206,20 @@ class NoTransport:
 
 def recorded_steps(store, run_dir: Path, want: int | None, every: int) -> int:
     """How many steps to replay: ``want`` (train.steps when set), else every recorded step
-    from 1 on; each of them must be recorded (``every``: the run's record_every)."""
+    from 1 on; each of them must be recorded (``every``: the run's record_every), and
+    without ``want`` a step missing before the last recorded one is refused."""
     from reroll.config import ConfigError
 
     have = set(store.steps())
     n = 0
     while n + 1 in have:
         n += 1
+    if want is None and have and max(have) > n:  # a step lost in the middle: never a part
+        from reroll.replay.store import _ranges
+
+        raise ConfigError(f"{run_dir}: the rollout store lacks step {n + 1} (recorded: "
+                          f"{_ranges(sorted(have))}), so the run cannot be replayed whole; "
+                          f"pass train.steps={n} to replay the steps before it")
     want = n if want is None else want
     if want == 0 or want > n:
         hint = ("it recorded no rollouts (record_every = 0)" if every == 0 else

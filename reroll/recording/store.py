@@ -36,6 +36,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from reroll.errors import ConfigError
 from reroll.rollout import Group, Rollout
 
 _FILE = re.compile(r"^step_(\d{9})\.parquet$")
@@ -176,7 +177,12 @@ class RolloutStore:
         self.path.mkdir(parents=True, exist_ok=True)
         final = self._file(step)
         tmp = self.path / f".{final.name}.tmp"
-        pq.write_table(table, tmp, compression="zstd")
+        try:
+            pq.write_table(table, tmp, compression="zstd")
+        except OSError as e:  # a full disk, say: the path named, no half-written file left
+            tmp.unlink(missing_ok=True)
+            raise OSError(e.errno, f"rollout store: could not write step {step} to {final}: "
+                          f"{e.strerror or e}") from e
         os.replace(tmp, final)  # atomic: readers see the whole file or none
         return final
 
@@ -225,7 +231,12 @@ class RolloutStore:
             raise FileNotFoundError(
                 f"rollout store {self.path}: no record of step {step} (recorded: "
                 f"{_ranges(have) or 'none'})")
-        return pq.read_table(p, columns=columns)
+        try:
+            return pq.read_table(p, columns=columns)
+        except (pa.ArrowInvalid, OSError) as e:  # a truncated or overwritten file
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(f"rollout store: {p} cannot be read, the file is damaged "
+                              f"({first.split(': ')[-1]})") from None
 
 
 def _ranges(steps: list[int]) -> str:

@@ -7,7 +7,9 @@ version, data cursor, counters) and ``buffers.jsonl`` (one Group per line). A ch
 written to a temporary directory and renamed, so a kill during the write leaves the previous
 checkpoint intact; ``manifest.json`` (written last) lists every file with its size and
 SHA-256, so a checkpoint damaged afterwards (a truncated safetensors file, say) is found
-before it is loaded, and `latest` falls back to the previous complete one with a warning.
+before it is loaded, and `latest` falls back to the previous complete one with a warning; a
+checkpoint without its manifest is never trusted. `check_whole` guards the commands that
+read a checkpoint's model (eval, export).
 A full disk is an error naming the path, and the previous checkpoint stays intact. Knows
 nothing of how the buffers are used.
 
@@ -82,10 +84,10 @@ def write_manifest(ckpt: Path) -> None:
 
 def damage(ckpt: Path) -> str | None:
     """What is wrong with a checkpoint (a missing or altered file), or None if it is whole.
-    A checkpoint written before manifests existed is taken as whole."""
+    One without its manifest is never trusted (nothing says its files are whole)."""
     man = ckpt / "manifest.json"
     if not man.is_file():
-        return None if (ckpt / "state.json").is_file() else f"{ckpt / 'state.json'} is missing"
+        return f"{man} is missing, so nothing says its files are whole"
     try:
         files = json.loads(man.read_text())
     except json.JSONDecodeError:
@@ -176,6 +178,18 @@ def latest(run_dir: Path, check: bool = True) -> Path | None:
     if first_damage:
         raise CheckpointError(f"no complete checkpoint in {root}: {first_damage}")
     return None
+
+
+def check_whole(model_dir: Path) -> None:
+    """A checkpoint's ``model/`` is read only if the checkpoint is whole (a `CheckpointError`
+    naming the damage otherwise); any other model directory passes."""
+    ckpt = Path(model_dir).parent
+    if model_dir.name == "model" and ((ckpt / "manifest.json").is_file()
+                                      or (ckpt / "state.json").is_file()):
+        bad = damage(ckpt)
+        if bad:
+            raise CheckpointError(f"checkpoint {ckpt} is damaged ({bad}); use an intact one "
+                                  f"(the run directory names its latest intact checkpoint)")
 
 
 def check_optimizer_state(ckpt: Path, optimizer, saved: dict[str, Any]) -> None:

@@ -11,6 +11,12 @@ in the model's own dtype, the master weights (and AdamW's state); ``autocast_dty
 (bf16) runs forward and backward under autocast, as the RL `Trainer` does
 (`reroll.trainer.precision`). `reroll sft` loads float32 master weights and saves the
 result in `model.dtype`.
+
+Checkpoints (``save``, every ``ckpt_every`` steps, at the last step and when ``stop`` is
+requested by a signal) hold what the next step depends on: weights, AdamW's state, the lr
+schedule's position, the random generators and the batch sampler's state; a run continued
+from one (``resume``) takes the same steps as the uninterrupted run, bit for bit. The
+checkpoint layout is `reroll.trainer.checkpoint`'s; this module only hands it the pieces.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from pathlib import Path
 import torch
 
 from reroll.rollout import Example, Rollout
+from reroll.stopping import Stopped
 from reroll.trainer.batch import collate, token_logprobs
 from reroll.trainer.precision import autocast
 from reroll.trainer.schedules import lr_factor
@@ -70,7 +77,8 @@ def sft(model, tok, examples: list[Example], encode, *, steps: int, lr: float, b
         seed: int = 0, schedule: str = "constant", warmup_steps: int = 20,
         log=None, demos=None, encode_observation=None,
         autocast_dtype: torch.dtype | None = None, logprob_chunk: int = 0,
-        fused_optimizer: bool = True) -> list[float]:
+        fused_optimizer: bool = True, ckpt_every: int = 0, save=None, resume: Path | None = None,
+        stop=None) -> list[float]:
     """Train in place; returns the loss per step (mean negative log-likelihood per token).
 
     The default schedule is constant after warm-up, so accuracy grows with `steps` instead of
@@ -79,7 +87,13 @@ def sft(model, tok, examples: list[Example], encode, *, steps: int, lr: float, b
     -> [(role, text), ...]`` gives multi-turn demonstrations (see the module docstring).
     ``autocast_dtype``: bf16 autocast over the model's own (float32) weights, None: none;
     ``logprob_chunk``: tokens of logits made at a time (`train.logprob_chunk`);
-    ``fused_optimizer``: `adamw`'s ``fused`` (`train.fused_optimizer`)."""
+    ``fused_optimizer``: `adamw`'s ``fused`` (`train.fused_optimizer`).
+
+    ``save(step, optimizer, lr_scheduler, extras)`` writes a checkpoint after ``step`` (every
+    ``ckpt_every`` steps, at the last, and when ``stop``, a `reroll.stopping.StopFlag`, is
+    requested: then `Stopped` is raised after it). ``resume``: the checkpoint to continue
+    from (the model already holds its weights); only the steps after it run and are
+    returned."""
     rows = [demo_rollout(ex, encode, tok.eos_token_id, tok,
                          demos(ex) if demos is not None else None, encode_observation)
             for ex in examples]
@@ -88,9 +102,10 @@ def sft(model, tok, examples: list[Example], encode, *, steps: int, lr: float, b
     opt = adamw(model.parameters(), lr=lr, fused=fused_optimizer)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(
         s, steps=steps, warmup_steps=warmup_steps, schedule=schedule))
+    start = _restore(resume, opt, sched, rng) if resume is not None else 0
     model.train()
     losses = []
-    for step in range(steps):
+    for step in range(start, steps):
         batch = collate(rng.sample(rows, min(batch_size, len(rows))),
                         tok.pad_token_id).to(device)
         with autocast(device, autocast_dtype):
@@ -104,8 +119,26 @@ def sft(model, tok, examples: list[Example], encode, *, steps: int, lr: float, b
         losses.append(loss.detach().item())
         if log is not None:
             log(step + 1, {"sft/loss": losses[-1]})
+        stopping = stop is not None and stop.requested
+        if save is not None and (stopping or step + 1 == steps
+                                 or (ckpt_every > 0 and (step + 1) % ckpt_every == 0)):
+            save(step + 1, opt, sched, {SAMPLER: rng.getstate()})
+        if stopping:
+            raise Stopped(step + 1, stop.signum)
     model.eval()
     return losses
+
+
+SAMPLER = "sft_sampler.pt"  # the batch sampler's state, in an SFT checkpoint
+
+
+def _restore(ckpt: Path, opt, sched, rng: random.Random) -> int:
+    """Optimiser, schedule, random generators and sampler from ``ckpt``; its step."""
+    from reroll.trainer import checkpoint
+
+    state, _ = checkpoint.load_state(ckpt, opt, sched)
+    rng.setstate(checkpoint.read_extra(ckpt, SAMPLER))
+    return state["step"]
 
 
 def save_model(model, tok, out: Path) -> Path:

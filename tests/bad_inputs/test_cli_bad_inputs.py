@@ -45,6 +45,13 @@ REFUSED = [
     (["rollout.workflow=nope"], r"unknown workflow 'nope'"),
     (["engine.name=vllm"], r"unknown engine 'vllm'"),
     (["task.args.digits=0"], r"'digits' .* must be in \[1, 18\], got 0"),
+    (["train.steps=-5"], r"train.steps must be in \[0, inf\), got -5"),
+    (["model.num_kv_heads=3"], r"model.num_kv_heads = 3 must divide model.num_heads = 4"),
+    (["model.num_heads=3", "model.num_kv_heads=1"],
+     r"model.num_heads = 3 must divide model.hidden_size = 128"),
+    (["train.schedule=linear", "train.steps=6", "train.schedule_steps=4"],
+     r"decays the learning rate to 0 at update train.schedule_steps = 4, before "
+     r"train.steps = 6"),
 ]
 
 
@@ -87,6 +94,12 @@ WARNED = [
       "eval.every=50"],
      "eval.every = 50 with runtime.trainer_gpus > 0: in-loop evaluation runs in the driver, "
      "on its CPU"),
+    (["rollout.temperature=0"], "rollout.temperature = 0 samples greedily: the 8 samples of a "
+                                "group are identical"),
+    (["rollout.max_new_tokens=300"], r"rollout.max_new_tokens = 300 is not below the model's "
+                                     r"context \(256 tokens, model.max_position\)"),
+    (["model.max_position=8"], r"rollout.max_new_tokens = 8 is not below the model's context "
+                               r"\(8 tokens, model.max_position\)"),
 ]
 
 
@@ -178,18 +191,15 @@ def test_train_into_an_existing_run_without_resume_is_refused_and_touches_nothin
 
 
 @pytest.mark.parametrize("existing", ["sft", "train"])
-def test_sft_into_an_existing_run_does_not_suggest_a_resume_it_lacks(runs, capsys, existing):
+def test_sft_into_an_existing_run_is_refused_and_touches_nothing(runs, capsys, existing):
     out = runs / existing
     before = tree(out)
     assert main(["sft", "-", *SMALL, f"out_dir={out}"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("reroll sft: error: ") and err.count("\n") == 1, err
     assert f"run directory {str(out)!r} already holds a run" in err, err
-    assert err.rstrip().endswith("set out_dir to a new directory"), err
-    assert "resume" not in err, err  # `reroll sft` has no --resume ...
-    with pytest.raises(SystemExit) as e:  # ... as its parser says
-        main(["sft", "-", *SMALL, f"out_dir={out}", "--resume"])
-    assert e.value.code == 2 and "unrecognized arguments: --resume" in capsys.readouterr().err
+    assert err.rstrip().endswith("pass --resume to continue it or set out_dir to a new "
+                                 "directory"), err
     assert tree(out) == before
 
 
@@ -203,3 +213,13 @@ def test_every_command_that_loads_a_config_refuses_a_bad_one_first(tmp_path, cap
     assert code == 2, err
     assert err.startswith(f"reroll {command[0]}: error: train.lr must be in (0, inf)"), err
     assert not out.exists()
+
+
+def test_a_presets_key_overridden_by_the_config_is_said():
+    with pytest.warns(UserWarning, match=r"preset 'mc_grpo' sets rollout.group_size = 3; the "
+                                         r"config's 8 is used"):
+        assert load_checked(None, ["preset=mc_grpo", "rollout.group_size=8"]).rollout \
+            .group_size == 8
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_checked(None, ["preset=mc_grpo", "rollout.group_size=3"])  # the same: no word

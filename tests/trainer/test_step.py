@@ -274,11 +274,19 @@ def test_a_resume_that_moves_the_end_of_a_linear_decay_is_refused(tmp_path, smal
     rd = RunDir(small_run(out, "train.steps=4", "train.schedule=linear"))
     rd.commit()
     rd.close()
-    with pytest.raises(ConfigError, match=r"linear lr decay's end .*: 4 -> 6; set "
+    with pytest.raises(ConfigError, match=r"linear lr decay's end .*: 4 -> 3; set "
                                           r"train.schedule_steps=4 to keep the run's"):
-        RunDir(small_run(out, "train.steps=6", "train.schedule=linear"), resume=True)
-    RunDir(small_run(out, "train.steps=6", "train.schedule=linear", "train.schedule_steps=4"),
+        RunDir(small_run(out, "train.steps=3", "train.schedule=linear"), resume=True)
+    RunDir(small_run(out, "train.steps=3", "train.schedule=linear", "train.schedule_steps=4"),
            resume=True).close()
+    # a longer run: never the updates after the decay's end at a learning rate of 0
+    with pytest.raises(ConfigError, match=r"linear lr decay's end .*: 4 -> 6; a linear decay "
+                                          r"cannot be extended .* keep train.steps <= 4 with "
+                                          r"train.schedule_steps=4, or .* \(init="):
+        RunDir(small_run(out, "train.steps=6", "train.schedule=linear"), resume=True)
+    with pytest.raises(ConfigError, match=r"learning rate to 0 at update train.schedule_steps "
+                                          r"= 4, before train.steps = 6"):
+        small_run(out, "train.steps=6", "train.schedule=linear", "train.schedule_steps=4")
     RunDir(small_run(out, "train.steps=4", "train.schedule=linear"), resume=True).close()
     const = tmp_path / "const"
     RunDir(small_run(const, "train.steps=4")).commit()
