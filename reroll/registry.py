@@ -96,26 +96,31 @@ def check_range(key: str, value: Any, rng: Range | Choice | str, where: str = ""
     return None
 
 
-PLUGINS = ("reroll.methods",)
-"""Modules imported on a registry's first lookup: the method modules register their
-components into the stages' registries, and no stage imports them itself."""
-_plugins_loaded = False
+METHODS = ("reroll.methods",)
+"""The plug-in modules of the registries that methods register into (``plugins=METHODS``):
+the method modules register their components into the stages' registries, and no stage
+imports them itself."""
+_loaded: set[str] = set()
 
 
-def load_plugins() -> None:
-    """Import `PLUGINS` once (a lookup made while they import finds what is there so far)."""
-    global _plugins_loaded
-    if not _plugins_loaded:
-        _plugins_loaded = True
-        import importlib
+def load_plugins(modules: tuple[str, ...] = METHODS) -> None:
+    """Import ``modules`` once each (a lookup made while they import finds what is there so
+    far)."""
+    import importlib
 
-        for name in PLUGINS:
+    for name in modules:
+        if name not in _loaded:
+            _loaded.add(name)
             importlib.import_module(name)
 
 
 class Registry:
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, plugins: tuple[str, ...] = ()):
+        """``plugins``: modules imported on the first lookup, which register into this
+        registry (`METHODS` for the registries a method can plug into); a registry without
+        them (verifiers, tasks, ...) imports nothing on lookup."""
         self.kind = kind
+        self.plugins = plugins
         self._items: dict[str, Callable] = {}
         self._ranges: dict[str, dict[str, Range | Choice]] = {}
         self._traits: dict[str, dict[str, Any]] = {}
@@ -145,15 +150,15 @@ class Registry:
         return self._traits.get(name, {}).get(key, default)
 
     def names(self) -> list[str]:
-        load_plugins()
+        load_plugins(self.plugins)
         return sorted(self._items)
 
     def __contains__(self, name: str) -> bool:
-        load_plugins()
+        load_plugins(self.plugins)
         return name in self._items
 
     def get(self, name: str) -> Callable:
-        load_plugins()
+        load_plugins(self.plugins)
         if name not in self._items:
             raise RegistryError(
                 f"unknown {self.kind} {name!r}{closest(name, self.names())}; "

@@ -29,9 +29,9 @@ from reroll.algo.groups import (
     singleton,
     whiten,
 )
-from reroll.registry import Registry
+from reroll.registry import METHODS, Registry
 
-ADVANTAGES = Registry("advantage")
+ADVANTAGES = Registry("advantage", plugins=METHODS)
 
 
 def _all(rewards: Tensor) -> Tensor:

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from reroll.registry import Registry
+from reroll.registry import METHODS, Registry
 
-TREE_CREDITS = Registry("tree credit")
+TREE_CREDITS = Registry("tree credit", plugins=METHODS)
 
 
 @TREE_CREDITS.register("leaves")

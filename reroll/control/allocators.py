@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from reroll.control.rules import dual_step
 from reroll.control.stats import PromptRecord, PromptStats
-from reroll.registry import Registry
+from reroll.registry import METHODS, Registry
 
-ALLOCATORS = Registry("allocator")
+ALLOCATORS = Registry("allocator", plugins=METHODS)
 Outcome = tuple[str, int, int]  # (prompt_id, samples, successes) of one consumed group
 
 

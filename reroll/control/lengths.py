@@ -11,9 +11,9 @@ Pure; knows nothing of any method.
 
 from __future__ import annotations
 
-from reroll.registry import Registry
+from reroll.registry import METHODS, Registry
 
-LENGTHS = Registry("length schedule")
+LENGTHS = Registry("length schedule", plugins=METHODS)
 
 
 class Fixed:

@@ -16,10 +16,10 @@ from __future__ import annotations
 import numpy as np
 
 from reroll.control.stats import PromptStats
-from reroll.registry import Registry
+from reroll.registry import METHODS, Registry
 from reroll.rollout import Example
 
-SELECTORS = Registry("selector")
+SELECTORS = Registry("selector", plugins=METHODS)
 
 
 class Selector:

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from reroll.registry import Registry
+from reroll.registry import METHODS, Registry
 from reroll.rollout import Group
 
-SHAPERS = Registry("group shaper")
+SHAPERS = Registry("group shaper", plugins=METHODS)
 
 
 class Shaper(Protocol):

@@ -1,7 +1,8 @@
 """Methods: one paper, one module. A method module holds its paper's math and registers its
 components into the stages' registries (allocators, selectors, length schedules, group
 shapers, drafters, tree branches, tree credits); it imports the stages, and no stage imports
-it. The registries import this package on their first lookup (`reroll.registry.PLUGINS`), so
+it. The registries they plug into import this package on their first lookup
+(``Registry(..., plugins=reroll.registry.METHODS)``), so
 `reroll list`, `reroll config` and config validation see every entry.
 
 ar3po, dars, xrpo, gdro, duet: allocators (gdro also a selector; duet also the marker gate);

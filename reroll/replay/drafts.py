@@ -23,13 +23,13 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Protocol
 
 from reroll.errors import ConfigError
-from reroll.registry import Registry
+from reroll.registry import METHODS, Registry
 from reroll.rollout import Draft, Group, Rollout
 
 if TYPE_CHECKING:
     from reroll.config import RunConfig
 
-DRAFTERS = Registry("drafter")
+DRAFTERS = Registry("drafter", plugins=METHODS)
 
 Response = tuple[list[int], list[float], str]  # response tokens, behaviour log-probs, sample id
 

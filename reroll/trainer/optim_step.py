@@ -18,9 +18,9 @@ from typing import Protocol
 import torch
 
 from reroll.algo import LossInputs
-from reroll.registry import Registry
+from reroll.registry import METHODS, Registry
 
-STEP_HOOKS = Registry("optimiser step hook")
+STEP_HOOKS = Registry("optimiser step hook", plugins=METHODS)
 
 
 class StepHook(Protocol):

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from reroll.algo.tree_credit import TREE_CREDITS
 from reroll.errors import ConfigError
-from reroll.registry import Registry
+from reroll.registry import METHODS, Registry
 from reroll.rollout import Group
 from reroll.workflows.base import WORKFLOWS, EpisodeContext
 from reroll.workflows.tree_options import TreeOptions
 
-TREE_BRANCHES = Registry("tree branch")
+TREE_BRANCHES = Registry("tree branch", plugins=METHODS)
 
 
 @WORKFLOWS.register("tree")

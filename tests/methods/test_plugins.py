@@ -1,5 +1,5 @@
 """Methods are plug-ins: no stage imports `reroll.methods` at module level (a lookup in any
-registry imports them, `reroll.registry.PLUGINS`), and every method's entry is then found."""
+registry that methods plug into imports them, `reroll.registry.METHODS`), and every method's entry is then found; a registry without plug-ins (verifiers) imports none."""
 
 import ast
 import subprocess
@@ -41,3 +41,15 @@ def test_a_lookup_registers_every_method():
         "['ar3po_stages', 'dars', 'duet', 'fixed', 'gdro', 'xrpo'] ['dots', 'gdro', 'vade'] "
         "['leaves', 'segments', 'segments_once'] ['entropy', 'positions']")
     assert out.stdout.split("\n")[1] == "['fixed', 'siri'] ['dot'] ['das', 'spec_rl']"
+
+
+def test_a_registry_without_plug_ins_imports_no_method():
+    """A scoring worker looks up verifiers only: that must not import the methods (some of
+    which import torch, which the workers never load)."""
+    code = ("import sys\n"
+            "from reroll.verifiers.base import VERIFIERS\n"
+            "VERIFIERS.get('exact'); VERIFIERS.names()\n"
+            "print('reroll.methods' in sys.modules, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False False"
