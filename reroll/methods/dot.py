@@ -63,7 +63,8 @@ def cut(r: Rollout, keep: int) -> None:
 
 
 @SHAPERS.register("dot", ranges={"k": "[0, inf)", "quantile": "[0, 1)",
-                                 "penalty": "[0, inf)", "rule": "{truncate, penalty}"})
+                                 "penalty": "[0, inf)", "rule": "{truncate, penalty}",
+                                 "cut_reward": "(-inf, inf)"})
 class DOT:
     """DOT: in a group where every sample succeeded, a sample whose policy-token length lies
     above mean + ``k`` std of the group's lengths (or, with ``quantile`` > 0, that quantile)

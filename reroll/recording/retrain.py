@@ -215,7 +215,7 @@ def recorded_steps(store, run_dir: Path, want: int | None, every: int) -> int:
     while n + 1 in have:
         n += 1
     if want is None and have and max(have) > n:  # a step lost in the middle: never a part
-        from reroll.replay.store import _ranges
+        from reroll.recording.store import _ranges
 
         raise ConfigError(f"{run_dir}: the rollout store lacks step {n + 1} (recorded: "
                           f"{_ranges(sorted(have))}), so the run cannot be replayed whole; "

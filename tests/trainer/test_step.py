@@ -280,7 +280,7 @@ def test_a_resume_that_moves_the_end_of_a_linear_decay_is_refused(tmp_path, smal
     RunDir(small_run(out, "train.steps=3", "train.schedule=linear", "train.schedule_steps=4"),
            resume=True).close()
     # a longer run: never the updates after the decay's end at a learning rate of 0
-    with pytest.raises(ConfigError, match=r"linear lr decay's end .*: 4 -> 6; a linear decay "
+    with pytest.raises(ConfigError, match=r"linear lr decay's end .*: 4 -> 6; a decaying schedule "
                                           r"cannot be extended .* keep train.steps <= 4 with "
                                           r"train.schedule_steps=4, or .* \(init="):
         RunDir(small_run(out, "train.steps=6", "train.schedule=linear"), resume=True)
