@@ -11,7 +11,8 @@ import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-import tomllib
+from reroll.config import ConfigError
+from reroll.tables import read_toml
 
 
 @dataclass
@@ -69,16 +70,16 @@ class SimSettings:
         d: dict = {}
         if path:
             p = Path(path)
-            d = json.loads(p.read_text()) if p.suffix == ".json" else tomllib.loads(p.read_text())
+            d = json.loads(p.read_text()) if p.suffix == ".json" else read_toml(p)
             d = d.get("sim", d)
         d.update(overrides or {})
         known = {f.name: f for f in fields(cls)}
         bad = sorted(set(d) - set(known))
         if bad:
-            raise ValueError(f"unknown sim settings {bad}; known: {sorted(known)}")
+            raise ConfigError(f"unknown sim settings {bad}; known: {sorted(known)}")
         s = cls(**{k: _as(type(getattr(cls(), k)), v) for k, v in d.items()})
         if s.gen_devices < 1 or s.train_devices < 1 or s.max_rows < 1 or s.steps < 1:
-            raise ValueError("gen_devices, train_devices, max_rows and steps must be >= 1")
+            raise ConfigError("sim: gen_devices, train_devices, max_rows and steps must be >= 1")
         return s
 
     def to_dict(self) -> dict:
