@@ -49,6 +49,7 @@ class Simulation:
         self.train_s = 0.0
         self.samples = self.tokens = 0
         self.left: dict[str, int] = {}  # group -> members still generating
+        self._touched: set[int] = set()  # devices given rows by the admission under way
 
     # ---- what the scheduler calls ----------------------------------------------------------
     def _start_group(self, ex, seq, version, size, max_size=0, max_new_tokens=None):
@@ -61,12 +62,12 @@ class Simulation:
             r.control["sim_len"] = n
             rows.append(Row(key=(g, r), ctx=p, left=n, prefill=p))
         self.left[g.group_id] = size
-        self._pending.append((d, rows))
+        self.devices[d].add(rows)
+        self._touched.add(d)
         return g
 
     # ---- the run -----------------------------------------------------------------------
     def run_all(self) -> dict:
-        self._pending: list[tuple[int, list[Row]]] = []
         self._admit()
         self._take()
         while len(self.step_ends) < self.s.steps:
@@ -107,11 +108,9 @@ class Simulation:
 
     def _admit(self) -> None:
         self.sched.admit(self.engine_version)
-        for d, rows in self._pending:
-            self.devices[d].add(rows)
-            if self.plans.get(d) is not None:  # they join after the step under way
-                self._recut(d, self.now)
-        self._pending.clear()
+        for d in self._touched:  # new rows join after the decode step under way
+            self._recut(d, self.now)
+        self._touched.clear()
         if not self.updating:
             for i in range(len(self.devices)):
                 self._plan(i)
