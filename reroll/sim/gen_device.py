@@ -24,8 +24,9 @@ class Row:
 
 
 class GenDevice:
-    def __init__(self, s: SimSettings):
+    def __init__(self, s: SimSettings, slots: int = 256):
         self.s = s
+        self.slots = s.max_rows or slots
         self.rows: list[Row] = []
         self.queue: list[Row] = []
         self.t = 0.0  # time up to which the device's state is accounted
@@ -70,7 +71,7 @@ class GenDevice:
         """Admit queued rows into free slots and start a chunk: decode until the first row
         finishes, or until the step under way at ``horizon`` has finished.
         Returns when the chunk ends (None: nothing to run)."""
-        while self.queue and len(self.rows) < self.s.max_rows:
+        while self.queue and len(self.rows) < self.slots:
             self.rows.append(self.queue.pop(0))
         if not self.rows:
             self.chunk = None

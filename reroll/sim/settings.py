@@ -32,8 +32,10 @@ class SimSettings:
     """Generation devices (engine replicas); a group runs on the least loaded one."""
     train_devices: int = 1
     """Training devices; the per-token training cost is divided among them."""
-    max_rows: int = 256
-    """Continuous-batching slots of one generation device (rows decoded together)."""
+    max_rows: int = 0
+    """Continuous-batching slots of one generation device (rows decoded together); 0: as
+    the run's engine sizes them (`reroll.build.engine_slots`: engine.max_batch, else
+    enough for the samples in flight)."""
     decode_base_s: float = 2e-3
     """Fixed cost of one decode step (kernel launches, sampling, Python)."""
     decode_row_s: float = 2e-5
@@ -78,8 +80,9 @@ class SimSettings:
         if bad:
             raise ConfigError(f"unknown sim settings {bad}; known: {sorted(known)}")
         s = cls(**{k: _as(type(getattr(cls(), k)), v) for k, v in d.items()})
-        if s.gen_devices < 1 or s.train_devices < 1 or s.max_rows < 1 or s.steps < 1:
-            raise ConfigError("sim: gen_devices, train_devices, max_rows and steps must be >= 1")
+        if s.gen_devices < 1 or s.train_devices < 1 or s.max_rows < 0 or s.steps < 1:
+            raise ConfigError("sim: gen_devices, train_devices and steps must be >= 1, "
+                              "max_rows >= 0")
         return s
 
     def to_dict(self) -> dict:
@@ -102,11 +105,15 @@ class SimRun:
     max_staleness: int = 0
     overprovision: float = 1.0
     partial_rollouts: bool = True
+    slots: int = 256  # the engine's KV slots, as `reroll.build.engine_slots` sizes them
 
     @classmethod
     def from_config(cls, cfg) -> SimRun:
-        """From a checked `reroll.config.Config` (its rollout and runtime tables)."""
-        return cls(batch_groups=cfg.rollout.batch_groups, group_size=cfg.rollout.group_size,
+        """From a checked `reroll.config.RunConfig` (its rollout and runtime tables)."""
+        from reroll.build import engine_slots
+
+        return cls(slots=engine_slots(cfg), batch_groups=cfg.rollout.batch_groups,
+                   group_size=cfg.rollout.group_size,
                    max_new_tokens=cfg.rollout.max_new_tokens,
                    max_staleness=cfg.runtime.max_staleness,
                    overprovision=cfg.runtime.overprovision,

@@ -30,7 +30,7 @@ class Simulation:
         self.run, self.s = run, s
         self.rng = random.Random(s.seed)
         self.lengths = Lengths(s, run.max_new_tokens)
-        self.devices = [GenDevice(s) for _ in range(s.gen_devices)]
+        self.devices = [GenDevice(s, run.slots) for _ in range(s.gen_devices)]
         prompts = PromptStream([Example(f"p{i}", "", "") for i in range(1024)], seed=s.seed)
         self.sched = Scheduler(prompts, self._start_group, group_size=run.group_size,
                                batch_groups=run.batch_groups, max_staleness=run.max_staleness,
