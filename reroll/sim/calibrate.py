@@ -1,16 +1,21 @@
-"""Fit the cost model from a measured run's metrics.jsonl (written with log_every = 1).
+"""Fit the cost model from measured synchronous runs' metrics.jsonl (written with log_every = 1).
 
-Per logged step the run records time/generate_s (the engine's prefill + decode time),
-time/train_s, the trained batch (pipeline/samples_in_batch, length/mean, length/max) and the
-cumulative pipeline/tokens_generated. In a synchronous run every row of a step is admitted
-together, so a step decodes length/max times with the batch's rows: the fit is the least
-squares of ``generate_s = decode_base_s * length_max + decode_row_s * tokens``, over the
-steps of every run given (runs with different batches separate the two), and
-``train_token_s`` = train_s / (samples x (prompt + mean response)). Prefill is folded into
-decode_row_s (it is a fixed share of each sample's cost at a fixed prompt length) and the
-context term is left 0 (not identifiable at this run's short contexts); ``sync_s`` is what
-a synchronous step takes beyond waiting and training, less the generation time. Knows
-metrics rows and the cost model's fields, nothing else.
+Per logged step a run records its wall time (``time``), time/wait_for_rollouts_s (the
+trainer's wait: in a synchronous run, generation of the whole batch with its scoring and
+admission), time/train_s, time/step_s, and the trained batch (pipeline/samples_in_batch,
+length/mean, length/max). In a synchronous run every row of a step is admitted together, so
+a step decodes length/max times with the batch's rows:
+
+- generation: least squares of ``wait = decode_base_s * length_max + decode_row_s * tokens``
+  over the steps of every run given (runs with different batches separate the two terms);
+  prefill, scoring and per-sample Python are folded into decode_row_s (a fixed share of
+  each sample at a fixed prompt length), and the context term is left 0 (not identifiable
+  at short contexts);
+- training: least squares of ``train_s = train_step_s + train_token_s * tokens`` (prompt +
+  response), plus, in train_step_s, the loop's own time per step beyond waiting and
+  training (metrics, recording, weight publication: the trainer's side), so ``sync_s`` is 0.
+
+Knows metrics rows and the cost model's fields, nothing else.
 """
 
 from __future__ import annotations
@@ -22,24 +27,31 @@ import numpy as np
 from reroll.runlog import read_metrics
 
 
+def _line(x: list[list[float]], y: list[float]) -> tuple[float, float]:
+    """Non-negative least squares of y on two columns (one of them 0 if not identifiable)."""
+    (a, b), *_ = np.linalg.lstsq(np.array(x), np.array(y), rcond=None)
+    if a < 0 or b < 0:
+        return 0.0, float(sum(y) / sum(r[1] for r in x))
+    return float(a), float(b)
+
+
 def fit(run_dirs: list[str | Path], *, prompt_tokens: int, skip: int = 1) -> dict[str, float]:
     """Cost-model fields (`reroll.sim.settings.SimSettings`) from synchronous runs' metrics;
     the first ``skip`` steps of each run (warm-up) are left out."""
-    a, y, train, overhead = [], [], [], []
+    gen_x, gen_y, train_x, train_y, loop = [], [], [], [], []
     for d in run_dirs:
-        rows = [r for r in read_metrics(d) if "time/generate_s" in r][skip:]
-        for r in rows:
+        rows = [r for r in read_metrics(d) if "time/train_s" in r]
+        for prev, r in list(zip(rows, rows[1:]))[max(0, skip - 1):]:
             n = r["pipeline/samples_in_batch"]
-            a.append([r["length/max"], n * r["length/mean"]])
-            y.append(r["time/generate_s"])
-            train.append(r["time/train_s"] / (n * (prompt_tokens + r["length/mean"])))
-            overhead.append(max(0.0, r["time/wait_for_rollouts_s"] - r["time/generate_s"]))
-    if not y:
-        raise ValueError(f"no step rows with time/generate_s in {run_dirs}")
-    (base, row), *_ = np.linalg.lstsq(np.array(a), np.array(y), rcond=None)
-    if base < 0 or row < 0:  # one of them is not identifiable: all of it per token
-        base, row = 0.0, float(sum(y) / sum(x[1] for x in a))
-    return {"decode_base_s": float(base), "decode_row_s": float(row), "decode_ctx_s": 0.0,
-            "prefill_token_s": 0.0, "train_token_s": float(np.median(train)),
-            "train_step_s": 0.0, "sync_s": float(np.median(overhead)),
-            "prompt_tokens": prompt_tokens}
+            gen_x.append([r["length/max"], n * r["length/mean"]])
+            gen_y.append(r["time/wait_for_rollouts_s"])
+            train_x.append([1.0, n * (prompt_tokens + r["length/mean"])])
+            train_y.append(r["time/train_s"])
+            loop.append(max(0.0, r["time"] - prev["time"] - r["time/step_s"]))
+    if not gen_y:
+        raise ValueError(f"no consecutive step rows in the metrics of {run_dirs}")
+    base, row = _line(gen_x, gen_y)
+    step, token = _line(train_x, train_y)
+    return {"decode_base_s": base, "decode_row_s": row, "decode_ctx_s": 0.0,
+            "prefill_token_s": 0.0, "train_step_s": step + float(np.median(loop)),
+            "train_token_s": token, "sync_s": 0.0, "prompt_tokens": prompt_tokens}

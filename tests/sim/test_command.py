@@ -58,19 +58,21 @@ def test_lengths_resampled_from_a_recorded_run(tmp_path):
 
 def test_fit_recovers_a_known_cost_model(tmp_path):
     # two synchronous runs, batches of 8 and 32 samples, made with base 0.01 s/step and
-    # 0.001 s/token, training 0.0002 s/token at 7 prompt tokens
+    # 0.001 s/token, training 0.05 s + 0.0002 s/token at 7 prompt tokens, 0.003 s of loop
     for name, n in (("a", 8), ("b", 32)):
         d = tmp_path / name
         d.mkdir()
-        rows = []
-        for step, (mean, mx) in enumerate([(4.0, 6), (5.0, 6), (3.0, 5)]):
-            rows.append({"step": step + 1, "pipeline/samples_in_batch": n, "length/mean": mean,
-                         "length/max": mx, "time/generate_s": 0.01 * mx + 0.001 * n * mean,
-                         "time/train_s": 0.0002 * n * (7 + mean),
-                         "time/wait_for_rollouts_s": 0.01 * mx + 0.001 * n * mean + 0.003})
+        rows, t = [], 0.0
+        for step, (mean, mx) in enumerate([(4.0, 6), (5.0, 6), (3.0, 5), (4.5, 6)]):
+            wait = 0.01 * mx + 0.001 * n * mean
+            train = 0.05 + 0.0002 * n * (7 + mean)
+            t += wait + train + 0.003
+            rows.append({"step": step + 1, "time": t, "pipeline/samples_in_batch": n,
+                         "length/mean": mean, "length/max": mx, "time/train_s": train,
+                         "time/wait_for_rollouts_s": wait, "time/step_s": wait + train})
         (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     f = fit([tmp_path / "a", tmp_path / "b"], prompt_tokens=7, skip=0)
     assert f["decode_base_s"] == pytest.approx(0.01)
     assert f["decode_row_s"] == pytest.approx(0.001)
     assert f["train_token_s"] == pytest.approx(0.0002)
-    assert f["sync_s"] == pytest.approx(0.003)
+    assert f["train_step_s"] == pytest.approx(0.05 + 0.003)
