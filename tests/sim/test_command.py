@@ -76,3 +76,14 @@ def test_fit_recovers_a_known_cost_model(tmp_path):
     assert f["decode_row_s"] == pytest.approx(0.001)
     assert f["train_token_s"] == pytest.approx(0.0002)
     assert f["train_step_s"] == pytest.approx(0.05 + 0.003)
+
+
+def test_the_simulator_imports_neither_torch_nor_matplotlib():
+    import subprocess
+    import sys
+
+    code = ("import sys, reroll.sim.simulate, reroll.sim.command, reroll.sim.calibrate; "
+            "print('torch' in sys.modules, 'matplotlib' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["False", "False"]
