@@ -11,9 +11,10 @@ a step decodes length/max times with the batch's rows:
   prefill, scoring and per-sample Python are folded into decode_row_s (a fixed share of
   each sample at a fixed prompt length), and the context term is left 0 (not identifiable
   at short contexts);
-- training: least squares of ``train_s = train_step_s + train_token_s * tokens`` (prompt +
-  response), plus, in train_step_s, the loop's own time per step beyond waiting and
-  training (metrics, recording, weight publication: the trainer's side), so ``sync_s`` is 0.
+- the trainer's side: least squares of ``wall time - wait = train_step_s + train_token_s *
+  tokens`` (prompt + response): the update and the loop's own work per step (metrics,
+  recording the rollouts, publishing the weights), which grows with the batch too; the
+  weight update is inside it, so ``sync_s`` is 0.
 
 Knows metrics rows and the cost model's fields, nothing else.
 """
@@ -38,7 +39,7 @@ def _line(x: list[list[float]], y: list[float]) -> tuple[float, float]:
 def fit(run_dirs: list[str | Path], *, prompt_tokens: int, skip: int = 1) -> dict[str, float]:
     """Cost-model fields (`reroll.sim.settings.SimSettings`) from synchronous runs' metrics;
     the first ``skip`` steps of each run (warm-up) are left out."""
-    gen_x, gen_y, train_x, train_y, loop = [], [], [], [], []
+    gen_x, gen_y, train_x, train_y = [], [], [], []
     for d in run_dirs:
         rows = [r for r in read_metrics(d) if "time/train_s" in r]
         for prev, r in list(zip(rows, rows[1:]))[max(0, skip - 1):]:
@@ -46,12 +47,11 @@ def fit(run_dirs: list[str | Path], *, prompt_tokens: int, skip: int = 1) -> dic
             gen_x.append([r["length/max"], n * r["length/mean"]])
             gen_y.append(r["time/wait_for_rollouts_s"])
             train_x.append([1.0, n * (prompt_tokens + r["length/mean"])])
-            train_y.append(r["time/train_s"])
-            loop.append(max(0.0, r["time"] - prev["time"] - r["time/step_s"]))
+            train_y.append(r["time"] - prev["time"] - r["time/wait_for_rollouts_s"])
     if not gen_y:
         raise ValueError(f"no consecutive step rows in the metrics of {run_dirs}")
     base, row = _line(gen_x, gen_y)
     step, token = _line(train_x, train_y)
     return {"decode_base_s": base, "decode_row_s": row, "decode_ctx_s": 0.0,
-            "prefill_token_s": 0.0, "train_step_s": step + float(np.median(loop)),
+            "prefill_token_s": 0.0, "train_step_s": step,
             "train_token_s": token, "sync_s": 0.0, "prompt_tokens": prompt_tokens}
