@@ -128,7 +128,7 @@ PUBLISHED = {
     # asynchronous with 3/4 of the GPUs generating and 1/4 training, max_staleness 4
     "AReaL-like, 64 GPUs, 16k cap": (
         dict(batch_groups=64, group_size=16, max_new_tokens=16384),
-        dict(lengths="lognormal", length_median=4000, length_sigma=0.8, steps=6),
+        dict(lengths="lognormal", length_median=4000, length_sigma=0.8, steps=12),
         [("sync colocated", dict(gen_devices=64, train_devices=64), dict(max_staleness=0)),
          ("async 4, 48 gen + 16 train", dict(gen_devices=48, train_devices=16),
           dict(max_staleness=4))]),
@@ -136,7 +136,7 @@ PUBLISHED = {
     # resume it next step (partial rollouts) against plain synchronous
     "APRIL-like, 8 GPUs, 8k cap": (
         dict(batch_groups=32, group_size=8, max_new_tokens=8192),
-        dict(lengths="lognormal", length_median=1500, length_sigma=0.9, steps=8),
+        dict(lengths="lognormal", length_median=1500, length_sigma=0.9, steps=12),
         [("sync", dict(gen_devices=8, train_devices=8), dict(max_staleness=0)),
          ("sync + overprovision 2, partial", dict(gen_devices=8, train_devices=8),
           dict(max_staleness=0, overprovision=2.0))]),
