@@ -21,6 +21,7 @@ class Row:
     ctx: int  # prompt + tokens generated so far
     left: int  # tokens still to generate
     prefill: int  # tokens to prefill before its next decode step (0: cached)
+    resumed: bool = False  # interrupted by a weight update, not yet decoding again
 
 
 class GenDevice:
@@ -44,7 +45,8 @@ class GenDevice:
 
     # ---- cost model ----------------------------------------------------------------------
     def _prefill_s(self) -> float:
-        return self.s.prefill_token_s * sum(r.prefill for r in self.rows)
+        return (self.s.prefill_token_s * sum(r.prefill for r in self.rows)
+                + self.s.resume_row_s * sum(r.resumed for r in self.rows))
 
     def elapsed(self, j: int) -> float:
         """Time of the current batch's first ``j`` decode steps (with its pending prefill)."""
@@ -98,7 +100,7 @@ class GenDevice:
         self.t += dt
         self.busy_s += dt
         for r in self.rows:
-            r.ctx, r.left, r.prefill = r.ctx + k, r.left - k, 0
+            r.ctx, r.left, r.prefill, r.resumed = r.ctx + k, r.left - k, 0, False
             self.tokens += k
         done = [r for r in self.rows if r.left <= 0]
         self.rows = [r for r in self.rows if r.left > 0]
@@ -112,4 +114,4 @@ class GenDevice:
         self.t = max(self.t, until)
         if reprefill:
             for r in self.rows:
-                r.prefill = r.ctx
+                r.prefill, r.resumed = r.ctx, True

@@ -22,8 +22,8 @@ class SimSettings:
     A generation device runs continuous batching: each decode step emits one token for every
     running row and takes ``decode_base_s + decode_row_s * rows + decode_ctx_s * (sum of the
     rows' context lengths)``; a row admitted (or resumed after a weight update with partial
-    rollouts) first pays ``prefill_token_s`` per token of its prompt and prefix, added to the
-    step that admits it. Training a batch takes ``train_step_s + train_token_s * tokens /
+    rollouts) first pays ``prefill_token_s`` per token of its prompt and prefix (and a resumed
+    one ``resume_row_s``), added to the step that admits it. Training a batch takes ``train_step_s + train_token_s * tokens /
     train_devices`` (data parallel: tokens are prompt + response of every sample). Publishing
     weights stops the trainer and every generation device for ``sync_s`` after the
     devices' current decode step."""
@@ -44,6 +44,9 @@ class SimSettings:
     """Cost of one decode step per token of context summed over the rows (attention reads)."""
     prefill_token_s: float = 1e-5
     """Prefill cost per prompt (or resumed prefix) token."""
+    resume_row_s: float = 0.0
+    """Fixed cost of interrupting and resuming one running row at a weight update with
+    partial rollouts (aborting, requeueing, scheduling it again), beside its prefill."""
     train_step_s: float = 0.0
     """Fixed cost of one optimiser step."""
     train_token_s: float = 1e-4

@@ -75,6 +75,23 @@ def test_partial_rollouts_prefill_again_after_an_update():
     assert on["time_s"] > off["time_s"]
 
 
+def test_resume_cost_is_paid_once_per_interrupted_row():
+    s = SimSettings(decode_base_s=1.0, decode_row_s=0.0, prefill_token_s=0.0,
+                    resume_row_s=0.25)
+    d = GenDevice(s)
+    d.add([Row("a", ctx=2, left=5, prefill=0), Row("b", ctx=2, left=5, prefill=0)])
+    d.plan(None)
+    d.cut(0.5)  # a weight update comes during the first step
+    d.finish_chunk()
+    d.pause(d.t + 2.0, reprefill=True)
+    assert d.elapsed(1) == pytest.approx(2 * 0.25 + 1.0)  # both resumed, then one step
+    d.plan(None)
+    d.finish_chunk()
+    assert d.elapsed(1) == pytest.approx(1.0)  # paid once
+    d.pause(d.t, reprefill=False)  # without partial rollouts nothing is redone
+    assert d.elapsed(1) == pytest.approx(1.0)
+
+
 def test_overprovision_starts_extra_and_carries_them_over():
     r = run(0, steps=4, overprovision=2.0)
     c = r["counters"]
