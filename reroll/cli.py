@@ -207,6 +207,9 @@ def _main(argv: list[str] | None, parsed: list[argparse.Namespace]) -> int:
     export.add_parser(sub)
     from reroll.serve import command as serve_command  # reroll serve MODEL_DIR
     serve_command.add_parser(sub)
+    from reroll.sim import command as sim_command  # reroll sim CONFIG
+
+    sim_command.add_parser(sub)
     args, extra = ap.parse_known_args(argv)
     bad = [x for x in extra if x.startswith("-") or "=" not in x]
     if bad or (extra and not hasattr(args, "overrides")):

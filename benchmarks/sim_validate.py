@@ -1,0 +1,169 @@
+"""`reroll sim` against measured runs of the main job (configs/arithmetic.toml) on this machine.
+
+1. Calibrate: two short synchronous runs (16 and 4 groups of 8 a step, rollouts recorded),
+   and `reroll.sim.calibrate.fit` on their metrics (decode cost per step and per token,
+   training cost per token, the rest of a step as weight-sync time).
+2. Predict, with that cost model and the response lengths recorded by the 16-group run, the
+   throughput of the variants below, each also run for real, and compare.
+
+The model is not SFT-warm-started (timing only; the responses are the untrained policy's).
+Each side takes one core (runtime.threads = 1): the synchronous run leaves one core idle and
+an asynchronous one gives generation and training a core each, which the simulator models as
+one generation and one training device. Throughput (samples/s) is measured over the steps
+after the first ``--skip`` (warm-up) from the wall times in metrics.jsonl, and predicted over
+the same steps.
+
+    .venv/bin/python benchmarks/sim_validate.py [--quick] [--steps N] [--out DIR]
+
+``--quick``: 20 steps a run (about 7 runs of under a minute each on a quiet machine).
+Ends with ``max |predicted/measured - 1| = P%``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from reroll.config_checks import load_checked
+from reroll.runlog import read_metrics
+from reroll.sim.calibrate import fit
+from reroll.sim.settings import SimRun, SimSettings
+from reroll.sim.simulate import simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "arithmetic.toml"
+BASE = ["log_every=1", "eval.every=0", "ckpt_every=100000", "record_every=1",
+        "runtime.threads=1", "reward.workers=0"]
+VARIANTS = {
+    "sync": [],
+    "async 1": ["runtime.max_staleness=1"],
+    "async 2": ["runtime.max_staleness=2"],
+    "async 2 no partial": ["runtime.max_staleness=2", "runtime.partial_rollouts=false"],
+    "async 1 overprovision 2": ["runtime.max_staleness=1", "runtime.overprovision=2.0"],
+}
+CALIBRATION = {"cal 16x8": [], "cal 4x8": ["rollout.batch_groups=4"]}
+
+
+def train(out: Path, name: str, overrides: list[str], steps: int) -> Path:
+    """One real run of the main job through `reroll train`, in its own process."""
+    d = out / name.replace(" ", "_")
+    args = [str(CONFIG), *BASE, *overrides, f"train.steps={steps}", f"out_dir={d}"]
+    if not (d / "metrics.jsonl").exists():
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        subprocess.run([sys.executable, "-m", "reroll.cli", "train", *args, "--no-progress"],
+                       check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+    return d
+
+
+def measured(run_dir: Path, skip: int) -> float:
+    """Samples per second over the steps after ``skip``, from the rows' wall times."""
+    rows = [r for r in read_metrics(run_dir) if "pipeline/samples_in_batch" in r]
+    rows = rows[skip - 1:] if skip else rows
+    n = sum(r["pipeline/samples_in_batch"] for r in rows[1:])
+    return n / (rows[-1]["time"] - rows[0]["time"])
+
+
+def predicted(overrides: list[str], cost: dict, lengths: Path, steps: int, skip: int) -> dict:
+    cfg = load_checked(str(CONFIG), [*BASE, *overrides])
+    run = SimRun.from_config(cfg)
+    r = simulate(run, SimSettings(**cost, lengths=str(lengths), steps=steps))
+    ends = r["step_ends_s"]
+    t0 = ends[skip - 1] if skip else 0.0
+    return {"samples_per_s": run.batch * (len(ends) - skip) / (ends[-1] - t0),
+            "gen_idle": r["gen_idle"], "train_idle": r["train_idle"],
+            "staleness": r["staleness"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="20 steps a run")
+    ap.add_argument("--steps", type=int, help="steps a run (default 20 quick, 100 full)")
+    ap.add_argument("--skip", type=int, default=3, help="warm-up steps left out")
+    ap.add_argument("--out", default="runs/sim_validate", help="run directories go here")
+    ap.add_argument("--published", action="store_true",
+                    help="only the published setups' predictions (no runs)")
+    a = ap.parse_args()
+    if a.published:
+        published()
+        return
+    steps = a.steps or (20 if a.quick else 100)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    prompt = _prompt_tokens(train(out, "cal 16x8", CALIBRATION["cal 16x8"], steps))
+    cal = [train(out, k, v, steps) for k, v in CALIBRATION.items()]
+    cost = fit(cal, prompt_tokens=prompt, skip=a.skip)
+    print("cost model:", json.dumps({k: float(f"{v:.4g}") for k, v in cost.items()}))
+    rows = []
+    for name, ov in VARIANTS.items():
+        d = cal[0] if name == "sync" else train(out, name, ov, steps)
+        m = measured(d, a.skip)
+        p = predicted(ov, cost, cal[0], steps, a.skip)
+        rows.append((name, m, p))
+    print("\n| variant | measured samples/s | predicted | predicted/measured | "
+          "sim gen idle | sim train idle |\n|---|---|---|---|---|---|")
+    for name, m, p in rows:
+        print(f"| {name} | {m:.1f} | {p['samples_per_s']:.1f} | "
+              f"{p['samples_per_s'] / m:.3f} | {p['gen_idle']:.2f} | {p['train_idle']:.2f} |")
+    sync_m, sync_p = rows[0][1], rows[0][2]["samples_per_s"]
+    print("\nspeed-up over sync, measured / predicted: " + ", ".join(
+        f"{n} {m / sync_m:.2f} / {p['samples_per_s'] / sync_p:.2f}" for n, m, p in rows[1:]))
+    worst = max(abs(p["samples_per_s"] / m - 1) for _, m, p in rows)
+    print(f"max |predicted/measured - 1| = {100 * worst:.1f}%")
+
+
+# Published setups (`--published`): a cost model of one H100/H800-class GPU for a dense 7-8B
+# model, from first principles (bf16 weights ~15 GB read per decode step at ~3 TB/s: ~5 ms
+# plus launch overhead; ~14 GFLOP a token: 30-50 us per row in decode, 30 us per prefill
+# token; KV of 28 layers x 4 KV heads x 128 x K,V in bf16 = 57 KB a token read per step:
+# ~20 ns per context token; training 6 x 7e9 FLOP a token at ~40% of ~1 PFLOP/s: 1e-4 s a
+# token on one GPU; a weight update 5 s). Lengths: a lognormal long tail cut at the cap.
+GPU_8B = dict(decode_base_s=8e-3, decode_row_s=4e-5, decode_ctx_s=2e-8, prefill_token_s=3e-5,
+              train_token_s=1e-4, sync_s=5.0, prompt_tokens=300, max_rows=256)
+PUBLISHED = {
+    # AReaL: synchronous colocated (every GPU generates, then every GPU trains) against
+    # asynchronous with 3/4 of the GPUs generating and 1/4 training, max_staleness 4
+    "AReaL-like, 64 GPUs, 16k cap": (
+        dict(batch_groups=64, group_size=16, max_new_tokens=16384),
+        dict(lengths="lognormal", length_median=4000, length_sigma=0.8, steps=12),
+        [("sync colocated", dict(gen_devices=64, train_devices=64), dict(max_staleness=0)),
+         ("async 4, 48 gen + 16 train", dict(gen_devices=48, train_devices=16),
+          dict(max_staleness=4))]),
+    # APRIL: synchronous, colocated; over-provision 2x, abort the rest at the batch and
+    # resume it next step (partial rollouts) against plain synchronous
+    "APRIL-like, 8 GPUs, 8k cap": (
+        dict(batch_groups=32, group_size=8, max_new_tokens=8192),
+        dict(lengths="lognormal", length_median=1500, length_sigma=0.9, steps=12),
+        [("sync", dict(gen_devices=8, train_devices=8), dict(max_staleness=0)),
+         ("sync + overprovision 2, partial", dict(gen_devices=8, train_devices=8),
+          dict(max_staleness=0, overprovision=2.0))]),
+}
+
+
+def published() -> None:
+    """Predicted speed-ups of the published setups (every assumption above and in
+    benchmarks/docs/sim.md)."""
+    print("| setup | variant | samples/s | gen idle | train idle | speed-up |\n|---|---|---|---|---|---|")
+    for setup, (run, lengths, variants) in PUBLISHED.items():
+        base = None
+        for name, hw, sched in variants:
+            r = simulate(SimRun(**run, **sched, slots=256),
+                         SimSettings(**GPU_8B, **lengths, **hw))
+            base = base or r["samples_per_s"]
+            print(f"| {setup} | {name} | {r['samples_per_s']:.2f} | {r['gen_idle']:.2f} | "
+                  f"{r['train_idle']:.2f} | x{r['samples_per_s'] / base:.2f} |")
+
+
+def _prompt_tokens(run_dir: Path) -> int:
+    """Mean prompt length of the recorded samples."""
+    from reroll.sim.lengths import recorded_groups
+
+    pairs = [p for g in recorded_groups(run_dir) for p, _ in g]
+    return round(sum(pairs) / len(pairs))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""One simulated generation device: continuous batching of rows (samples), advanced a chunk
+of decode steps at a time.
+
+Between two events nothing changes the batch but its rows' growth, so the device decodes a
+chunk of ``k`` steps in one event (until its first row finishes, or a known event of the run
+comes first) and the chunk's time is summed in closed form. The run cuts a chunk short when
+an earlier event appears (a training step that will end sooner, a weight update). Knows the
+cost model and nothing of groups, versions or the scheduler: rows carry an opaque key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reroll.sim.settings import SimSettings
+
+
+@dataclass
+class Row:
+    key: object  # the owner's handle of the sample
+    ctx: int  # prompt + tokens generated so far
+    left: int  # tokens still to generate
+    prefill: int  # tokens to prefill before its next decode step (0: cached)
+    resumed: bool = False  # interrupted by a weight update, not yet decoding again
+
+
+class GenDevice:
+    def __init__(self, s: SimSettings, slots: int = 256):
+        self.s = s
+        self.slots = s.max_rows or slots
+        self.rows: list[Row] = []
+        self.queue: list[Row] = []
+        self.t = 0.0  # time up to which the device's state is accounted
+        self.chunk: tuple[float, int] | None = None  # (start, steps) being decoded
+        self.busy_s = 0.0  # decoding and prefilling
+        self.sync_s = 0.0  # stopped for weight updates
+        self.tokens = 0
+
+    @property
+    def load(self) -> int:
+        return len(self.rows) + len(self.queue)
+
+    def add(self, rows: list[Row]) -> None:
+        self.queue += rows
+
+    # ---- cost model ----------------------------------------------------------------------
+    def _prefill_s(self) -> float:
+        return (self.s.prefill_token_s * sum(r.prefill for r in self.rows)
+                + self.s.resume_row_s * sum(r.resumed for r in self.rows))
+
+    def elapsed(self, j: int) -> float:
+        """Time of the current batch's first ``j`` decode steps (with its pending prefill)."""
+        s, n = self.s, len(self.rows)
+        ctx = sum(r.ctx for r in self.rows)
+        return (self._prefill_s() + j * (s.decode_base_s + s.decode_row_s * n)
+                + s.decode_ctx_s * (j * ctx + n * j * (j - 1) / 2))
+
+    def steps_to(self, t: float, most: int) -> int:
+        """Decode steps of the current batch, from ``self.t``, until the one under way at
+        ``t`` has finished (the first that ends at or after ``t``), at least one and at most
+        ``most``."""
+        lo, hi = 1, most
+        while lo < hi:  # the smallest j in [1, most] with self.t + elapsed(j) >= t
+            mid = (lo + hi) // 2
+            if self.t + self.elapsed(mid) >= t - 1e-12:
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo
+
+    # ---- chunks --------------------------------------------------------------------------
+    def plan(self, horizon: float | None) -> float | None:
+        """Admit queued rows into free slots and start a chunk: decode until the first row
+        finishes, or until the step under way at ``horizon`` has finished.
+        Returns when the chunk ends (None: nothing to run)."""
+        while self.queue and len(self.rows) < self.slots:
+            self.rows.append(self.queue.pop(0))
+        if not self.rows:
+            self.chunk = None
+            return None
+        k = min(r.left for r in self.rows)
+        if horizon is not None and self.t + self.elapsed(k) > horizon:
+            k = self.steps_to(horizon, k)
+        self.chunk = (self.t, k)
+        return self.t + self.elapsed(k)
+
+    def cut(self, t: float) -> float | None:
+        """Shorten the running chunk to end with the decode step under way at ``t``;
+        returns its new end, or None if no chunk runs."""
+        if self.chunk is None:
+            return None
+        k = self.steps_to(t, self.chunk[1])
+        self.chunk = (self.t, k)
+        return self.t + self.elapsed(k)
+
+    def finish_chunk(self) -> list[Row]:
+        """Apply the chunk: every row gains its tokens; returns the rows that finished."""
+        _, k = self.chunk
+        dt = self.elapsed(k)
+        self.t += dt
+        self.busy_s += dt
+        for r in self.rows:
+            r.ctx, r.left, r.prefill, r.resumed = r.ctx + k, r.left - k, 0, False
+            self.tokens += k
+        done = [r for r in self.rows if r.left <= 0]
+        self.rows = [r for r in self.rows if r.left > 0]
+        self.chunk = None
+        return done
+
+    def pause(self, until: float, *, reprefill: bool) -> None:
+        """A weight update: stopped until ``until``; with partial rollouts every running
+        row is interrupted and resumed, prefilling its prompt and prefix again."""
+        self.sync_s += self.s.sync_s
+        self.t = max(self.t, until)
+        if reprefill:
+            for r in self.rows:
+                r.prefill, r.resumed = r.ctx, True

@@ -1,0 +1,127 @@
+"""The simulator's settings: the hardware and cost model (`SimSettings`), loadable from a small
+TOML or JSON file, and the schedule knobs it takes from a run's config (`SimRun`).
+
+Owns the meaning of every cost parameter and where its value comes from. Knows nothing of
+events, engines or the scheduler.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from reroll.config import ConfigError
+from reroll.tables import read_toml
+
+
+@dataclass
+class SimSettings:
+    """Hardware and cost model of a simulated run. Times are seconds of one device.
+
+    A generation device runs continuous batching: each decode step emits one token for every
+    running row and takes ``decode_base_s + decode_row_s * rows + decode_ctx_s * (sum of the
+    rows' context lengths)``; a row admitted (or resumed after a weight update with partial
+    rollouts) first pays ``prefill_token_s`` per token of its prompt and prefix (and a resumed
+    one ``resume_row_s``), added to the step that admits it. Training a batch takes ``train_step_s + train_token_s * tokens /
+    train_devices`` (data parallel: tokens are prompt + response of every sample). Publishing
+    weights stops the trainer and every generation device for ``sync_s`` after the
+    devices' current decode step."""
+
+    gen_devices: int = 1
+    """Generation devices (engine replicas); a group runs on the least loaded one."""
+    train_devices: int = 1
+    """Training devices; the per-token training cost is divided among them."""
+    max_rows: int = 0
+    """Continuous-batching slots of one generation device (rows decoded together); 0: as
+    the run's engine sizes them (`reroll.build.engine_slots`: engine.max_batch, else
+    enough for the samples in flight)."""
+    decode_base_s: float = 2e-3
+    """Fixed cost of one decode step (kernel launches, sampling, Python)."""
+    decode_row_s: float = 2e-5
+    """Cost of one decode step per running row."""
+    decode_ctx_s: float = 0.0
+    """Cost of one decode step per token of context summed over the rows (attention reads)."""
+    prefill_token_s: float = 1e-5
+    """Prefill cost per prompt (or resumed prefix) token."""
+    resume_row_s: float = 0.0
+    """Fixed cost of interrupting and resuming one running row at a weight update with
+    partial rollouts (aborting, requeueing, scheduling it again), beside its prefill."""
+    train_step_s: float = 0.0
+    """Fixed cost of one optimiser step."""
+    train_token_s: float = 1e-4
+    """Training cost (forward, backward, optimiser share) per token on one device."""
+    sync_s: float = 0.0
+    """Weight publication: trainer and generation devices stop this long per update."""
+    lengths: str = "fixed"
+    """Response lengths: fixed (rollout.max_new_tokens), lognormal (a long tail: median
+    ``length_median``, log-space spread ``length_sigma``, cut at max_new_tokens) or the path
+    of a run directory whose recorded rollouts are resampled, a group at a time."""
+    length_median: float = 0.0
+    """Median response length of the lognormal (0: half of max_new_tokens)."""
+    length_sigma: float = 1.0
+    """Standard deviation of log(length) of the lognormal."""
+    prompt_tokens: int = 8
+    """Prompt length of every sample (a recorded run's own lengths when lengths names one)."""
+    steps: int = 50
+    """Training steps simulated."""
+    seed: int = 0
+    """Seed of the length draws."""
+
+    @classmethod
+    def load(cls, path: str | Path | None, overrides: dict | None = None) -> SimSettings:
+        """From a TOML (keys at the top level or under ``[sim]``) or JSON file, then
+        ``overrides``; unknown keys are refused, naming them."""
+        d: dict = {}
+        if path:
+            p = Path(path)
+            d = json.loads(p.read_text()) if p.suffix == ".json" else read_toml(p)
+            d = d.get("sim", d)
+        d.update(overrides or {})
+        known = {f.name: f for f in fields(cls)}
+        bad = sorted(set(d) - set(known))
+        if bad:
+            raise ConfigError(f"unknown sim settings {bad}; known: {sorted(known)}")
+        s = cls(**{k: _as(type(getattr(cls(), k)), v) for k, v in d.items()})
+        if s.gen_devices < 1 or s.train_devices < 1 or s.max_rows < 0 or s.steps < 1:
+            raise ConfigError("sim: gen_devices, train_devices and steps must be >= 1, "
+                              "max_rows >= 0")
+        return s
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _as(kind: type, v):
+    if kind is bool:
+        return v if isinstance(v, bool) else str(v).lower() in ("1", "true", "yes")
+    return kind(v)
+
+
+@dataclass
+class SimRun:
+    """What the simulator takes from a run's config: the schedule, not the model."""
+
+    batch_groups: int = 16
+    group_size: int = 8
+    max_new_tokens: int = 8
+    max_staleness: int = 0
+    overprovision: float = 1.0
+    partial_rollouts: bool = True
+    slots: int = 256  # the engine's KV slots, as `reroll.build.engine_slots` sizes them
+
+    @classmethod
+    def from_config(cls, cfg) -> SimRun:
+        """From a checked `reroll.config.RunConfig` (its rollout and runtime tables)."""
+        from reroll.build import engine_slots
+
+        return cls(slots=engine_slots(cfg), batch_groups=cfg.rollout.batch_groups,
+                   group_size=cfg.rollout.group_size,
+                   max_new_tokens=cfg.rollout.max_new_tokens,
+                   max_staleness=cfg.runtime.max_staleness,
+                   overprovision=cfg.runtime.overprovision,
+                   partial_rollouts=cfg.runtime.partial_rollouts)
+
+    @property
+    def batch(self) -> int:
+        return self.batch_groups * self.group_size

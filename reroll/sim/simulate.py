@@ -1,0 +1,207 @@
+"""The discrete-event simulation of a run's schedule, driving the real rollout scheduler.
+
+Groups are admitted, finished and handed to the trainer by `reroll.control.scheduler.
+Scheduler` itself (its admission is `reroll.control.staleness.capacity`, its hand-out
+`staleness.can_take`), exactly as `reroll.control.rollouts.Rollouts` drives it: admit when a
+group finishes and after each weight update, take ready groups until a step's samples are
+there. Time comes from the cost model: generation devices (`reroll.sim.gen_device`), a
+training step of ``train_step_s + train_token_s * tokens / train_devices``, and a weight
+update that stops trainer and generation for ``sync_s``. Knows no engine, model or thread.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections import Counter
+
+from reroll.control.controller import Controller
+from reroll.control.prompts import PromptStream
+from reroll.control.scheduler import Scheduler
+from reroll.rollout import Example, Group, new_group
+from reroll.sampling_params import SamplingParams
+from reroll.sim.gen_device import GenDevice, Row
+from reroll.sim.lengths import Lengths
+from reroll.sim.settings import SimRun, SimSettings
+
+
+class Simulation:
+    def __init__(self, run: SimRun, s: SimSettings):
+        self.run, self.s = run, s
+        self.rng = random.Random(s.seed)
+        self.lengths = Lengths(s, run.max_new_tokens)
+        self.devices = [GenDevice(s, run.slots) for _ in range(s.gen_devices)]
+        prompts = PromptStream([Example(f"p{i}", "", "") for i in range(1024)], seed=s.seed)
+        self.sched = Scheduler(prompts, self._start_group, group_size=run.group_size,
+                               batch_groups=run.batch_groups, max_staleness=run.max_staleness,
+                               overprovision=run.overprovision, controller=Controller())
+        self.events: list[tuple[float, int, str, object]] = []
+        self._seq = 0
+        self.now = 0.0
+        self.engine_version = self.trainer_version = 0
+        self.horizon: float | None = None  # end of the running training step or update
+        self.got: list[Group] = []  # the step being gathered
+        self.waiting = True  # the trainer waits for a batch
+        self.plans: dict[int, tuple | None] = {}  # device -> (device, chunk end, token)
+        self.updating = False  # weights being published: no new chunk starts
+        self.step_ends: list[float] = []
+        self.lags: Counter[int] = Counter()
+        self.train_s = 0.0
+        self.samples = self.tokens = 0
+        self.left: dict[str, int] = {}  # group -> members still generating
+        self._touched: set[int] = set()  # devices given rows by the admission under way
+
+    # ---- what the scheduler calls ----------------------------------------------------------
+    def _start_group(self, ex, seq, version, size, max_size=0, max_new_tokens=None):
+        pairs = self.lengths.group(self.rng, size)
+        g = new_group(ex, size, [0] * pairs[0][0], SamplingParams(), version, max_size)
+        d = min(range(len(self.devices)), key=lambda i: self.devices[i].load)
+        rows = []
+        for r, (p, n) in zip(g.rollouts, pairs):
+            r.prompt_len = p
+            r.control["sim_len"] = n
+            rows.append(Row(key=(g, r), ctx=p, left=n, prefill=p))
+        self.left[g.group_id] = size
+        self.devices[d].add(rows)
+        self._touched.add(d)
+        return g
+
+    # ---- the run -----------------------------------------------------------------------
+    def run_all(self) -> dict:
+        self._admit()
+        self._take()
+        while len(self.step_ends) < self.s.steps:
+            if not self.events:
+                raise RuntimeError(f"sim stalled at t={self.now:.3f}: "
+                                   f"{self.sched.counters()}")
+            t, _, kind, what = heapq.heappop(self.events)
+            if kind == "gen" and self.plans.get(what[0]) != what:
+                continue  # a chunk that was cut or replanned
+            self.now = t
+            if kind == "gen":
+                self._chunk_done(what[0])
+            elif kind == "trained":
+                self._publish()
+            elif kind == "synced":
+                self._synced()
+        return self.result()
+
+    def _push(self, t: float, kind: str, what: object = None) -> None:
+        self._seq += 1
+        heapq.heappush(self.events, (t, self._seq, kind, what))
+
+    def _chunk_event(self, i: int, end: float | None) -> None:
+        """Device ``i``'s chunk ends at ``end``: its one valid event (None: idle)."""
+        self._seq += 1
+        self.plans[i] = None if end is None else (i, end, self._seq)
+        if end is not None:
+            self._push(end, "gen", self.plans[i])
+
+    def _plan(self, i: int) -> None:
+        dev = self.devices[i]
+        if dev.chunk is not None:
+            return
+        dev.t = max(dev.t, self.now)
+        if self.horizon is not None and dev.t >= self.horizon - 1e-12:
+            return  # a training step ends now: its weight update comes first
+        self._chunk_event(i, dev.plan(self.horizon))
+
+    def _admit(self) -> None:
+        self.sched.admit(self.engine_version)
+        for d in self._touched:  # new rows join after the decode step under way
+            self._recut(d, self.now)
+        self._touched.clear()
+        if not self.updating:
+            for i in range(len(self.devices)):
+                self._plan(i)
+
+    def _chunk_done(self, i: int) -> None:
+        self.plans[i] = None
+        for row in self.devices[i].finish_chunk():
+            g, r = row.key
+            n = r.control["sim_len"]
+            r.tokens += [0] * n
+            r.loss_mask = [False] * r.prompt_len + [True] * n
+            r.finish, r.reward = "stop", 1.0
+            self.left[g.group_id] -= 1
+            if self.left[g.group_id] == 0:
+                self.sched.close(g)
+        self._admit()
+        self._take()
+        if self.updating and all(d.chunk is None for d in self.devices):
+            self._push(self.now + self.s.sync_s, "synced")
+
+    def _take(self) -> None:
+        """Rollouts.next_batch's loop: take ready groups until the step's samples are in."""
+        if not self.waiting:
+            return
+        n = self.run.batch
+        self.got += self.sched.take(n - sum(len(g.rollouts) for g in self.got),
+                                    self.trainer_version)
+        if sum(len(g.rollouts) for g in self.got) < n:
+            return
+        batch, self.got, self.waiting = self.sched.batch_order(self.got), [], False
+        for g in batch:
+            self.lags[self.trainer_version - g.start_version] += 1
+        tokens = sum(len(r.tokens) for g in batch for r in g.rollouts)
+        dt = self.s.train_step_s + self.s.train_token_s * tokens / self.s.train_devices
+        self.train_s += dt
+        self.samples += sum(len(g.rollouts) for g in batch)
+        self.tokens += sum(r.n_sampled for g in batch for r in g.rollouts)
+        self.horizon = self.now + dt  # no chunk runs past the step's end
+        for i in range(len(self.devices)):
+            self._recut(i, self.horizon)
+        self._push(self.horizon, "trained")
+
+    def _recut(self, i: int, t: float) -> None:
+        """Device ``i``'s chunk ends with the decode step under way at ``t``, if later."""
+        plan = self.plans.get(i)
+        if plan is not None and plan[1] > t:
+            self._chunk_event(i, self.devices[i].cut(t))
+
+    def _publish(self) -> None:
+        """The step is trained: the weights go out once every device has finished the
+        decode step under way; trainer and devices then stop for ``sync_s``."""
+        self.trainer_version += 1
+        self.step_ends.append(self.now)
+        self.updating = True
+        if all(d.chunk is None for d in self.devices):
+            self._push(self.now + self.s.sync_s, "synced")
+
+    def _synced(self) -> None:
+        self.engine_version = self.trainer_version
+        self.updating, self.horizon, self.waiting = False, None, True
+        for dev in self.devices:
+            dev.pause(self.now, reprefill=self.run.partial_rollouts)
+        self._admit()
+        self._take()
+
+    # ---- the outcome -------------------------------------------------------------------
+    def result(self) -> dict:
+        """Throughput, idle fractions, staleness histogram and time per step."""
+        total = self.step_ends[-1]
+        steps = [b - a for a, b in zip([0.0] + self.step_ends, self.step_ends)]
+        n = sum(self.lags.values())
+        gen_busy = [d.busy_s / total for d in self.devices]
+        return {
+            "steps": len(self.step_ends),
+            "time_s": total,
+            "time_per_step_s": total / len(self.step_ends),
+            "time_per_step_after_first_s": (sum(steps[1:]) / (len(steps) - 1)
+                                            if len(steps) > 1 else steps[0]),
+            "samples_per_s": self.samples / total,
+            "tokens_per_s": self.tokens / total,
+            "gen_idle": 1 - sum(gen_busy) / len(gen_busy),
+            "gen_idle_per_device": [1 - b for b in gen_busy],
+            "gen_sync_share": sum(d.sync_s for d in self.devices) / total / len(self.devices),
+            "train_idle": 1 - self.train_s / total,
+            "staleness": {str(k): self.lags[k] / n for k in sorted(self.lags)},
+            "step_ends_s": self.step_ends,
+            "mean_response_tokens": self.tokens / self.samples,
+            "counters": {k: v for k, v in self.sched.counters().items() if k != "order"},
+        }
+
+
+def simulate(run: SimRun, settings: SimSettings) -> dict:
+    """Simulate ``settings.steps`` training steps of ``run``; returns `Simulation.result`."""
+    return Simulation(run, settings).run_all()

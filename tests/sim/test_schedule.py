@@ -1,0 +1,134 @@
+"""The simulator against schedules computed by hand, and the proof that its admission and
+hand-out are the real scheduler's. No timing is measured: every time is the cost model's."""
+
+from __future__ import annotations
+
+import pytest
+
+import reroll.control.scheduler as scheduler_module
+from reroll.control import staleness
+from reroll.sim import simulate
+from reroll.sim.gen_device import GenDevice, Row
+from reroll.sim.settings import SimRun, SimSettings
+from reroll.sim.simulate import Simulation
+
+# one decode step costs 1 s whatever the batch; a training step 5 s; nothing else costs
+UNIT = dict(decode_base_s=1.0, decode_row_s=0.0, prefill_token_s=0.0, train_token_s=0.0,
+            train_step_s=5.0, prompt_tokens=1)
+
+
+def run(k: int, steps: int = 5, **kw) -> dict:
+    """2 groups of 1 sample a step, every response 10 tokens."""
+    r = SimRun(batch_groups=2, group_size=1, max_new_tokens=10, max_staleness=k,
+               **{x: kw.pop(x) for x in ("overprovision", "partial_rollouts") if x in kw})
+    return simulate(r, SimSettings(steps=steps, **{**UNIT, **kw}))
+
+
+def test_synchronous_by_hand():
+    # each step: 10 decode steps, then 5 s of training with the engine idle
+    r = run(0)
+    assert r["step_ends_s"] == [15.0, 30.0, 45.0, 60.0, 75.0]
+    assert r["staleness"] == {"0": 1.0}
+    assert r["gen_idle"] == pytest.approx(5 / 15)
+    assert r["train_idle"] == pytest.approx(10 / 15)
+
+
+def test_async_1_by_hand():
+    # version 0 admits (1 + 0 + 1) * 2 = 4 samples: all done at 10; steps train 10-15 and
+    # 15-20 on them; two more start at 15 (version 1) and at 20 (version 2), done at 25 and
+    # 30, trained 25-30 and 30-35; the pair started at 30 trains 40-45
+    r = run(1)
+    assert r["step_ends_s"] == [15.0, 20.0, 30.0, 35.0, 45.0]
+    assert r["staleness"] == {"0": 0.2, "1": 0.8}
+
+
+def test_async_2_by_hand():
+    # 6 samples start at 0; pairs start at 15 and 20 (done 25, 30): the trainer never waits
+    r = run(2)
+    assert r["step_ends_s"] == [15.0, 20.0, 25.0, 30.0, 35.0]
+    assert r["staleness"] == {"0": 0.2, "1": 0.2, "2": 0.6}
+
+
+def test_sync_time_stops_both_sides():
+    # synchronous with a 2 s weight update after every step: 10 + 5 + 2 per step
+    r = run(0, steps=3, sync_s=2.0)
+    assert r["step_ends_s"] == [15.0, 32.0, 49.0]
+
+
+def test_decode_cost_grows_with_rows_and_context():
+    s = SimSettings(decode_base_s=1.0, decode_row_s=0.5, decode_ctx_s=0.01,
+                    prefill_token_s=0.1)
+    d = GenDevice(s)
+    d.add([Row("a", ctx=4, left=3, prefill=4), Row("b", ctx=6, left=5, prefill=6)])
+    end = d.plan(None)
+    # prefill 10 tokens x 0.1 + 3 steps x (1 + 2 x 0.5) + 0.01 x (contexts 10, 12, 14)
+    assert end == pytest.approx(1.0 + 3 * 2.0 + 0.01 * 36)
+    assert [r.key for r in d.finish_chunk()] == ["a"]
+    assert d.rows[0].ctx == 9 and d.rows[0].left == 2 and d.rows[0].prefill == 0
+
+
+def test_partial_rollouts_prefill_again_after_an_update():
+    # async 1 with a prefill cost: the rows running at an update pay their prefix again
+    # only with partial rollouts (the engine aborts and resumes them)
+    on = run(1, steps=4, prefill_token_s=0.1, partial_rollouts=True)
+    off = run(1, steps=4, prefill_token_s=0.1, partial_rollouts=False)
+    assert on["time_s"] > off["time_s"]
+
+
+def test_resume_cost_is_paid_once_per_interrupted_row():
+    s = SimSettings(decode_base_s=1.0, decode_row_s=0.0, prefill_token_s=0.0,
+                    resume_row_s=0.25)
+    d = GenDevice(s)
+    d.add([Row("a", ctx=2, left=5, prefill=0), Row("b", ctx=2, left=5, prefill=0)])
+    d.plan(None)
+    d.cut(0.5)  # a weight update comes during the first step
+    d.finish_chunk()
+    d.pause(d.t + 2.0, reprefill=True)
+    assert d.elapsed(1) == pytest.approx(2 * 0.25 + 1.0)  # both resumed, then one step
+    d.plan(None)
+    d.finish_chunk()
+    assert d.elapsed(1) == pytest.approx(1.0)  # paid once
+    d.pause(d.t, reprefill=False)  # without partial rollouts nothing is redone
+    assert d.elapsed(1) == pytest.approx(1.0)
+
+
+def test_overprovision_starts_extra_and_carries_them_over():
+    r = run(0, steps=4, overprovision=2.0)
+    c = r["counters"]
+    assert c["started"] == c["consumed"] + 2  # one batch ahead, waiting for the next step
+    assert set(r["staleness"]) <= {"0", "1"}  # lag allowed one extra version
+
+
+def test_two_generation_devices_split_the_groups():
+    s = SimSettings(steps=2, gen_devices=2, **{**UNIT, "decode_row_s": 1.0})
+    one = simulate(SimRun(batch_groups=4, group_size=2, max_new_tokens=4),
+                   SimSettings(steps=2, **{**UNIT, "decode_row_s": 1.0}))
+    two = simulate(SimRun(batch_groups=4, group_size=2, max_new_tokens=4), s)
+    # 8 rows: 4 x (1 + 8) = 36 s of decoding on one device, 4 x (1 + 4) = 20 s on two
+    assert one["step_ends_s"][0] == 36 + 5 and two["step_ends_s"][0] == 20 + 5
+
+
+def test_the_rules_are_the_real_schedulers(monkeypatch):
+    # the simulation drives reroll.control.scheduler.Scheduler, whose admission is
+    # staleness.capacity and hand-out staleness.can_take: spy on both
+    assert Simulation.__init__.__globals__["Scheduler"] is scheduler_module.Scheduler
+    assert scheduler_module.capacity is staleness.capacity
+    assert scheduler_module.can_take is staleness.can_take
+    calls = {"capacity": 0, "can_take": 0}
+
+    def spy(name):
+        real = getattr(staleness, name)
+
+        def f(*a, **kw):
+            calls[name] += 1
+            return real(*a, **kw)
+        return f
+
+    monkeypatch.setattr(scheduler_module, "capacity", spy("capacity"))
+    monkeypatch.setattr(scheduler_module, "can_take", spy("can_take"))
+    run(1, steps=3)
+    assert calls["capacity"] > 0 and calls["can_take"] > 0
+    # and a rule changed there changes the schedule: with no room, nothing ever starts
+    monkeypatch.setattr(scheduler_module, "capacity", lambda *a, **kw: 0)
+    with pytest.raises(RuntimeError, match="stalled"):
+        run(1, steps=1)
