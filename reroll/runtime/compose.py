@@ -77,7 +77,8 @@ def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_com
                 replay.prepare(rollouts)
 
         start = build_rollout.group_starter(cfg, tok, prepare)
-        sched = Scheduler(prompts, start, group_size=generated_group_size(cfg),
+        sched = Scheduler(prompts, start,
+                          group_size=generated_group_size(cfg.control, cfg.rollout),
                           batch_groups=fresh_groups(cfg), max_staleness=cfg.runtime.max_staleness,
                           overprovision=cfg.runtime.overprovision,
                           filters=build_rollout.build_filters(cfg, combine), controller=control,
