@@ -124,6 +124,15 @@ def load_tokenizer(path: Path):
     return tok
 
 
+def cadence(cfg: RunConfig):
+    """The RL loop's clock (`reroll.loop.Cadence`) from ``train.steps``, ``log_every``,
+    ``ckpt_every``, ``record_every`` and ``eval.every``."""
+    from reroll.loop import Cadence
+
+    return Cadence(steps=cfg.train.steps, log_every=cfg.log_every, ckpt_every=cfg.ckpt_every,
+                   record_every=cfg.record_every, eval_every=cfg.eval.every)
+
+
 def build_trainer(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
     """The one place a `Trainer` is built (in the driver on the local runtime, in the trainer
     actor on Ray): policy from ``ckpt`` when resuming, else ``init_dir``; reference model from

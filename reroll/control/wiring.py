@@ -40,7 +40,7 @@ def check_control(cfg: RunConfig) -> None:
     check_duet(cfg)
     rt = cfg.runtime
     # samples generated per version
-    batch = fresh_groups(cfg) * generated_group_size(cfg.control, cfg.rollout)
+    batch = fresh_groups(cfg.rollout, cfg.replay) * generated_group_size(c, cfg.rollout)
     room = admission_limit(0, max_staleness=rt.max_staleness, batch=batch,
                            overprovision=rt.overprovision)
     if allocator.max_size() > room:
@@ -126,7 +126,8 @@ def build_control(cfg: RunConfig, examples: list[Example], value_of: ValueOf,
     choose = None
     if cfg.control.selector != "uniform":
         ctl.selector = SELECTORS.get(cfg.control.selector)(
-            examples, cfg.train.seed, fresh_groups(cfg), **cfg.control.selector_args)
+            examples, cfg.train.seed, fresh_groups(cfg.rollout, cfg.replay),
+            **cfg.control.selector_args)
         choose = lambda draw: ctl.selector.pick(draw, ctl.stats)  # noqa: E731
     ctl.load_state(saved.get("control"))
     prompts = PromptStream(examples, cfg.train.seed, choose=choose, **saved.get("prompts", {}))

@@ -39,12 +39,12 @@ PRUNED = "arrol_pruned"  # the loss_exclusion of a pruned sample
 
 
 class ARRoL:
-    """ARRoL (online pruning; docs/algorithms.md): ceil(overprovision x group_size) samples per group, cut to
-    group_size inside the engine at `at` response tokens so that the survivors balance
-    predicted successes and failures (a quality head on the policy's hidden states, trained
-    online); random cuts until the head has seen `warmup` finished samples. Pruned samples
-    keep their record (finish "pruned"), are scored and counted, and are left out of the
-    loss and of their group's advantages.
+    """ARRoL (online pruning; docs/algorithms.md): ceil(overprovision x group_size)
+    samples per group, cut to group_size inside the engine at `at` response tokens so that
+    the survivors balance predicted successes and failures (a quality head on the policy's
+    hidden states, trained online); random cuts until the head has seen `warmup` finished
+    samples. Pruned samples keep their record (finish "pruned"), are scored and counted,
+    and are left out of the loss and of their group's advantages.
 
     ``at``: the checkpoint, response tokens sampled (0: rollout.max_new_tokens // 4, at
     least 1); ``overprovision``: n' / n; ``lr``: the head's Adam learning rate; ``warmup``:
