@@ -23,11 +23,11 @@ import torch
 
 from reroll import build, build_rollout
 from reroll.config_checks import load_checked
-from reroll.control.arrol import QualityHead, survivors
 from reroll.engine import TorchEngine
+from reroll.engine.quality import QualityHead, survivors
+from reroll.methods.arrol_head import HEAD_FILE, prefix_hidden
 from reroll.rollout import Rollout, SamplingParams
 from reroll.trainer import checkpoint
-from reroll.trainer.arrol import HEAD_FILE, prefix_hidden
 from reroll.verifiers import VERIFIERS
 
 

@@ -43,7 +43,7 @@ from reroll import build, build_rollout
 from reroll.config_checks import load_checked
 from reroll.runlog import read_metrics
 from reroll.runtime import train
-from reroll.trainer.evaluate import evaluate
+from reroll.trainer.evaluate import evaluate, plan
 from reroll.trainer.sft import save_model, sft
 
 BASE = ["task.name=longtail", "task.seed=0", "task.args.n_train=4000", "task.args.n_test=1000",
@@ -144,7 +144,8 @@ def held_out_curve(run: Path, acc0: float, base: list[str]) -> list[tuple[float,
             ck = run.with_name(run.name + ".weights") / f"step_{r['step']:06d}"
             if ck.is_dir():
                 model, tok = build.load_model(ck, cfg)
-                m = evaluate(model, tok, task.test, scorer, build_rollout.encode_prompt(tok), cfg, k=1)
+                m = evaluate(model, tok, task.test, scorer, build_rollout.encode_prompt(tok),
+                             plan(cfg, tok), k=1)
                 points.append((wall, m["eval/greedy_accuracy"]))
     finally:
         scorer.close()
@@ -157,8 +158,8 @@ def initial_accuracy(init: Path, base: list[str]) -> float:
     scorer = build_rollout.build_scorer(cfg, task)
     try:
         model, tok = build.load_model(init / "model", cfg)
-        return evaluate(model, tok, task.test, scorer, build_rollout.encode_prompt(tok), cfg,
-                        k=1)["eval/greedy_accuracy"]
+        return evaluate(model, tok, task.test, scorer, build_rollout.encode_prompt(tok),
+                        plan(cfg, tok), k=1)["eval/greedy_accuracy"]
     finally:
         scorer.close()
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from reroll.config import ModelConfig
-from reroll.control.arrol import QualityHead, head_tensors
 from reroll.engine import TorchEngine
+from reroll.engine.quality import QualityHead, head_tensors
 from reroll.models import build_tiny, load
 from reroll.rollout import PruneRule, Rollout, SamplingParams
 

@@ -76,11 +76,12 @@ class Evaluator:
         self.spent = 0.0
 
     def __call__(self, model) -> float:
-        from reroll.trainer.evaluate import evaluate
+        from reroll.trainer.evaluate import evaluate, plan
 
         t0 = time.perf_counter()
         was = model.training
-        acc = evaluate(model.eval(), self.tok, self.test, self.scorer, self.encode, self.cfg,
+        acc = evaluate(model.eval(), self.tok, self.test, self.scorer, self.encode,
+                       plan(self.cfg, self.tok),
                        k=1)["eval/greedy_accuracy"]
         model.train(was)
         self.spent += time.perf_counter() - t0

@@ -124,6 +124,15 @@ def load_tokenizer(path: Path):
     return tok
 
 
+def cadence(cfg: RunConfig):
+    """The RL loop's clock (`reroll.loop.Cadence`) from ``train.steps``, ``log_every``,
+    ``ckpt_every``, ``record_every`` and ``eval.every``."""
+    from reroll.loop import Cadence
+
+    return Cadence(steps=cfg.train.steps, log_every=cfg.log_every, ckpt_every=cfg.ckpt_every,
+                   record_every=cfg.record_every, eval_every=cfg.eval.every)
+
+
 def build_trainer(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
     """The one place a `Trainer` is built (in the driver on the local runtime, in the trainer
     actor on Ray): policy from ``ckpt`` when resuming, else ``init_dir``; reference model from
@@ -134,8 +143,8 @@ def build_trainer(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
     too); ``model.dtype = bfloat16`` runs its forward and backward under bf16 autocast and
     publishes bf16 weights to the engine; ``float16`` only publishes float16 (fp16 autocast
     would need loss scaling). The reference model, never trained, is held in `model.dtype`.
-    With ``control.pruner = "arrol"`` the Trainer comes inside an `ArrolTrainer` (its
-    quality head trains in the same step, restored from ``ckpt`` too)."""
+    A pruner whose entry has a ``trainer`` trait wraps the Trainer in it (ARRoL's
+    `ArrolTrainer`: its quality head trains in the same step, restored from ``ckpt`` too)."""
     import torch
 
     from reroll.algo import build_objective
@@ -184,13 +193,12 @@ def build_trainer(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
     if ckpt:
         checkpoint.load_trainer_state(ckpt, trainer.opt, trainer.sched)
         trainer.version = checkpoint.read_state(ckpt).get("version", 0)
-    from reroll.control.pruners import build_pruner
+    from reroll.control.pruners import PRUNERS, build_pruner
 
-    pruner = build_pruner(cfg)
-    if pruner is not None:  # ARRoL: the quality head trains in the same step
-        from reroll.trainer.arrol import ArrolTrainer
-
-        return ArrolTrainer(trainer, pruner, seed=cfg.train.seed, ckpt=ckpt)
+    pruner = build_pruner(cfg.control, cfg.rollout)
+    wrap = PRUNERS.trait(cfg.control.pruner, "trainer") if pruner is not None else None
+    if wrap is not None:  # a pruner that learns in the same step (ARRoL's quality head)
+        return wrap(trainer, pruner, seed=cfg.train.seed, ckpt=ckpt)
     return trainer
 
 
@@ -230,7 +238,7 @@ def engine_slots(cfg: RunConfig) -> int:
 
     if cfg.engine.max_batch:
         return cfg.engine.max_batch
-    n = cfg.rollout.batch_groups * generated_group_size(cfg)
+    n = cfg.rollout.batch_groups * generated_group_size(cfg.control, cfg.rollout)
     return max(8, int(n * cfg.runtime.overprovision) * (1 + min(cfg.runtime.max_staleness, 1)))
 
 

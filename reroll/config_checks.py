@@ -145,7 +145,7 @@ def _registries(cfg: RunConfig) -> None:
     check_control(cfg)
     from reroll.replay.drafts import check_drafts
 
-    check_drafts(cfg)
+    check_drafts(cfg.replay, cfg.engine, cfg.rollout)
     from reroll.workflows.tree import check_tree
 
     check_tree(cfg)

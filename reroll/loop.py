@@ -5,17 +5,18 @@ loop (the admission rule then lets exactly one batch be generated per version).
 Written against small protocols, so it knows no runtime, engine or scheduler: a
 `BatchSource` (the rollout pipeline, wherever it runs), a `TrainerHandle` (in this process or
 a Ray actor), a `WeightTransport` (trainer -> engines, by version), an evaluator, and the run
-directory. `reroll.runtime` builds those and calls `run`. Holds no algorithm logic.
+directory, and a `Cadence` (when to stop, log, checkpoint, record and evaluate). `reroll.runtime`
+builds those and calls `run`. Holds no algorithm logic and knows no config.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from reroll.config import RunConfig
 from reroll.rollout import Group
 from reroll.runlog import RunDir
 from reroll.stopping import StopFlag, Stopped
@@ -39,46 +40,60 @@ class BatchSource(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Cadence:
+    """The loop's clock, in steps: train up to ``steps``; log every ``log_every`` and
+    checkpoint every ``ckpt_every`` steps (and at the last); record the consumed groups every
+    ``record_every`` and evaluate every ``eval_every`` steps (0: never; evaluation also
+    runs once before the first step). Built from the config by `reroll.build.cadence`."""
+
+    steps: int
+    log_every: int
+    ckpt_every: int
+    record_every: int = 0
+    eval_every: int = 0
+
+
 class WeightTransport(Protocol):
     def publish(self, version: int) -> None:
         """Send the trainer's current weights to the engines as ``version``."""
         ...
 
 
-def run(cfg: RunConfig, *, trainer: TrainerHandle, source: BatchSource,
+def run(cadence: Cadence, *, trainer: TrainerHandle, source: BatchSource,
         transport: WeightTransport, run_dir: RunDir, evaluate: Callable[[], dict[str, float]],
         start_step: int = 0, progress: bool = True, stop: StopFlag | None = None
         ) -> dict[str, float]:
-    """Train from ``start_step`` to ``cfg.train.steps``; returns the last step's metrics.
+    """Train from ``start_step`` to ``cadence.steps``; returns the last step's metrics.
 
     A step's metrics row is logged before its checkpoint, so no row is ever lost between
     the two (a kill after the row and before the checkpoint redoes the step on resume, and
     the resume truncates the row). With ``stop`` requested (a signal), the loop checkpoints
     at the end of the current step and raises `Stopped`."""
-    step, last = start_step, {}
-    bar = progress_bar(cfg.train.steps, step, enabled=progress, every=cfg.log_every)
+    c, step, last = cadence, start_step, {}
+    bar = progress_bar(c.steps, step, enabled=progress, every=c.log_every)
     try:
-        if cfg.eval.every and step == 0:  # the starting point of the accuracy curve
+        if c.eval_every and step == 0:  # the starting point of the accuracy curve
             run_dir.log(0, timed(evaluate))
         before = source.stats()  # counters are monotone: a step's delta is after - before
-        while step < cfg.train.steps:
+        while step < c.steps:
             t0 = time.perf_counter()
             groups = source.next_batch(trainer.version)
             t1 = time.perf_counter()
             metrics = trainer.step(groups)
             t2 = time.perf_counter()
             step += 1
-            if cfg.record_every and step % cfg.record_every == 0:
+            if c.record_every and step % c.record_every == 0:
                 run_dir.record(step, groups)
             after = source.stats()
             metrics.update(batch_metrics(groups, before, after, wait_s=t1 - t0,
                                          train_s=t2 - t1, step_s=time.perf_counter() - t0))
             before = after
-            if cfg.eval.every and step % cfg.eval.every == 0:
+            if c.eval_every and step % c.eval_every == 0:
                 metrics.update(timed(evaluate))
             stopping = stop is not None and stop.requested
-            log = step % cfg.log_every == 0 or step == cfg.train.steps or stopping
-            if step % cfg.ckpt_every == 0 or step == cfg.train.steps or stopping:
+            log = step % c.log_every == 0 or step == c.steps or stopping
+            if step % c.ckpt_every == 0 or step == c.steps or stopping:
                 if log:  # the row goes before its checkpoint, never lost between the two
                     run_dir.log(step, metrics)
                     log = False

@@ -226,7 +226,8 @@ class RunDir:
             if self._wandb is None:
                 from reroll.wandb_log import WandbLogger
 
-                self._wandb = WandbLogger(self.cfg, self.path)
+                self._wandb = WandbLogger(self.cfg.log, Path(self.cfg.out_dir).name,
+                                          to_dict(self.cfg), self.path)
             self._wandb.log(step, metrics)
 
     def _tensorboard(self, step: int, metrics: dict[str, float]) -> None:

@@ -77,7 +77,7 @@ class BranchRule:
 
 @dataclass(frozen=True)
 class PruneRule:
-    """A group-shared pruning checkpoint (ARRoL's pruner, `reroll.control.arrol`), decided by a
+    """A group-shared pruning checkpoint (ARRoL's pruner, `reroll.methods.arrol`), decided by a
     control policy and applied by the engine: the ``size`` members of one group (same
     ``group_id``) are generated together; when they reach ``at`` sampled response tokens
     the engine predicts each one's success from its hidden state there and retires all but
@@ -85,7 +85,7 @@ class PruneRule:
     survive (with their prediction at their last position). ``settled`` holds the
     ``(index_in_group, prediction, position)`` of members already finished before the
     checkpoint, for an engine that did not see them finish (a run resumed from a
-    checkpoint). How the survivors are chosen lives in ``reroll.control.arrol``."""
+    checkpoint). How the survivors are chosen lives in ``reroll.engine.quality``."""
 
     at: int
     keep: int

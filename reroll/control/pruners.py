@@ -1,182 +1,46 @@
 """Pruners: policies that cut rollouts while they are generated (``control.pruner``).
 
-Owns the ``PRUNERS`` registry, the control side of the one built-in pruner (ARRoL, whose
-math and per-group decision are `reroll.control.arrol`), and the config checks of pruning.
-A pruner is built as ``cls(group_size, max_new_tokens, *, hyperparameters)`` and answers:
+Owns the ``PRUNERS`` registry (its entries are methods', e.g. ARRoL in
+`reroll.methods.arrol`, registered when the registry is first looked up) and the building
+of the configured one. A pruner is built as ``cls(group_size, max_new_tokens, *,
+hyperparameters)`` and answers:
 
 - ``size``: members generated per group (``n'``), which admission reserves and the
   scheduler counts; ``rollout.group_size`` (``n``) stays the number trained;
 - ``prepare(rollouts)``: per-sample rules on a new group's members (their `PruneRule`);
-- ``settle(group, success)``: a complete group's records (labels for the head, pruned
-  members out of the loss);
+- ``settle(group, success)``: a complete group's records (labels, pruned members out of
+  the loss);
 - ``resume(group)``: a group restored from a checkpoint mid-generation;
 - ``metrics(groups)``: counts over a step's consumed groups.
 
-Knows nothing of engines, threads or the event loop.
+Its entry may declare traits: ``check(cfg, pruner)``, the combinations of keys it cannot
+work with (called when the config is checked), and ``trainer(inner, pruner, *, seed,
+ckpt)``, a trainer handle that wraps the run's trainer when the pruner learns beside the
+policy. Reads the ``[control]`` and ``[rollout]`` sections only; knows nothing of
+engines, threads or the event loop.
 """
 
 from __future__ import annotations
 
-import math
-import statistics
-from collections.abc import Callable
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from reroll.errors import ConfigError
-from reroll.registry import Registry
-from reroll.rollout import Group, PruneRule, Rollout
+from reroll.registry import METHODS, Registry
 
 if TYPE_CHECKING:
-    from reroll.config import RunConfig
+    from reroll.config import ControlConfig, RolloutConfig
 
-PRUNERS = Registry("pruner")
-PRUNED = "arrol_pruned"  # the loss_exclusion of a pruned sample
-
-
-@PRUNERS.register("arrol", ranges={"at": "[0, inf)", "overprovision": "(1, inf)",
-                                   "lr": "(0, inf)", "warmup": "[0, inf)", "hidden": "[0, inf)",
-                                   "updates": "[1, inf)"})
-class ARRoL:
-    """ARRoL (online pruning; docs/algorithms.md): ceil(overprovision x group_size) samples per group, cut to
-    group_size inside the engine at `at` response tokens so that the survivors balance
-    predicted successes and failures (a quality head on the policy's hidden states, trained
-    online); random cuts until the head has seen `warmup` finished samples. Pruned samples
-    keep their record (finish "pruned"), are scored and counted, and are left out of the
-    loss and of their group's advantages.
-
-    ``at``: the checkpoint, response tokens sampled (0: rollout.max_new_tokens // 4, at
-    least 1); ``overprovision``: n' / n; ``lr``: the head's Adam learning rate; ``warmup``:
-    finished samples the head trains on before it decides; ``hidden``: units of its hidden
-    layer (0: a linear head); ``updates``: head steps per training step on its samples;
-    ``confidence``: the prefix's log-prob mean and min as two more features (False: the
-    hidden state and the position only)."""
-
-    def __init__(self, group_size: int, max_new_tokens: int, /, *, at: int = 0,
-                 overprovision: float = 1.5, lr: float = 1e-2, warmup: int = 256,
-                 hidden: int = 0, updates: int = 1, confidence: bool = True):
-        if group_size < 1 or overprovision <= 1.0:
-            raise ValueError(f"pruner 'arrol': needs group_size >= 1 and overprovision > 1, "
-                             f"got {group_size}, {overprovision}")
-        self.keep = group_size
-        self.size = max(group_size + 1, math.ceil(group_size * overprovision - 1e-9))
-        self.at = at or max(1, max_new_tokens // 4)
-        if self.at >= max_new_tokens:
-            raise ValueError(f"pruner 'arrol': at ({self.at}) must be below rollout."
-                             f"max_new_tokens ({max_new_tokens}): no sample would reach it")
-        self.lr, self.warmup, self.hidden, self.updates = lr, warmup, hidden, updates
-        self.confidence = confidence
-
-    # ---- a new group -------------------------------------------------------------------
-    def prepare(self, rollouts: list[Rollout]) -> None:
-        rule = PruneRule(at=self.at, keep=self.keep, size=self.size)
-        for r in rollouts:
-            r.sampling = replace(r.sampling, prune=rule)
-
-    def resume(self, g: Group) -> None:
-        """A restored group still undecided: its members that finished before the
-        checkpoint are given to the others' rules (a new engine never saw them finish)."""
-        recs = [r.control.get("arrol", {}) for r in g.rollouts]
-        if any("decision" in d and d["decision"] != "finished" for d in recs):
-            return  # decided before the checkpoint: the records say everything
-        done = tuple((r.index_in_group, d["p"], d["at"]) for r, d in zip(g.rollouts, recs)
-                     if d.get("decision") == "finished")
-        for r in g.rollouts:
-            if not r.finished and r.sampling.prune is not None:
-                r.sampling = replace(r.sampling, prune=replace(r.sampling.prune,
-                                                                settled=done))
-
-    # ---- a complete group --------------------------------------------------------------
-    def settle(self, g: Group, success: Callable[[Rollout], bool]) -> None:
-        """Pruned members leave the loss (weight 0); the others get their label."""
-        for r in g.rollouts:
-            rec = r.control.setdefault("arrol", {})
-            if r.finish == "pruned":
-                r.loss_exclusion = r.loss_exclusion or PRUNED
-                r.sample_weight = 0.0
-            else:
-                rec["correct"] = bool(success(r))
-
-    @staticmethod
-    def metrics(groups: list[Group]) -> dict[str, float]:
-        """Per step, over the consumed groups: pruned and early-finished samples, groups cut
-        at random (warm-up), tokens the pruned samples had sampled, an estimate of the
-        tokens they would have sampled after the checkpoint (the mean of their group's
-        survivors that went on), and the share of groups whose survivors hold both a
-        success and a failure."""
-        recs = [(g, r, r.control.get("arrol", {})) for g in groups for r in g.rollouts
-                if r.sampling.prune is not None]
-        if not recs:
-            return {}
-        pruned = [r for _, r, d in recs if r.finish == "pruned"]
-        cut_est, mixed, random_groups = 0.0, 0, 0
-        for g in groups:
-            kept = [r.response_len - r.sampling.prune.at for r in g.rollouts
-                    if r.control.get("arrol", {}).get("decision") == "kept"]
-            gone = sum(r.finish == "pruned" for r in g.rollouts)
-            cut_est += gone * max(0.0, statistics.fmean(kept)) if kept and gone else 0.0
-            labels = {r.control.get("arrol", {}).get("correct") for r in g.rollouts
-                      if r.finish != "pruned"}
-            mixed += labels >= {True, False}
-            random_groups += any(r.control.get("arrol", {}).get("mode") == "random"
-                                 for r in g.rollouts)
-        return {"control/arrol_pruned": float(len(pruned)),
-                "control/arrol_finished_early": float(sum(d.get("decision") == "finished"
-                                                          for _, _, d in recs)),
-                "control/arrol_random_groups": float(random_groups),
-                "control/arrol_pruned_tokens": float(sum(r.response_len for r in pruned)),
-                "control/arrol_tokens_saved_est": cut_est,
-                "control/arrol_mixed_groups": mixed / len(groups)}
+PRUNERS = Registry("pruner", plugins=METHODS)
 
 
-def build_pruner(cfg: RunConfig):
+def build_pruner(control: ControlConfig, rollout: RolloutConfig):
     """The configured pruner, or None (``control.pruner = "none"``)."""
-    c = cfg.control
-    if c.pruner == "none":
+    if control.pruner == "none":
         return None
-    return PRUNERS.get(c.pruner)(cfg.rollout.group_size, cfg.rollout.max_new_tokens,
-                                 **c.pruner_args)
+    return PRUNERS.get(control.pruner)(rollout.group_size, rollout.max_new_tokens,
+                                       **control.pruner_args)
 
 
-def generated_group_size(cfg: RunConfig) -> int:
+def generated_group_size(control: ControlConfig, rollout: RolloutConfig) -> int:
     """Members generated per group: the pruner's ``size``, else ``rollout.group_size``."""
-    p = build_pruner(cfg)
-    return p.size if p is not None else cfg.rollout.group_size
-
-
-def check_pruner(cfg: RunConfig) -> None:
-    """``control.pruner``: its hyperparameters, and the combinations it cannot work with,
-    refused when the config loads, naming the keys."""
-    c = cfg.control
-    if not PRUNERS.check_choice("control.pruner", c.pruner, c.pruner_args, off="none"):
-        return
-    try:
-        p = build_pruner(cfg)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    refuse = {
-        "engine.name": (cfg.engine.name != "torch", "the quality head runs inside the torch "
-                        "engine (servers over HTTP have no hook for it)"),
-        "runtime.kind": (cfg.runtime.kind != "local", "the head reaches engines in this "
-                         "process only"),
-        "rollout.workflow": (cfg.rollout.workflow != "single_turn", "its checkpoint counts "
-                             "the tokens of one response"),
-        "control.allocator": (c.allocator != "fixed", "a pruned group is generated at its "
-                              "full size in one round"),
-        "control.duet_abort": (c.duet_abort, "DUET's gate prunes the same samples by another "
-                               "rule (and keeps its pruned ones in the baseline)"),
-        "algo.dynamic_sampling": (cfg.algo.dynamic_sampling, "the zero-variance filter would "
-                                  "judge the pruned, truncated samples too"),
-        "control.dot_k / control.dot_quantile": (c.dot_k > 0 or c.dot_quantile > 0, "DOT's "
-                                                 "all-correct test would count the pruned"),
-        "replay.buffer_size / replay.reuse / replay.draft": (
-            cfg.replay.buffer_size > 0 or cfg.replay.reuse or cfg.replay.draft != "none",
-            "replayed, reused or drafted samples do not reach the checkpoint as one group"),
-    }
-    for key, (bad, why) in refuse.items():
-        if bad:
-            raise ConfigError(f"control.pruner = {c.pruner!r} does not work with the "
-                              f"configured {key}: {why}")
-    if 0 < cfg.engine.max_batch < p.size:
-        raise ConfigError(f"engine.max_batch ({cfg.engine.max_batch}) is below the "
-                          f"{p.size} members of a pruned group, which decode together")
+    p = build_pruner(control, rollout)
+    return p.size if p is not None else rollout.group_size

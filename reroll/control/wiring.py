@@ -12,7 +12,7 @@ from reroll.control.allocators import ALLOCATORS
 from reroll.control.controller import Controller, ValueOf
 from reroll.control.lengths import LENGTHS
 from reroll.control.prompts import PromptStream
-from reroll.control.pruners import build_pruner, check_pruner, generated_group_size
+from reroll.control.pruners import PRUNERS, build_pruner, generated_group_size
 from reroll.control.selectors import SELECTORS
 from reroll.control.shapers import SHAPERS
 from reroll.control.staleness import admission_limit
@@ -39,7 +39,8 @@ def check_control(cfg: RunConfig) -> None:
         raise ConfigError(str(e)) from None
     check_duet(cfg)
     rt = cfg.runtime
-    batch = fresh_groups(cfg) * generated_group_size(cfg)  # samples generated per version
+    # samples generated per version
+    batch = fresh_groups(cfg.rollout, cfg.replay) * generated_group_size(c, cfg.rollout)
     room = admission_limit(0, max_staleness=rt.max_staleness, batch=batch,
                            overprovision=rt.overprovision)
     if allocator.max_size() > room:
@@ -49,6 +50,22 @@ def check_control(cfg: RunConfig) -> None:
             f"batch_groups x group_size x (max_staleness + 1), the fresh share of it with "
             f"replay.buffer_size): no group could ever start; "
             f"lower its n_max / stages or raise rollout.batch_groups")
+
+
+def check_pruner(cfg: RunConfig) -> None:
+    """``control.pruner``: its hyperparameters, a trial build, and the combinations it
+    cannot work with (its entry's ``check`` trait), refused when the config is checked,
+    naming the keys."""
+    c = cfg.control
+    if not PRUNERS.check_choice("control.pruner", c.pruner, c.pruner_args, off="none"):
+        return
+    try:
+        p = build_pruner(c, cfg.rollout)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    check = PRUNERS.trait(c.pruner, "check")
+    if check is not None:
+        check(cfg, p)
 
 
 def check_duet(cfg: RunConfig) -> None:
@@ -77,7 +94,7 @@ def check_duet(cfg: RunConfig) -> None:
 
 def build_allocator(cfg: RunConfig):
     c = cfg.control
-    return ALLOCATORS.get(c.allocator)(generated_group_size(cfg), **c.allocator_args)
+    return ALLOCATORS.get(c.allocator)(generated_group_size(c, cfg.rollout), **c.allocator_args)
 
 
 def build_length(cfg: RunConfig):
@@ -105,11 +122,12 @@ def build_control(cfg: RunConfig, examples: list[Example], value_of: ValueOf,
         gate = MarkerGate(list(marker), grace=c.duet_grace, horizon=c.duet_horizon, q=c.duet_q)
     ctl = Controller(allocator, PromptStats(c.history), value_of=value_of,
                      success_at=c.success_at, length=length, shapers=shapers, gate=gate,
-                     pruner=build_pruner(cfg))
+                     pruner=build_pruner(cfg.control, cfg.rollout))
     choose = None
     if cfg.control.selector != "uniform":
         ctl.selector = SELECTORS.get(cfg.control.selector)(
-            examples, cfg.train.seed, fresh_groups(cfg), **cfg.control.selector_args)
+            examples, cfg.train.seed, fresh_groups(cfg.rollout, cfg.replay),
+            **cfg.control.selector_args)
         choose = lambda draw: ctl.selector.pick(draw, ctl.stats)  # noqa: E731
     ctl.load_state(saved.get("control"))
     prompts = PromptStream(examples, cfg.train.seed, choose=choose, **saved.get("prompts", {}))

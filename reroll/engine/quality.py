@@ -2,7 +2,7 @@
 `reroll.engine.plugins.prune`): the quality head the engine runs and the form it travels in,
 the rule that picks a group's survivors, and one group's gate. Pure functions and small
 classes; knows nothing of slots, caches, trainers or control policies. The method's other
-half (the head's training step, what the trainer feeds it) is `reroll.control.arrol`.
+half (the head's training step, what the trainer feeds it) is `reroll.methods.arrol`.
 
 **The quality head** (`QualityHead`): ``p = sigmoid(f([h / |h|; k / at; mean lp; min lp]))``
 with ``h`` the policy's final hidden state (the input of its output embedding) after the

@@ -287,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
             {"run": str(src.resolve()), "steps": cfg.train.steps}, indent=1))
         try:
             with stop_on_signals(StopFlag()) as flag:
-                last = run_loop(cfg, trainer=trainer, source=RecordedBatches(
+                last = run_loop(build.cadence(cfg), trainer=trainer, source=RecordedBatches(
                     store, state.get("step", 0)), transport=NoTransport(), run_dir=rd,
                     evaluate=evaluate, start_step=state.get("step", 0),
                     progress=not args.no_progress, stop=flag)

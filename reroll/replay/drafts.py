@@ -27,7 +27,7 @@ from reroll.registry import METHODS, Registry
 from reroll.rollout import Draft, Group, Rollout
 
 if TYPE_CHECKING:
-    from reroll.config import RunConfig
+    from reroll.config import EngineConfig, ReplayConfig, RolloutConfig
 
 DRAFTERS = Registry("drafter", plugins=METHODS)
 
@@ -133,28 +133,27 @@ class DraftPlanner:
                 "draft/prompts_stored": float(len(self.drafter.store.groups))}
 
 
-def build_draft_planner(cfg: RunConfig, state: dict | None) -> DraftPlanner | None:
+def build_draft_planner(replay: ReplayConfig, state: dict | None) -> DraftPlanner | None:
     """The run's drafter (None for ``replay.draft = "none"``), restored from a checkpoint's
     ``state`` (the Replay stage's ``"drafts"``)."""
-    if cfg.replay.draft == "none":
+    if replay.draft == "none":
         return None
-    out = DraftPlanner(DRAFTERS.get(cfg.replay.draft)(**cfg.replay.draft_args))
+    out = DraftPlanner(DRAFTERS.get(replay.draft)(**replay.draft_args))
     out.load_state(state)
     return out
 
 
-def check_drafts(cfg: RunConfig) -> None:
+def check_drafts(rp: ReplayConfig, engine: EngineConfig, rollout: RolloutConfig) -> None:
     """``replay.draft`` and its arguments; drafts need an engine that verifies them (the
     in-process torch engine) and one response per sample (single_turn)."""
-    rp = cfg.replay
     if not DRAFTERS.check_choice("replay.draft", rp.draft, rp.draft_args, off="none"):
         return
     try:
         DRAFTERS.get(rp.draft)(**rp.draft_args)
     except ValueError as e:
         raise ConfigError(f"replay.draft_args: {e}") from e
-    if cfg.engine.name != "torch" or cfg.rollout.workflow != "single_turn":
+    if engine.name != "torch" or rollout.workflow != "single_turn":
         raise ConfigError(f"replay.draft = {rp.draft!r} needs engine.name = \"torch\" (the "
                           f"engine that verifies drafts) and rollout.workflow = "
-                          f"\"single_turn\"; got {cfg.engine.name!r} and "
-                          f"{cfg.rollout.workflow!r}")
+                          f"\"single_turn\"; got {engine.name!r} and "
+                          f"{rollout.workflow!r}")

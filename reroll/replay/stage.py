@@ -31,7 +31,7 @@ from reroll.replay.drafts import DraftPlanner, build_draft_planner
 from reroll.rollout import Group, Rollout
 
 if TYPE_CHECKING:
-    from reroll.config import RunConfig
+    from reroll.config import ReplayConfig, RolloutConfig
 
 
 class Replay:
@@ -91,26 +91,26 @@ class Replay:
         return out
 
 
-def fresh_groups(cfg: RunConfig) -> int:
+def fresh_groups(rollout: RolloutConfig, replay: ReplayConfig) -> int:
     """Groups a step generates: all of ``rollout.batch_groups``, or with rollout replay
     the ``replay.fresh_fraction`` of them (at least one; the rest is drawn from the buffer)."""
-    b = cfg.rollout.batch_groups
-    if cfg.replay.buffer_size <= 0:
+    b = rollout.batch_groups
+    if replay.buffer_size <= 0:
         return b
-    return min(b, max(1, round(cfg.replay.fresh_fraction * b)))
+    return min(b, max(1, round(replay.fresh_fraction * b)))
 
 
-def build_replay(cfg: RunConfig, is_success: IsSuccess, state: dict | None) -> Replay | None:
+def build_replay(c: ReplayConfig, rollout: RolloutConfig, is_success: IsSuccess,
+                 state: dict | None, *, seed: int) -> Replay | None:
     """The run's Replay stage (None when neither replay, reuse nor drafts are on), restored
-    from a checkpoint's ``state["replay"]``."""
-    c = cfg.replay
+    from a checkpoint's ``state["replay"]``; ``seed``: the buffer's draws (``train.seed``)."""
     if c.buffer_size <= 0 and not c.reuse and c.draft == "none":
         return None
-    buf = (ReplayBuffer(c.buffer_size, max_age=c.max_age, seed=cfg.train.seed)
+    buf = (ReplayBuffer(c.buffer_size, max_age=c.max_age, seed=seed)
            if c.buffer_size > 0 else None)
     bank = ResponseBank(c.reuse_per_prompt, max_age=c.reuse_max_age) if c.reuse else None
-    replayed = cfg.rollout.batch_groups - fresh_groups(cfg) if buf is not None else 0
+    replayed = rollout.batch_groups - fresh_groups(rollout, c) if buf is not None else 0
     out = Replay(buffer=buf, bank=bank, is_success=is_success, replay_groups=replayed,
-                 drafting=build_draft_planner(cfg, None))
+                 drafting=build_draft_planner(c, None))
     out.load_state((state or {}).get("replay"))
     return out

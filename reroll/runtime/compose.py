@@ -69,7 +69,8 @@ def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_com
             cfg, task.train, lambda x: None if x.failed else combine(x.scores), state,
             marker=build_rollout.answer_marker_ids(cfg, tok, task))
         r = cfg.rollout
-        replay = build_replay(cfg, control.success, state)
+        replay = build_replay(cfg.replay, cfg.rollout, control.success, state,
+                              seed=cfg.train.seed)
 
         def prepare(rollouts) -> None:  # per-sample decisions, then drafts
             control.prepare(rollouts)
@@ -77,8 +78,10 @@ def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_com
                 replay.prepare(rollouts)
 
         start = build_rollout.group_starter(cfg, tok, prepare)
-        sched = Scheduler(prompts, start, group_size=generated_group_size(cfg),
-                          batch_groups=fresh_groups(cfg), max_staleness=cfg.runtime.max_staleness,
+        sched = Scheduler(prompts, start,
+                          group_size=generated_group_size(cfg.control, cfg.rollout),
+                          batch_groups=fresh_groups(cfg.rollout, cfg.replay),
+                          max_staleness=cfg.runtime.max_staleness,
                           overprovision=cfg.runtime.overprovision,
                           filters=build_rollout.build_filters(cfg, combine), controller=control,
                           replay=replay, max_errors=cfg.reward.max_errors)
@@ -103,7 +106,7 @@ def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_com
             return held_out(parts.trainer.policy())
 
         rd.commit()  # everything is built: from now on the directory holds this run
-        return run_loop(cfg, trainer=parts.trainer, source=source,
+        return run_loop(build.cadence(cfg), trainer=parts.trainer, source=source,
                         transport=Transport(parts.trainer, source), run_dir=rd,
                         evaluate=evaluator, start_step=state.get("step", 0), progress=progress,
                         stop=stop)

@@ -11,19 +11,55 @@ greedy accuracy and sampled pass@1 are also reported per level (``eval/greedy_ac
 
 `HeldOutEval` is how every command assembles it (`reroll eval`, the in-loop evaluation of
 `reroll train` and of `reroll replay`): the test split's first ``eval.n_examples`` examples,
-the run's prompt encoding and scorer, and the device its engine generates on. This module
-knows no runtime and no loop: callers hand it a model.
+the run's prompt encoding and scorer, and the device its engine generates on. The config
+enters here only through it and `plan` (an `EvalPlan`: the lengths, samples and workflow,
+and how to build the engine and the episode context); `evaluate` takes the plan. This
+module knows no runtime and no loop: callers hand it a model.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from math import comb
+from typing import TYPE_CHECKING, Any
 
-from reroll.config import RunConfig
 from reroll.rollout import Example, Group, Rollout, SamplingParams, new_group
 from reroll.trainer.metrics import env_metrics
+
+if TYPE_CHECKING:
+    from reroll.config import RunConfig
+
+
+@dataclass(frozen=True)
+class EvalPlan:
+    """How an evaluation generates: responses of up to ``max_new_tokens``, greedy and, with
+    ``k`` > 1, ``k`` samples at ``temperature``, each group driven by the rollout workflow
+    named ``workflow``; ``engine(model, device)`` builds an engine core on a copy of
+    ``model`` and ``context(engine, scorer)`` the episode context the workflow runs in."""
+
+    max_new_tokens: int
+    k: int
+    temperature: float
+    workflow: str
+    engine: Callable[[Any, str | None], Any]
+    context: Callable[[Any, Any], Any]
+
+
+def plan(cfg: RunConfig, tok) -> EvalPlan:
+    """The run's evaluation plan: ``rollout.max_new_tokens``, ``eval.k``,
+    ``eval.temperature``, ``rollout.workflow``, and the run's own engine (at most 64 rows)
+    and episode context."""
+    from reroll import build, build_rollout
+
+    return EvalPlan(
+        max_new_tokens=cfg.rollout.max_new_tokens, k=cfg.eval.k,
+        temperature=cfg.eval.temperature, workflow=cfg.rollout.workflow,
+        engine=lambda model, device: build.build_engine(model, tok, cfg, max_batch=64,
+                                                        device=device),
+        context=lambda engine, scorer: build_rollout.episode_context(cfg, tok, engine,
+                                                                     scorer))
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -41,14 +77,13 @@ def _correct(r: Rollout) -> bool | None:
     return r.scores[0].value >= 1.0 - 1e-9
 
 
-async def _run(model, tok, cfg: RunConfig, examples: list[Example], scorer, encode,
+async def _run(model, plan: EvalPlan, examples: list[Example], scorer, encode,
                params: SamplingParams, n: int, device: str | None) -> list[Group]:
-    from reroll import build, build_rollout
     from reroll.engine import EngineService
     from reroll.workflows import WORKFLOWS
 
-    engine = EngineService(build.build_engine(model, tok, cfg, max_batch=64, device=device))
-    ctx = build_rollout.episode_context(cfg, tok, engine, scorer)
+    engine = EngineService(plan.engine(model, device))
+    ctx = plan.context(engine, scorer)
     groups = []
     for i, ex in enumerate(examples):
         g = new_group(ex, n, encode(ex.prompt), params, 0)
@@ -57,27 +92,28 @@ async def _run(model, tok, cfg: RunConfig, examples: list[Example], scorer, enco
             r.sampling.seed = (i * 7919 + r.index_in_group) if n > 1 else 0
         groups.append(g)
     try:
-        workflow = WORKFLOWS.get(cfg.rollout.workflow)
+        workflow = WORKFLOWS.get(plan.workflow)
         await asyncio.gather(*(workflow(ctx, g) for g in groups))
     finally:
         await engine.close()
     return groups
 
 
-def evaluate(model, tok, examples: list[Example], scorer, encode, cfg: RunConfig,
+def evaluate(model, tok, examples: list[Example], scorer, encode, plan: EvalPlan,
              k: int | None = None, device: str | None = None) -> dict[str, float]:
     """Held-out metrics of ``model``: greedy accuracy, and with ``k`` > 1 sampled pass@1 and
-    pass@k. Generation runs on a copy of ``model`` on ``device`` (None: ``model``'s own)."""
-    k = cfg.eval.k if k is None else k
-    base = SamplingParams(temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens,
+    pass@k (None: ``plan.k``). Generation runs on a copy of ``model`` on ``device`` (None:
+    ``model``'s own)."""
+    k = plan.k if k is None else k
+    base = SamplingParams(temperature=0.0, max_new_tokens=plan.max_new_tokens,
                           stop_token_ids=[tok.eos_token_id])
     metrics: dict[str, float] = {}
     runs = [("greedy", base, 1)]
     if k > 1:
         runs.append(("sampled", SamplingParams(**{**asdict(base),
-                                                  "temperature": cfg.eval.temperature}), k))
+                                                  "temperature": plan.temperature}), k))
     for label, params, n in runs:
-        groups = asyncio.run(_run(model, tok, cfg, examples, scorer, encode, params, n, device))
+        groups = asyncio.run(_run(model, plan, examples, scorer, encode, params, n, device))
         verdicts, errors = [], 0
         by_level: dict[str, list[int]] = {}
         for ex, g in zip(examples, groups, strict=True):
@@ -111,20 +147,21 @@ class HeldOutEval:
     on the first ``eval.n_examples`` test examples. ``scorer`` is the run's own (its owner
     closes it); without one, a scorer is built from ``cfg`` and ``task`` and `close` closes
     it. ``k``: samples per example (None: ``eval.k``); ``device``: where the evaluation's
-    engine generates (None: the model's own device)."""
+    engine generates (None: the model's own device). It takes the whole config: it is what
+    each command calls to assemble the evaluation (task split, scorer, encoding, `plan`)."""
 
     def __init__(self, cfg: RunConfig, tok, task, scorer=None, device: str | None = None,
                  k: int | None = None):
         from reroll import build_rollout
 
-        self.cfg, self.tok, self.device, self.k = cfg, tok, device, k
+        self.plan, self.tok, self.device, self.k = plan(cfg, tok), tok, device, k
         self.owns_scorer = scorer is None
         self.scorer = build_rollout.build_scorer(cfg, task) if scorer is None else scorer
         self.encode = build_rollout.encode_prompt(tok, cfg.task.chat)
         self.examples = task.test[: cfg.eval.n_examples]
 
     def __call__(self, model) -> dict[str, float]:
-        return evaluate(model, self.tok, self.examples, self.scorer, self.encode, self.cfg,
+        return evaluate(model, self.tok, self.examples, self.scorer, self.encode, self.plan,
                         k=self.k, device=self.device)
 
     def close(self) -> None:

@@ -1,6 +1,6 @@
 """Reward composition: several verifiers, each with a weight, as one reward.
 
-Owns building the components from config specs (``RunConfig.reward.verifiers``: a list of
+Owns building the components from config specs (``reward.verifiers``: a list of
 ``{name, weight=1.0, args={}}``; empty means the task's default spec) and turning their
 scores into a scalar. Must not know where scoring runs (``reroll.verifiers.pool`` does).
 
@@ -105,7 +105,7 @@ class Reward:
 
 
 def build_reward(specs: list[dict], default: dict) -> Reward:
-    """The Reward for ``specs`` (``RunConfig.reward.verifiers``), or for ``[default]`` (the
+    """The Reward for ``specs`` (``reward.verifiers``), or for ``[default]`` (the
     task's default verifier spec) when ``specs`` is empty. Builds every verifier now, so a
     bad name, hyperparameter or import fails here with the spec's position."""
     use = list(specs) if specs else [default]

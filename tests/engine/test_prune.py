@@ -94,7 +94,7 @@ def test_a_scripted_head_prunes_exactly_the_expected_members_at_the_checkpoint(l
     rs = members(tok, seeds, rule, limits={5: 2})  # member 5 ends after 2 tokens
     resp = [free[s].response_tokens for s in seeds]
     # predictions at the checkpoint (3 tokens) for members 0..4; member 5 is predicted at
-    # its last computed position, after 1 token. By the rule (tests/control/test_arrol.py:
+    # its last computed position, after 1 token. By the rule (tests/methods/test_arrol.py:
     # test_finished_members_always_survive_and_steer_the_balance) 1 and 3 survive with 5.
     preds = {tuple(resp[i][:AT]): p for i, p in enumerate([0.9, 0.1, 0.6, 0.3, 0.8])}
     preds[tuple(resp[5][:1])] = 0.95
@@ -137,8 +137,8 @@ def test_before_the_warm_up_ends_the_cut_follows_the_members_own_draws(lm):
 
 def test_a_real_heads_predictions_are_its_values_on_the_checkpoint_hidden_states(lm, device,
                                                                               monkeypatch):
-    from reroll.trainer import arrol
-    from reroll.trainer.arrol import prefix_hidden
+    from reroll.methods import arrol_head as arrol
+    from reroll.methods.arrol_head import prefix_hidden
 
     model, tok = lm
     width = model.get_output_embeddings().in_features

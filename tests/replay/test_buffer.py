@@ -201,8 +201,8 @@ def test_fresh_share_of_a_step(buffer_size, fraction, batch, expect):
     cfg = load_checked(None, [f"replay.buffer_size={buffer_size}",
                               f"replay.fresh_fraction={fraction}",
                               f"rollout.batch_groups={batch}"])
-    assert fresh_groups(cfg) == expect  # round(fraction x batch), at least 1
-    stage = build_replay(cfg, success, None)
+    assert fresh_groups(cfg.rollout, cfg.replay) == expect  # round(fraction x batch), at least 1
+    stage = build_replay(cfg.replay, cfg.rollout, success, None, seed=cfg.train.seed)
     if buffer_size:
         assert stage.replay_groups == batch - expect
     else:

@@ -18,7 +18,7 @@ def _fake_run(correct):
     """An evaluator run whose sample j of example i is right when ``correct[i][j]`` (the
     greedy run uses the first entry; None is a failed score)."""
 
-    async def run(model, tok, cfg, examples, scorer, encode, params, n, device):
+    async def run(model, plan, examples, scorer, encode, params, n, device):
         groups = []
         for i, ex in enumerate(examples):
             g = new_group(ex, n, [1], params, 0)
@@ -42,7 +42,7 @@ def test_per_level_greedy_accuracy_and_sampled_pass1(monkeypatch):
                [1, 0, 0, 0], [0, 0, 0, 1], [None, 1, 1, 1],  # medium: the third failed
                [0, 0, 0, 0]]  # hard: nothing right
     monkeypatch.setattr(ev, "_run", _fake_run(correct))
-    m = ev.evaluate(None, _Tok(), _examples(levels), None, None, load_checked(None, []), k=4)
+    m = ev.evaluate(None, _Tok(), _examples(levels), None, None, ev.plan(load_checked(None, []), _Tok()), k=4)
     # greedy (first sample): easy 2/2; medium 1 of the 2 scored (the failed one left out)
     assert m["eval/greedy_accuracy"] == pytest.approx(3 / 5)
     assert m["eval/greedy_accuracy_easy"] == 1.0
@@ -60,14 +60,14 @@ def test_examples_without_a_level_keep_the_metrics_as_they_were(monkeypatch):
     correct = [[1, 0], [0, 0], [1, 1]]
     monkeypatch.setattr(ev, "_run", _fake_run(correct))
     m = ev.evaluate(None, _Tok(), _examples([None, None, None]), None, None,
-                    load_checked(None, []), k=2)
+                    ev.plan(load_checked(None, []), _Tok()), k=2)
     assert {k for k in m if not k.startswith("eval/env/")} == {
         "eval/greedy_accuracy", "eval/greedy_score_errors", "eval/pass@2",
         "eval/pass@1_sampled", "eval/sampled_score_errors", "eval/n_examples"}
     assert m["eval/greedy_accuracy"] == pytest.approx(2 / 3)
     # a level only on some examples: reported over those alone
     m = ev.evaluate(None, _Tok(), _examples([None, "hard", "hard"]), None, None,
-                    load_checked(None, []), k=1)
+                    ev.plan(load_checked(None, []), _Tok()), k=1)
     assert m["eval/greedy_accuracy_hard"] == 0.5 and "eval/greedy_accuracy_None" not in m
 
 
@@ -86,9 +86,9 @@ class _Scorer:
 def test_held_out_eval_takes_the_first_n_examples_and_closes_only_its_own_scorer(monkeypatch):
     seen = []
 
-    async def run(model, tok, cfg, examples, scorer, encode, params, n, device):
+    async def run(model, plan, examples, scorer, encode, params, n, device):
         seen.append((model, len(examples), scorer, n, device))
-        return await _fake_run([[1, 1]] * len(examples))(model, tok, cfg, examples, scorer,
+        return await _fake_run([[1, 1]] * len(examples))(model, plan, examples, scorer,
                                                         encode, params, n, device)
 
     monkeypatch.setattr(ev, "_run", run)

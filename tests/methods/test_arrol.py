@@ -11,12 +11,11 @@ import random
 import pytest
 import torch
 
-from reroll.control.arrol import (
+from reroll.engine.quality import (
     GroupGate,
     QualityHead,
     balance,
     head_from_tensors,
-    head_step,
     head_tensors,
     prefix_confidence,
     random_survivors,
@@ -24,7 +23,8 @@ from reroll.control.arrol import (
     split_weights,
     survivors,
 )
-from reroll.control.pruners import PRUNED, ARRoL
+from reroll.methods.arrol import PRUNED, ARRoL
+from reroll.methods.arrol_head import head_step
 from reroll.rollout import Example, Group, PruneRule, Rollout, SamplingParams
 
 # ---- the objective and the rule --------------------------------------------------------

@@ -1,17 +1,22 @@
-"""ARRoL's trainer side: the quality head's online training, as part of each step.
+"""ARRoL's training side: the quality head learns beside the policy, in each step.
 
-`ArrolTrainer` is a `TrainerHandle` around a `Trainer`. Its step: (1) the step's finished,
-labelled samples (not pruned, not replayed copies) go through a no-grad forward of the
-policy over their prefix up to the prediction position ``k = min(at, L - 1)``
-(`prefix_hidden`: prompt + k tokens, so the pass is short whatever the response length),
+The head's step (`head_step`) is one step of mean binary cross-entropy against "the finished
+sample was a success", on features detached from the policy, so the head never moves it.
+
+`ArrolTrainer` is a `TrainerHandle` around a `Trainer` (the ``trainer`` trait of the
+``arrol`` pruner, `reroll.methods.arrol`). Its step: (1) the step's finished, labelled
+samples (not pruned, not replayed copies) go through a no-grad forward of the policy over
+their prefix up to the prediction position ``k = min(at, L - 1)`` (`features_at`,
+`prefix_hidden`: prompt + k tokens, so the pass is short whatever the response length),
 whose last hidden state is the feature the engine used (with the prefix's recorded
-log-probs, the very numbers the engine used); (2) the head takes ``updates``
-optimiser steps of BCE on them (`reroll.control.arrol.head_step`; its accuracy, Brier score
-and BCE on these samples before the first step are logged); (3) the policy update runs on
-each group's survivors only (pruned members leave the group: they are neither in the loss
-nor in the advantages' baseline). The head's weights, optimiser and sample count go into
-checkpoints (``arrol_head.pt``) and reach the engines with the policy weights
-(`weights`, keys ``arrol.*``), so engines decide with the head of the same version.
+log-probs, the very numbers the engine used); (2) the head takes ``updates`` optimiser
+steps of BCE on them (its accuracy, Brier score and BCE on these samples before the first
+step are logged); (3) the policy update runs on each group's survivors only (pruned members
+leave the group: they are neither in the loss nor in the advantages' baseline). The head's
+weights, optimiser and sample count go into checkpoints (``arrol_head.pt``) and reach the
+engines with the policy weights (`weights`, keys ``arrol.*``), so engines decide with the
+head of the same version. The head itself and its transport are the engine's
+(`reroll.engine.quality`). Knows nothing of the pruner's rule or the control loop.
 """
 
 from __future__ import annotations
@@ -22,19 +27,41 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor, nn
 
-from reroll.control.arrol import (
-    QualityHead,
-    features_at,
-    head_step,
-    head_tensors,
-    prefix_confidence,
-)
+from reroll.engine.quality import QualityHead, head_tensors, prefix_confidence
 from reroll.rollout import Group, Rollout
 from reroll.trainer import checkpoint
 from reroll.trainer.logprobs import split_head
 from reroll.trainer.micro_batches import micro_slices
 from reroll.trainer.precision import autocast
+
+
+def head_step(head: QualityHead, opt: torch.optim.Optimizer, h: Tensor, k: Tensor,
+              lp: Tensor, y: Tensor) -> dict[str, float]:
+    """One step of mean BCE on (h [N, H], k [N], lp [N, 2], y [N] in {0, 1}); returns the
+    head's accuracy (p >= 1/2 vs y), Brier score mean (p - y)^2 and BCE on these samples
+    before the step, and the BCE after it."""
+    logits = head(h.detach(), k, lp)
+    y = y.to(logits.device, torch.float32)
+    loss = nn.functional.binary_cross_entropy_with_logits(logits, y)
+    p = torch.sigmoid(logits.detach())
+    out = {"arrol/head_accuracy": float(((p >= 0.5).float() == y).float().mean()),
+           "arrol/head_brier": float(((p - y) ** 2).mean()),
+           "arrol/head_bce": float(loss.detach())}
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    with torch.no_grad():
+        after = nn.functional.binary_cross_entropy_with_logits(head(h, k, lp), y)
+    out["arrol/head_bce_after"] = float(after)
+    return out
+
+
+def features_at(response_len: int, at: int) -> int:
+    """Position k of a finished sample's prediction: min(at, L - 1)."""
+    return max(0, min(at, response_len - 1))
+
 
 HEAD_FILE = "arrol_head.pt"
 
@@ -84,7 +111,7 @@ def _embedding_input(model: torch.nn.Module, ids: torch.Tensor, att: torch.Tenso
 
 class ArrolTrainer:
     """The policy update of ``inner`` on survivors, and the quality head's update (see the
-    module docstring); ``pruner``: the `reroll.control.pruners.ARRoL` of the run."""
+    module docstring); ``pruner``: the `reroll.methods.arrol.ARRoL` of the run."""
 
     def __init__(self, inner, pruner, *, seed: int = 0, ckpt: Path | None = None):
         self.inner, self.at = inner, pruner.at
@@ -136,7 +163,7 @@ class ArrolTrainer:
 
     # ---- the rest of TrainerHandle ------------------------------------------------------
     def head_weights(self) -> dict[str, torch.Tensor]:
-        """The head as the engines take it (`reroll.control.arrol.head_tensors`)."""
+        """The head as the engines take it (`reroll.engine.quality.head_tensors`)."""
         return head_tensors(self.head, self.warm)
 
     def weights(self) -> dict[str, torch.Tensor]:
