@@ -39,7 +39,7 @@ def test_unknown_sim_setting_is_refused(tmp_path):
 
 
 def test_lengths_resampled_from_a_recorded_run(tmp_path):
-    from reroll.replay.store import RolloutStore
+    from reroll.recording.store import RolloutStore
 
     g = new_group(Example("p", "", ""), 2, [1, 2, 3], SamplingParams(), 0)
     for r, n in zip(g.rollouts, (4, 7)):
