@@ -110,8 +110,12 @@ def load_plugins(modules: tuple[str, ...] = METHODS) -> None:
 
     for name in modules:
         if name not in _loaded:
-            _loaded.add(name)
-            importlib.import_module(name)
+            _loaded.add(name)  # first: a lookup made while it imports must not recurse
+            try:
+                importlib.import_module(name)
+            except BaseException:
+                _loaded.discard(name)  # the next lookup raises the import's error again
+                raise
 
 
 class Registry:

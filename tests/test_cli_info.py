@@ -116,11 +116,12 @@ def test_every_catalogued_key_is_a_config_key():
         assert entry.args_key is None or entry.args_key in keys, entry
 
 
-def test_help_imports_neither_torch_nor_a_registry():
+def test_help_imports_neither_torch_numpy_nor_a_registry():
     code = ("import sys\nfrom reroll.cli import main\ntry:\n    main(['--help'])\n"
             "except SystemExit:\n    pass\n"
-            "print([m for m in sys.modules if m == 'torch' or m.startswith(('reroll.algo', "
-            "'reroll.tasks', 'transformers'))])")
+            "print([m for m in sys.modules if m in ('torch', 'numpy') or m.startswith(("
+            "'reroll.algo', 'reroll.tasks', 'reroll.control', 'reroll.methods', "
+            "'transformers'))])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -74,13 +74,27 @@ REDUCTIONS: dict[str, Reduction] = {
 }
 
 
+def declare(key: str, how: Reduce, start: float | None = None) -> None:
+    """Declare how a metric of your own component (a surrogate, a correction, ...) combines
+    across passes, e.g. ``declare("my/ratio_max", Reduce.MAX)``."""
+    REDUCTIONS[key] = Reduction(how) if start is None else Reduction(how, start=start)
+
+
 def reduction(key: str) -> Reduction:
-    """The declared reduction of ``key``; an undeclared key is refused by name."""
+    """The declared reduction of ``key``. An undeclared key (a user component's metric) is
+    averaged over samples, with one warning naming it and how to declare it, rather than
+    stopping a run after its generation."""
     try:
         return REDUCTIONS[key]
     except KeyError:
-        raise KeyError(f"metric {key!r} declares no reduction across passes: add it to "
-                       f"reroll.trainer.reductions.REDUCTIONS") from None
+        import warnings
+
+        warnings.warn(f"metric {key!r} declares no reduction across passes: averaged over "
+                      f"samples; declare it with reroll.trainer.reductions.declare({key!r}, "
+                      f"Reduce.MAX | MIN | MINIBATCH_MEAN | SAMPLE_MEAN | LAST)", UserWarning,
+                      stacklevel=3)
+        REDUCTIONS[key] = _SAMPLE_MEAN  # warned once
+        return _SAMPLE_MEAN
 
 
 class UpdateMetrics:

@@ -7,10 +7,9 @@ import pytest
 
 import reroll.control.scheduler as scheduler_module
 from reroll.control import staleness
-from reroll.sim import simulate
 from reroll.sim.gen_device import GenDevice, Row
 from reroll.sim.settings import SimRun, SimSettings
-from reroll.sim.simulate import Simulation
+from reroll.sim.simulate import Simulation, simulate
 
 # one decode step costs 1 s whatever the batch; a training step 5 s; nothing else costs
 UNIT = dict(decode_base_s=1.0, decode_row_s=0.0, prefill_token_s=0.0, train_token_s=0.0,

@@ -1,6 +1,6 @@
 """Metrics combine across an update's passes as each key declares (`reroll.trainer.reductions`):
 the arithmetic by hand, every metric a registered objective can report declared, an
-undeclared key refused by name, and the pass counters' metrics."""
+undeclared key averaged with one warning, and the pass counters' metrics."""
 
 import pytest
 import torch
@@ -35,9 +35,28 @@ def test_a_declared_start_bounds_a_min():
     assert m.values["vcpo/ess_ratio_min"] == 1.0
 
 
-def test_an_undeclared_metric_is_refused_by_name():
-    with pytest.raises(KeyError, match="metric 'loss/new' declares no reduction"):
-        UpdateMetrics(minibatches=1, samples=1).add("loss/new", 1.0, samples=1)
+def test_an_undeclared_metric_is_averaged_over_samples_with_one_warning_and_can_be_declared():
+    """A user component's new metric neither stops the run nor goes unsaid: one warning
+    names it, and it is averaged over samples; `declare` gives it a reduction of its own."""
+    import warnings
+
+    from reroll.trainer.reductions import Reduce, declare
+
+    try:
+        m = UpdateMetrics(minibatches=1, samples=4)
+        with pytest.warns(UserWarning, match="metric 'my/new' declares no reduction"):
+            m.add("my/new", 1.0, samples=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # said once
+            m.add("my/new", 3.0, samples=3)
+        assert m.values["my/new"] == 1.0 * 1 / 4 + 3.0 * 3 / 4  # weighted by samples: 2.5
+        declare("my/max", Reduce.MAX)
+        m.add_all({"my/max": 2.0}, samples=1)
+        m.add_all({"my/max": 5.0}, samples=3)
+        assert m.values["my/max"] == 5.0
+    finally:
+        REDUCTIONS.pop("my/new", None)
+        REDUCTIONS.pop("my/max", None)
 
 
 @pytest.mark.parametrize("surrogate", SURROGATES.names())
