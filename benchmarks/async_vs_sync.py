@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 from reroll import build, build_rollout
+from reroll.config import load_config
 from reroll.config_checks import load_checked
 from reroll.runlog import read_metrics
 from reroll.runtime import train
@@ -124,8 +125,8 @@ def run_variant(out: Path, name: str, overrides: list[str], init: Path, steps: i
     run = out / "runs" / name.replace(" ", "_").replace("=", "").replace("(", "").replace(")", "")
     for d in (run, run.with_name(run.name + ".weights")):
         shutil.rmtree(d, ignore_errors=True)
-    cfg = load_checked(None, base + [f"out_dir={run}", f"init={init}", f"train.steps={steps}",
-                                     f"ckpt_every={every}", "eval.every=0", *overrides])
+    cfg = load_config(None, base + [f"out_dir={run}", f"init={init}", f"train.steps={steps}",
+                                    f"ckpt_every={every}", "eval.every=0", *overrides])  # train checks it
     with CheckpointCopier(run, run.with_name(run.name + ".weights")):
         train(cfg, progress=False)
     return run, engine_slots(cfg)

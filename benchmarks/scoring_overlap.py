@@ -62,14 +62,14 @@ class InlineScorer:
 
 def run(label: str, out: Path, steps: int, extra: list[str]) -> dict:
     from reroll import build_rollout
-    from reroll.config_checks import load_checked
+    from reroll.config import load_config
     from reroll.runlog import read_metrics
     from reroll.runtime import train
 
     base = ["task.name=longtail", "rollout.group_size=8", "rollout.batch_groups=8",
             "rollout.max_new_tokens=48", "model.max_position=96", "runtime.threads=1",
             "runtime.max_staleness=1", f"train.steps={steps}", "ckpt_every=100000", f"out_dir={out / label}"]
-    cfg = load_checked(None, base + extra)
+    cfg = load_config(None, base + extra)  # train checks it
     if label == "inline":
         orig = build_rollout.build_scorer
         build_rollout.build_scorer = InlineScorer

@@ -32,8 +32,8 @@ try:
     from reroll.runtime import train
 except ImportError:  # a checkout from before the runtime became the composition root
     from reroll.loop import train
-from reroll.config_checks import load_checked
-train(load_checked(sys.argv[1], sys.argv[2:]), progress=False)
+from reroll.config import load_config  # train checks it (older checkouts: load_config did)
+train(load_config(sys.argv[1], sys.argv[2:]), progress=False)
 """
 
 

@@ -243,9 +243,13 @@ def _resumable(args) -> str:
     if args.cmd not in ("train", "sft"):
         return ""
     try:
+        import warnings
+
         from reroll.config import load_config
 
-        out = Path(load_config(args.config, args.overrides).out_dir).expanduser()
+        with warnings.catch_warnings():  # said when the command started
+            warnings.simplefilter("ignore")
+            out = Path(load_config(args.config, args.overrides).out_dir).expanduser()
     except Exception:  # the config itself is what failed: nothing started
         return ""
     if not (out / "config.toml").is_file():

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class StopRule:
     """A per-request stop rule on top of EOS, stop strings and the length limit, decided by a
-    control policy (DUET's marker gate, `reroll.control.duet`) and applied by the engine as it
+    control policy (DUET's marker gate, `reroll.methods.duet`) and applied by the engine as it
     samples. Positions count the tokens sampled in the call (the whole response of a
     single-turn sample), across resumes:
 
