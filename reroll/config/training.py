@@ -231,6 +231,13 @@ class TrainConfig:
     transformers' default optimiser (adamw_torch_fused). false: torch's default
     implementation (a Python loop over the parameters on the CPU, foreach kernels on CUDA).
     The same update up to float rounding."""
+    prox_ema: float = ranged(0.0, "[0, 1)")
+    """PPO-EWMA (Hilton et al. 2022): > 0 makes the proximal policy pi_prox an exponential
+    moving average of the trainer's past weights, theta_prox <- prox_ema x theta_prox +
+    (1 - prox_ema) x theta after every update (one extra copy of the weights in memory, one
+    extra forward pass per update); its log-probs are then pi_prox in the clip and in the
+    correction's pi_prox / mu. 0: pi_prox is the weights at the start of the update.
+    Checkpointed (prox_ema.pt)."""
     seed: int = 0
     """Seed of sampling, data order and initialisation."""
 

@@ -68,6 +68,10 @@ class TrainerOptions:
     weights' own."""
     fused_optimizer: bool = True
     """AdamW's fused kernel (`reroll.trainer.sft.adamw`)."""
+    prox_ema: float = 0.0
+    """PPO-EWMA: > 0 takes the proximal log-probs from an exponential moving average of the
+    weights with this decay, updated after every update (`reroll.trainer.prox_ema`); 0:
+    pi_prox is the weights at the start of the update."""
 
     @property
     def published_dtype(self) -> torch.dtype | None:

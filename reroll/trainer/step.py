@@ -36,6 +36,7 @@ from reroll.trainer.micro_batches import micro_slices, plan_micro_batches
 from reroll.trainer.optim_step import OptimiserStep, step_hooks
 from reroll.trainer.options import TrainerOptions
 from reroll.trainer.precision import autocast
+from reroll.trainer.prox_ema import EMA_FILE, ProxEma
 from reroll.trainer.reductions import PassCounts, UpdateMetrics
 from reroll.trainer.schedules import check_schedule, lr_factor
 from reroll.trainer.sft import adamw
@@ -118,6 +119,8 @@ class Trainer:
             k, steps=o.total_steps, warmup_steps=o.warmup_steps, schedule=o.schedule))
         if objective.needs_ref and ref_model is None:
             raise ValueError("the objective needs a reference model (kl_coef > 0)")
+        # PPO-EWMA: pi_prox from a moving average of past weights (None: the current ones)
+        self.prox_ema = ProxEma(model, o.prox_ema) if o.prox_ema > 0 else None
 
     def _forward(self, model: torch.nn.Module, batch: Batch, entropy: bool = False,
                  packing=_DECIDE) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -183,7 +186,9 @@ class Trainer:
         # forward runs at exactly those weights, so its detached log-probs are pi_prox and a
         # separate forward pass would compute the same numbers again (TRL and verl skip it too).
         prox = None
-        if o.minibatches > 1 or kl_reward or not o.reuse_prox:
+        if self.prox_ema is not None:
+            prox = self._logprobs(self.prox_ema.model, batch)  # [N, T] at theta_prox
+        elif o.minibatches > 1 or kl_reward or not o.reuse_prox:
             prox = self._logprobs(self.model, batch)  # [N, T]
         extra: dict[str, torch.Tensor] = {}
         if kl_reward:
@@ -241,6 +246,8 @@ class Trainer:
         self.sched.step()  # the warm-up counts RL steps, not mini-batches
         metrics["lr"] = self.sched.get_last_lr()[0]
         self.version += 1
+        if self.prox_ema is not None:
+            self.prox_ema.update(self.model)
         metrics.update(version_lag_metrics(batch, self.version - 1))
         metrics["adv/mean"] = float(adv.mean())
         metrics["adv/abs_mean"] = float(adv.abs().mean())
@@ -333,12 +340,22 @@ class Trainer:
     def save_checkpoint(self, run_dir: Path, step: int, state: dict[str, Any],
                         groups: Sequence[Group], extras: dict[str, Any] | None = None) -> Path:
         """Model, optimiser, LR schedule and RNG, plus the caller's ``state`` and unconsumed
-        ``groups`` (and ``extras``, see `checkpoint.save`), written atomically by
-        `checkpoint.save`."""
+        ``groups`` (and ``extras``, see `checkpoint.save`; the PPO-EWMA weights where they
+        are kept), written atomically by `checkpoint.save`."""
         if self.tokenizer is None:
             raise ValueError("Trainer.save_checkpoint needs the tokenizer (Trainer(tokenizer=))")
+        if self.prox_ema is not None:
+            extras = {**(extras or {}), EMA_FILE: self.prox_ema.state()}
         return checkpoint.save(run_dir, step, self.model, self.tokenizer, self.opt, state,
                                list(groups), lr_scheduler=self.sched, extras=extras)
+
+    def resume(self, ckpt: Path) -> None:
+        """Continue from checkpoint ``ckpt`` (its model weights already loaded): optimiser,
+        schedule, random state, version and the PPO-EWMA weights where they are kept."""
+        checkpoint.load_trainer_state(ckpt, self.opt, self.sched)
+        self.version = checkpoint.read_state(ckpt).get("version", 0)
+        if self.prox_ema is not None:
+            self.prox_ema.load(checkpoint.read_extra(ckpt, EMA_FILE))
 
     def policy(self) -> torch.nn.Module:
         return self.model
