@@ -188,7 +188,8 @@ def build_trainer(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
         skip_inert=t.skip_zero_advantage and experts <= 1, logprob_chunk=t.logprob_chunk,
         share_prompt=t.share_prompt, autocast_dtype=autocast_dtype(cfg.model.dtype),
         publish_dtype=getattr(torch, cfg.model.dtype), fused_optimizer=t.fused_optimizer,
-        prox_ema=t.prox_ema)
+        prox_ema=t.prox_ema, old_snapshots=t.old_snapshots,
+        snapshot_lag=cfg.runtime.max_staleness + (cfg.runtime.overprovision > 1))
     trainer = Trainer(model, objective, options, tokenizer=tok, ref_model=ref)
     if ckpt:
         trainer.resume(ckpt)
