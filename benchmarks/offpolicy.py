@@ -1,5 +1,5 @@
 """Off-policy corrections on stale rollouts: decoupled PPO (truncated IS), masked IS, VCPO,
-MinPRO, M2PO and PPO-EWMA at ``runtime.max_staleness`` 4 on the main job
+MinPRO, M2PO, PPO-EWMA and per-version snapshots at ``runtime.max_staleness`` 4 on the main job
 (``configs/arithmetic.toml``) from its SFT checkpoint.
 
 Methods, each from the same SFT checkpoint with the main job's settings; only the keys
@@ -10,7 +10,9 @@ below differ (docs/algorithms.md describes each):
 - ``vcpo``: VCPO's ESS-scaled learning rate and its OPOB baseline;
 - ``minpro``: MinPRO's prefix minimum times the truncated ratio;
 - ``m2po``: M2PO's second-moment mask (threshold 0.04);
-- ``ppo_ewma``: pi_prox from a moving average of the weights (``train.prox_ema`` 0.9).
+- ``ppo_ewma``: pi_prox from a moving average of the weights (``train.prox_ema`` 0.9);
+- ``snapshots``: each stale token's pi_prox under its own version's weights
+  (``train.old_snapshots`` 5: every version a token can carry at max_staleness 4).
 
 Per run: the held-out greedy accuracy curve, the share of evaluations after the start that
 fall below the start, the token ESS of the correction (``is/ess``: mean and minimum over
@@ -49,6 +51,7 @@ METHODS: dict[str, list[str]] = {
     "minpro": ["algo.correction=minpro"],
     "m2po": ["algo.correction=m2po"],
     "ppo_ewma": ["train.prox_ema=0.9"],
+    "snapshots": ["train.old_snapshots=5"],
 }
 
 
