@@ -197,7 +197,7 @@ def minpro(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *, cap: 
     prefix minimum (it enters through its own ratio, truncated at ``cap`` as in
     ``tis_token``, and through the surrogate's clip of pi_theta / pi_prox); the prefix uses
     rho_j = pi_prox / mu, the weights at the start of the update, so it is a constant of
-    the update like every weight here (the paper also stops its gradient). Tokens off the
+    the update without gradient, like every weight here. Tokens off the
     mask (tool and environment tokens, padding) stay out of every minimum but keep their
     place: a model token after a tool call still sees the model tokens before it. A token
     counts as dropped when either factor cut it."""
@@ -218,10 +218,10 @@ def minpro(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *, cap: 
 @torch.no_grad()
 def m2po(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *,
          threshold: float = 0.04) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
-    """M2PO (Zheng et al. 2025, "Prosperity before Collapse", as AReaL implements it): mask
-    the tokens with the largest second moment (log rho_t)^2 first, fewest first, until the
-    mean of (log rho_t)^2 over the tokens kept is <= ``threshold``; kept tokens keep their
-    untruncated weight w_t = rho_t (the second-moment bound replaces the clip).
+    """M2PO (Zheng et al. 2025, "Prosperity before Collapse"; in AReaL): mask as few tokens
+    as possible, largest second moment (log rho_t)^2 first, so that the mean of
+    (log rho_t)^2 over the tokens kept is <= ``threshold``; kept tokens keep their
+    untruncated weight w_t = rho_t (the second-moment bound replaces truncation).
 
     The mean is over the tokens this call sees (one micro-batch of the trainer), so the
     correction is not row-local: a sample's mask depends on the others passed with it.
