@@ -1,6 +1,9 @@
 """PPO-EWMA's proximal weights: the average by hand, the trainer's pi_prox from it, and a
 stopped-and-resumed run equal to an uninterrupted one bitwise (policy and average)."""
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -11,7 +14,9 @@ from reroll.runtime import train
 from reroll.trainer.options import TrainerOptions
 from reroll.trainer.prox_ema import EMA_FILE, ProxEma
 from reroll.trainer.step import Trainer
-from tests.trainer.test_step import groups_of
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_step import groups_of  # noqa: E402  (the same tiny groups as the step's tests)
 
 
 def test_the_average_moves_by_one_minus_decay_of_the_gap_each_update():

@@ -2,6 +2,9 @@
 under its own version's weights (recorded per token), the fallback counted, and a
 stopped-and-resumed run with snapshots equal to an uninterrupted one bitwise."""
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -15,7 +18,9 @@ from reroll.trainer.batch import collate, flatten
 from reroll.trainer.options import TrainerOptions
 from reroll.trainer.snapshots import SNAPSHOT_FILE, VersionSnapshots
 from reroll.trainer.step import Trainer
-from tests.trainer.test_step import groups_of
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_step import groups_of  # noqa: E402  (the same tiny groups as the step's tests)
 
 
 def test_snapshots_older_than_the_lag_are_released_and_the_oldest_evicted_at_the_bound():
