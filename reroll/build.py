@@ -149,7 +149,6 @@ def build_trainer(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
 
     from reroll.algo import build_objective
     from reroll.config import ConfigError
-    from reroll.trainer import checkpoint
     from reroll.trainer.options import TrainerOptions
     from reroll.trainer.precision import autocast_dtype
     from reroll.trainer.step import Trainer
@@ -188,11 +187,12 @@ def build_trainer(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
         micro_batch_tokens=t.micro_batch_tokens, temperature=cfg.rollout.temperature,
         skip_inert=t.skip_zero_advantage and experts <= 1, logprob_chunk=t.logprob_chunk,
         share_prompt=t.share_prompt, autocast_dtype=autocast_dtype(cfg.model.dtype),
-        publish_dtype=getattr(torch, cfg.model.dtype), fused_optimizer=t.fused_optimizer)
+        publish_dtype=getattr(torch, cfg.model.dtype), fused_optimizer=t.fused_optimizer,
+        prox_ema=t.prox_ema, old_snapshots=t.old_snapshots,
+        snapshot_lag=cfg.runtime.max_staleness + (cfg.runtime.overprovision > 1))
     trainer = Trainer(model, objective, options, tokenizer=tok, ref_model=ref)
     if ckpt:
-        checkpoint.load_trainer_state(ckpt, trainer.opt, trainer.sched)
-        trainer.version = checkpoint.read_state(ckpt).get("version", 0)
+        trainer.resume(ckpt)
     from reroll.control.pruners import PRUNERS, build_pruner
 
     pruner = build_pruner(cfg.control, cfg.rollout)

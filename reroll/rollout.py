@@ -135,6 +135,12 @@ class Rollout:
     "marker_stop"}}``; ARRoL's ``{"arrol": {"p": 0.83, "at": 2, "version": 5, "mode":
     "head", "decision": "kept", "correct": True}}``)."""
     timings: dict[str, float] = field(default_factory=dict)
+    old_logprobs: list[float | None] | None = None
+    """Per token, the trainer's log-prob under the weights of the version that sampled it
+    (pi_train,v, `reroll.trainer.snapshots`), None where it was not computed (prompt and
+    environment tokens, a version without a snapshot, and tokens of the trainer's current
+    version, whose pi_train,v is the update's own pi_prox); the field is None when the trainer
+    computed none for this sample (the default: train.old_snapshots = 0)."""
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -157,6 +163,9 @@ class Rollout:
             )
         if not 0 <= self.prompt_len <= n:
             raise ValueError(f"rollout {self.sample_id}: prompt_len {self.prompt_len} > {n}")
+        if self.old_logprobs is not None and len(self.old_logprobs) != n:
+            raise ValueError(f"rollout {self.sample_id}: {len(self.old_logprobs)} old_logprobs "
+                             f"for {n} tokens")
 
     # ---- growing a rollout (engine side) ---------------------------------------------
     def append(self, token: int, logprob: float, version: int, source: Source = "sampled") -> None:
@@ -220,7 +229,10 @@ class Rollout:
 
     # ---- JSON --------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["old_logprobs"] is None:  # not computed: records stay as they were without it
+            del d["old_logprobs"]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> Rollout:

@@ -180,3 +180,68 @@ def mis_geo(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *,
     geo = mean_log.exp().expand_as(log_rho)  # [B, T]
     keep = (geo >= lower) & (geo <= upper)
     return _out(torch.ones_like(log_rho), keep, m, log_rho, ~keep)
+
+
+@CORRECTIONS.register("minpro", ranges={"cap": "(0, inf)"}, row_local=True)
+@torch.no_grad()
+def minpro(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *, cap: float = 2.0
+           ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """MinPRO (Lei et al. 2026, "A Step Back: Prefix Importance Ratio Stabilizes Policy
+    Optimization"): w_t = min(rho_t, cap) * min(1, min_{j<t} rho_j).
+
+    The prefix importance ratio prod_{j<t} rho_j is the exact correction for the context a
+    token was sampled in, but its variance grows with t; the paper replaces it by the
+    non-cumulative minimum of the earlier ratios, capped at 1, so a token that follows one
+    which has become unlikely under the trainer is down-weighted and nothing is ever
+    up-weighted by its prefix. Choices here: the current token does not count in its own
+    prefix minimum (it enters through its own ratio, truncated at ``cap`` as in
+    ``tis_token``, and through the surrogate's clip of pi_theta / pi_prox); the prefix uses
+    rho_j = pi_prox / mu, the weights at the start of the update, so it is a constant of
+    the update without gradient, like every weight here. Tokens off the
+    mask (tool and environment tokens, padding) stay out of every minimum but keep their
+    place: a model token after a tool call still sees the model tokens before it. A token
+    counts as dropped when either factor cut it."""
+    _check_cap("minpro", cap)
+    m, log_rho = _log_rho(prox_logprobs, behav_logprobs, mask, "minpro")
+    inf = torch.full_like(log_rho, float("inf"))
+    running = torch.cummin(torch.where(m, log_rho, inf), dim=-1).values  # min_{j<=t}
+    before = torch.cat([inf[:, :1], running[:, :-1]], dim=-1)  # min_{j<t}; +inf: none yet
+    prefix = before.clamp(max=0.0).clamp(min=-LOG_CLAMP).exp()  # min(1, min_{j<t} rho_j)
+    rho = _tok(log_rho)
+    out = _out(rho.clamp(max=cap) * prefix, m, m, log_rho, (rho > cap) | (prefix < 1.0))
+    fm = m.to(log_rho.dtype)
+    out[2]["is/prefix_mean"] = (prefix * fm).sum() / fm.sum().clamp(min=1.0)
+    return out
+
+
+@CORRECTIONS.register("m2po", ranges={"threshold": "(0, inf)"}, row_local=False)
+@torch.no_grad()
+def m2po(prox_logprobs: Tensor, behav_logprobs: Tensor, mask: Tensor, *,
+         threshold: float = 0.04) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """M2PO (Zheng et al. 2025, "Prosperity before Collapse"; in AReaL): mask as few tokens
+    as possible, largest second moment (log rho_t)^2 first, so that the mean of
+    (log rho_t)^2 over the tokens kept is <= ``threshold``; kept tokens keep their
+    untruncated weight w_t = rho_t (the second-moment bound replaces truncation).
+
+    The mean is over the tokens this call sees (one micro-batch of the trainer), so the
+    correction is not row-local: a sample's mask depends on the others passed with it.
+    Among tokens of equal second moment the earlier one (row-major order) is masked first.
+    Tokens off the mask never count."""
+    if not threshold > 0:
+        raise ValueError(f"correction 'm2po': threshold must be > 0, got {threshold}")
+    m, log_rho = _log_rho(prox_logprobs, behav_logprobs, mask, "m2po")
+    m2 = (log_rho.clamp(-LOG_CLAMP, LOG_CLAMP) ** 2).double()  # [B, T]
+    flat = torch.where(m, m2, torch.full_like(m2, -1.0)).flatten()  # off the mask: last
+    order = torch.sort(flat, descending=True, stable=True).indices
+    vals = flat[order]
+    n = int(m.sum())
+    # masking the k largest leaves sum(vals[k:n]) over n - k tokens; the least k that meets
+    # the threshold (k = n, an empty batch, always does)
+    suffix = torch.cat([vals[:n].flip(0).cumsum(0).flip(0), vals.new_zeros(1)])  # [n + 1]
+    kept_n = torch.arange(n, -1, -1, dtype=vals.dtype, device=vals.device)  # n - k
+    ok = suffix <= threshold * kept_n
+    k = int(ok.nonzero()[0]) if n > 0 else 0
+    keep = torch.ones_like(flat, dtype=torch.bool)
+    keep[order[:k]] = False
+    keep = keep.view_as(m)
+    return _out(_tok(log_rho), keep, m, log_rho, ~keep)

@@ -41,7 +41,9 @@ class LossInputs:
     """One micro-batch; every tensor is aligned on response token positions."""
 
     logprobs: Tensor  # [B, T] current policy pi_theta, requires grad
-    prox_logprobs: Tensor  # [B, T] pi_prox: weights at the start of this update
+    # [B, T] pi_prox: the weights at the start of this update (PPO-EWMA: their moving
+    # average; with version snapshots, a stale token's own version's weights)
+    prox_logprobs: Tensor
     behav_logprobs: Tensor  # [B, T] mu: recorded by the engine when it sampled
     advantages: Tensor  # [B, T] per-sample advantage broadcast over its tokens
     mask: Tensor  # [B, T] float, a trainable token's loss weight (1; TreeRL: paths through it)

@@ -231,6 +231,25 @@ class TrainConfig:
     transformers' default optimiser (adamw_torch_fused). false: torch's default
     implementation (a Python loop over the parameters on the CPU, foreach kernels on CUDA).
     The same update up to float rounding."""
+    prox_ema: float = ranged(0.0, "[0, 1)")
+    """PPO-EWMA (Hilton et al. 2022): > 0 makes the proximal policy pi_prox an exponential
+    moving average of the trainer's past weights, theta_prox <- prox_ema x theta_prox +
+    (1 - prox_ema) x theta after every update (one extra copy of the weights in memory, one
+    extra forward pass per update); its log-probs are then pi_prox in the clip and in the
+    correction's pi_prox / mu. 0: pi_prox is the weights at the start of the update.
+    Checkpointed (prox_ema.pt)."""
+    old_snapshots: int = ranged(0, "[0, inf)")
+    """Per-version old log-probs (Guan et al. 2026, "Missing Old Logits in Asynchronous
+    Agentic RL"): > 0 keeps trainer-side weight snapshots of at most this many policy
+    versions (the current one included; each a copy of the weights in the trainer's memory)
+    and computes each stale token's pi_prox under the weights of the version that sampled
+    it, so the correction sees only the engine/trainer mismatch and the clip only the
+    staleness. Snapshots older than the admission bound (runtime.max_staleness, one more
+    with runtime.overprovision > 1) are released; max_staleness + 1 (+ 1) covers every
+    version a trained token can carry. A token whose version has no snapshot (evicted at
+    the bound, a replayed sample's) falls back to the update's pi_prox, counted in
+    offpol/snapshot_fallback_frac. The values are recorded per token
+    (Rollout.old_logprobs). 0: off. Checkpointed (version_snapshots.pt)."""
     seed: int = 0
     """Seed of sampling, data order and initialisation."""
 

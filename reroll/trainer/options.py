@@ -68,6 +68,17 @@ class TrainerOptions:
     weights' own."""
     fused_optimizer: bool = True
     """AdamW's fused kernel (`reroll.trainer.sft.adamw`)."""
+    prox_ema: float = 0.0
+    """PPO-EWMA: > 0 takes the proximal log-probs from an exponential moving average of the
+    weights with this decay, updated after every update (`reroll.trainer.prox_ema`); 0:
+    pi_prox is the weights at the start of the update."""
+    old_snapshots: int = 0
+    """Per-version old log-probs: > 0 keeps weight snapshots of at most this many policy
+    versions (the current one included) and takes each stale token's pi_prox under its own
+    version's weights (`reroll.trainer.snapshots`); 0: none."""
+    snapshot_lag: int = 0
+    """The largest version lag a trained token can have (the admission bound: the run's
+    max_staleness, one more with overprovision): snapshots older than it are released."""
 
     @property
     def published_dtype(self) -> torch.dtype | None:

@@ -65,6 +65,7 @@ REDUCTIONS: dict[str, Reduction] = {
     "is/dropped_frac": _SAMPLE_MEAN,
     "is/kl_k1": _SAMPLE_MEAN,
     "is/kl_k3": _SAMPLE_MEAN,
+    "is/prefix_mean": _SAMPLE_MEAN,  # MinPRO's mean prefix factor
     # each optimiser step: the clipped gradient's norm, VCPO's ESS-scaled learning rate
     "grad_norm": Reduction(Reduce.LAST),
     "vcpo/ess": _MINIBATCH_MEAN,

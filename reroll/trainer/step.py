@@ -3,7 +3,9 @@
 Owns the order of operations of an update: rewards -> advantages (a pure function of the
 groups, never stored) -> collate -> proximal log-probs with the weights at the start of the
 update (a forward pass of their own only with several mini-batches or a KL penalty in the
-reward; with one mini-batch they are the loss forward's, detached) -> per-token advantages
+reward; with one mini-batch they are the loss forward's, detached; under PPO-EWMA the weight
+average's, `reroll.trainer.prox_ema`; with version snapshots each stale token's under its own
+version's weights, `reroll.trainer.snapshots`) -> per-token advantages
 (`reroll.trainer.credit`: the scalar broadcast, or a tree's segments) -> mini-batches of
 micro-batches (samples that cannot move the weights left out of the passes, still counted
 in the normalisers) -> each mini-batch's optimiser step (`reroll.trainer.optim_step`: clip,
@@ -36,9 +38,11 @@ from reroll.trainer.micro_batches import micro_slices, plan_micro_batches
 from reroll.trainer.optim_step import OptimiserStep, step_hooks
 from reroll.trainer.options import TrainerOptions
 from reroll.trainer.precision import autocast
+from reroll.trainer.prox_ema import EMA_FILE, ProxEma
 from reroll.trainer.reductions import PassCounts, UpdateMetrics
 from reroll.trainer.schedules import check_schedule, lr_factor
 from reroll.trainer.sft import adamw
+from reroll.trainer.snapshots import SNAPSHOT_FILE, VersionSnapshots, record_old_logprobs
 
 _DECIDE = object()  # `Trainer._forward`: decide the batch's packing there
 
@@ -118,6 +122,11 @@ class Trainer:
             k, steps=o.total_steps, warmup_steps=o.warmup_steps, schedule=o.schedule))
         if objective.needs_ref and ref_model is None:
             raise ValueError("the objective needs a reference model (kl_coef > 0)")
+        # PPO-EWMA: pi_prox from a moving average of past weights (None: the current ones)
+        self.prox_ema = ProxEma(model, o.prox_ema) if o.prox_ema > 0 else None
+        # per-version old log-probs: each stale token's pi_prox under its own version's weights
+        self.snapshots = VersionSnapshots(model, o.old_snapshots, o.snapshot_lag) \
+            if o.old_snapshots > 0 else None
 
     def _forward(self, model: torch.nn.Module, batch: Batch, entropy: bool = False,
                  packing=_DECIDE) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -183,8 +192,17 @@ class Trainer:
         # forward runs at exactly those weights, so its detached log-probs are pi_prox and a
         # separate forward pass would compute the same numbers again (TRL and verl skip it too).
         prox = None
-        if o.minibatches > 1 or kl_reward or not o.reuse_prox:
+        if self.prox_ema is not None:
+            prox = self._logprobs(self.prox_ema.model, batch)  # [N, T] at theta_prox
+        elif o.minibatches > 1 or kl_reward or not o.reuse_prox:
             prox = self._logprobs(self.model, batch)  # [N, T]
+        metrics: dict[str, float] = {}
+        old = None  # (pi_train,v [N, T], where computed [N, T]) with snapshots
+        if self.snapshots is not None:
+            self.snapshots.keep(self.version, self.model)
+            *old, m = self.snapshots.old_logprobs(batch, self.version, self._logprobs)
+            record_old_logprobs(rollouts, *old)
+            metrics.update(m)
         extra: dict[str, torch.Tensor] = {}
         if kl_reward:
             pen = self.objective.kl_reward_penalty(prox, ref, batch.mask)  # [N, T]
@@ -194,7 +212,6 @@ class Trainer:
                 rewards = rewards - pen.sum(-1).cpu()
         sample_w = torch.tensor([r.sample_weight for r in rollouts],
                                 dtype=torch.float32).to(self.device)  # [N]
-        metrics: dict[str, float] = {}
         n = len(batch)
         mb_size = -(-n // o.minibatches)
         if self.objective.advantage_inputs is not None:  # e.g. VCPO's OPOB: a pass per sample
@@ -230,7 +247,7 @@ class Trainer:
         live = self._live(adv_tok, batch.mask, sample_w)  # [N] bool: samples that train
         try:
             passes, counts = self._minibatches(batch, prox, ref, adv_tok, sample_w, include,
-                                               live, mb_size)
+                                               live, mb_size, old)
         except FloatingPointError:
             if saved is not None:
                 self.model.load_state_dict(saved[0])
@@ -241,6 +258,8 @@ class Trainer:
         self.sched.step()  # the warm-up counts RL steps, not mini-batches
         metrics["lr"] = self.sched.get_last_lr()[0]
         self.version += 1
+        if self.prox_ema is not None:
+            self.prox_ema.update(self.model)
         metrics.update(version_lag_metrics(batch, self.version - 1))
         metrics["adv/mean"] = float(adv.mean())
         metrics["adv/abs_mean"] = float(adv.abs().mean())
@@ -267,10 +286,11 @@ class Trainer:
         signal = ((adv_tok != 0) & (mask > 0)).any(-1) & (sample_w != 0)  # [N]
         return signal.cpu()
 
-    def _minibatches(self, batch, prox, ref, adv_tok, sample_w, include, live, mb_size
+    def _minibatches(self, batch, prox, ref, adv_tok, sample_w, include, live, mb_size, old
                      ) -> tuple[dict[str, float], PassCounts]:
         """Every mini-batch's passes and optimiser step: (their metrics, combined as
-        `reroll.trainer.reductions` declares; what the passes counted)."""
+        `reroll.trainer.reductions` declares; what the passes counted). ``old``: per-version
+        old log-probs that replace pi_prox where computed, or None."""
         n = len(batch)
         order = torch.arange(n)
         mbs = micro_slices(n, mb_size)
@@ -305,6 +325,8 @@ class Trainer:
                 counts.entropy_sum += float((ent * sub.mask).sum())
                 counts.entropy_tokens += sub.n_tokens
                 prox_mb = logp.detach() if prox is None else prox[sel, :t]  # [b, t]
+                if old is not None:  # pi_train,v: the staleness factor's denominator
+                    prox_mb = torch.where(old[1][sel, :t], old[0][sel, :t], prox_mb)
                 inp = LossInputs(logprobs=logp, prox_logprobs=prox_mb,
                                  behav_logprobs=sub.behav_logprobs, advantages=adv_tok[sel, :t],
                                  mask=sub.mask, n_tokens=n_tok, n_seqs=n_seq,
@@ -333,12 +355,28 @@ class Trainer:
     def save_checkpoint(self, run_dir: Path, step: int, state: dict[str, Any],
                         groups: Sequence[Group], extras: dict[str, Any] | None = None) -> Path:
         """Model, optimiser, LR schedule and RNG, plus the caller's ``state`` and unconsumed
-        ``groups`` (and ``extras``, see `checkpoint.save`), written atomically by
-        `checkpoint.save`."""
+        ``groups`` (and ``extras``, see `checkpoint.save`; the PPO-EWMA weights where they
+        are kept), written atomically by `checkpoint.save`."""
         if self.tokenizer is None:
             raise ValueError("Trainer.save_checkpoint needs the tokenizer (Trainer(tokenizer=))")
+        extras = dict(extras or {})
+        if self.prox_ema is not None:
+            extras[EMA_FILE] = self.prox_ema.state()
+        if self.snapshots is not None:
+            extras[SNAPSHOT_FILE] = self.snapshots.state()
         return checkpoint.save(run_dir, step, self.model, self.tokenizer, self.opt, state,
                                list(groups), lr_scheduler=self.sched, extras=extras)
+
+    def resume(self, ckpt: Path) -> None:
+        """Continue from checkpoint ``ckpt`` (its model weights already loaded): optimiser,
+        schedule, random state, version, the PPO-EWMA weights and the version snapshots
+        where they are kept."""
+        checkpoint.load_trainer_state(ckpt, self.opt, self.sched)
+        self.version = checkpoint.read_state(ckpt).get("version", 0)
+        if self.prox_ema is not None:
+            self.prox_ema.load(checkpoint.read_extra(ckpt, EMA_FILE))
+        if self.snapshots is not None:
+            self.snapshots.load(checkpoint.read_extra(ckpt, SNAPSHOT_FILE))
 
     def policy(self) -> torch.nn.Module:
         return self.model

@@ -21,6 +21,9 @@ CASES = [
     # found by the soak: a kill while the tiny model was being saved left init/ with a
     # config and no weights, and every later start failed on it
     ("inside_building_the_initial_model", dict(seed=5, staleness=0, plan=("init",))),
+    # per-version weight snapshots (train.old_snapshots) written with every checkpoint
+    ("snapshots_async_inside_checkpoint_write",
+     dict(seed=6, staleness=2, plan=("checkpoint", "random"), extra=("train.old_snapshots=4",))),
 ]
 
 

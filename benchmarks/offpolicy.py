@@ -1,0 +1,160 @@
+"""Off-policy corrections on stale rollouts: decoupled PPO (truncated IS), masked IS, VCPO,
+MinPRO, M2PO, PPO-EWMA and per-version snapshots at ``runtime.max_staleness`` 4 on the main job
+(``configs/arithmetic.toml``) from its SFT checkpoint.
+
+Methods, each from the same SFT checkpoint with the main job's settings; only the keys
+below differ (docs/algorithms.md describes each):
+
+- ``ppo_tis``: decoupled PPO, per-token IS truncated at 2 (the defaults);
+- ``mis``: masked IS (``mis_token``: a token whose ratio exceeds 2 leaves the loss);
+- ``vcpo``: VCPO's ESS-scaled learning rate and its OPOB baseline;
+- ``minpro``: MinPRO's prefix minimum times the truncated ratio;
+- ``m2po``: M2PO's second-moment mask (threshold 0.04);
+- ``ppo_ewma``: pi_prox from a moving average of the weights (``train.prox_ema`` 0.9);
+- ``snapshots``: each stale token's pi_prox under its own version's weights
+  (``train.old_snapshots`` 5: every version a token can carry at max_staleness 4).
+
+Per run: the held-out greedy accuracy curve, the share of evaluations after the start that
+fall below the start, the token ESS of the correction (``is/ess``: mean and minimum over
+steps), the share of tokens the correction truncated or masked, and the median train
+seconds per step.
+
+    nice -n 10 .venv/bin/python benchmarks/offpolicy.py [--seeds 0 1 2] [--staleness 4 8 16]
+        [--steps 600] [--eval-every 50] [--eval-examples 500] [--out runs/bench_offpolicy]
+
+Finished runs are reused on a rerun with the same arguments. Results: OUT/results.md and
+OUT/results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vcpo import read_rows, run_one, warm_start  # noqa: E402  (same runner, same SFT start)
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = ["log_every=1", "record_every=0"]
+METHODS: dict[str, list[str]] = {
+    "ppo_tis": [],
+    "mis": ["algo.correction=mis_token"],
+    "vcpo": ["algo.ess_lr=true", "algo.advantage=opob"],
+    "minpro": ["algo.correction=minpro"],
+    "m2po": ["algo.correction=m2po"],
+    "ppo_ewma": ["train.prox_ema=0.9"],
+    "snapshots": ["train.old_snapshots=5"],
+}
+
+
+def parse(run: Path) -> dict:
+    """One run's summary (see the module docstring)."""
+    rows = read_rows(run)
+    steps = [r for r in rows if r["step"] > 0]
+    evals = [(r["step"], r["eval/greedy_accuracy"]) for r in rows if "eval/greedy_accuracy" in r]
+    accs = [a for _, a in evals]
+    start = accs[0] if accs else math.nan
+    later = accs[1:]
+    ess = [r["is/ess"] for r in steps if "is/ess" in r]
+    return {
+        "evals": evals, "start_acc": start,
+        "final_acc": accs[-1] if accs else math.nan,
+        "best_acc": max(accs) if accs else math.nan,
+        "below_start": sum(a < start for a in later) / len(later) if later else math.nan,
+        "ess_mean": statistics.fmean(ess) if ess else math.nan,
+        "ess_min": min(ess) if ess else math.nan,
+        "dropped": statistics.fmean(r.get("is/dropped_frac", 0.0) for r in steps),
+        "lag_mean": statistics.fmean(r.get("staleness/mean_lag", 0.0) for r in steps),
+        "train_s_median": statistics.median(r["time/train_s"] for r in steps),
+    }
+
+
+def mean_sd(v: list[float], f: str = ".3f") -> str:
+    v = [x for x in v if not math.isnan(x)]
+    if not v:
+        return "-"
+    sd = statistics.stdev(v) if len(v) > 1 else 0.0
+    return f"{statistics.fmean(v):{f}} +- {sd:{f}}"
+
+
+def table(summary: dict) -> str:
+    lines = ["| max_staleness | method | held-out acc: start -> final (best) | evals below "
+             "start | token ESS mean / min | truncated or masked | mean lag | train s/step |",
+             "|" + "---|" * 8]
+    for k, methods in summary.items():
+        for name, rs in methods.items():
+            lines.append(
+                f"| {k} | {name} | {mean_sd([r['start_acc'] for r in rs])} -> "
+                f"{mean_sd([r['final_acc'] for r in rs])} "
+                f"({mean_sd([r['best_acc'] for r in rs])}) | "
+                f"{mean_sd([r['below_start'] for r in rs], '.2f')} | "
+                f"{mean_sd([r['ess_mean'] for r in rs])} / "
+                f"{min(r['ess_min'] for r in rs):.3f} | "
+                f"{mean_sd([r['dropped'] for r in rs], '.4f')} | "
+                f"{statistics.fmean(r['lag_mean'] for r in rs):.2f} | "
+                f"{mean_sd([r['train_s_median'] for r in rs])} |")
+    return "\n".join(lines)
+
+
+def curves(summary: dict) -> str:
+    """The held-out accuracy curves as text: step: accuracy, per run."""
+    out = []
+    for k, methods in summary.items():
+        for name, rs in methods.items():
+            for i, r in enumerate(rs):
+                pts = ", ".join(f"{s}: {a:.3f}" for s, a in r["evals"])
+                out.append(f"- max_staleness {k}, {name}, seed index {i}: {pts}")
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--staleness", type=int, nargs="+", default=[4])
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--eval-examples", type=int, default=500)
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    ap.add_argument("--out", default="runs/bench_offpolicy")
+    a = ap.parse_args()
+    out = ROOT / a.out
+    sft = warm_start(out)
+    t0 = time.perf_counter()
+    summary: dict = {}
+    for k in a.staleness:
+        summary[k] = {}
+        for name in a.methods:
+            rs = []
+            for seed in a.seeds:
+                args = [f"init={sft}", f"train.steps={a.steps}", f"eval.every={a.eval_every}",
+                        f"eval.n_examples={a.eval_examples}", f"ckpt_every={a.steps}",
+                        f"train.seed={seed}", f"runtime.max_staleness={k}", *BASE,
+                        *METHODS[name]]
+                rs.append(parse(run_one(out, f"s{k}_{name}_seed{seed}", args)))
+            summary[k][name] = rs
+            print(table({k: {name: rs}}).splitlines()[-1], flush=True)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = "?"
+    head = (f"commit {commit}, {time.strftime('%Y-%m-%d')}, {platform.machine()}, "
+            f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; seeds {a.seeds}, "
+            f"{a.steps} steps, eval every {a.eval_every} on {a.eval_examples} examples; "
+            f"{time.perf_counter() - t0:.0f} s")
+    text = f"{head}\n\n{table(summary)}\n\n{curves(summary)}\n"
+    (out / "results.md").write_text(text)
+    (out / "results.json").write_text(json.dumps({str(k): v for k, v in summary.items()}))
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
