@@ -53,8 +53,8 @@ def test_engine_and_trainer_on_different_nodes_equal_the_local_run(cluster, tmp_
     _, nodes = cluster
     seen, real = {}, rr.components
 
-    def spy(cfg, init_dir, ckpt):
-        parts = real(cfg, init_dir, ckpt)
+    def spy(cfg, init_dir, ckpt, tok, task):
+        parts = real(cfg, init_dir, ckpt, tok, task)
         seen["trainer"] = parts.trainer.placement()
         seen["engines"] = parts.engine_core.placement()
         return parts
