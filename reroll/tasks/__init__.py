@@ -4,7 +4,15 @@ Each entry is a builder ``fn(seed, *, **hyperparameters) -> Task``: deterministi
 seed, with disjoint train and test splits. Importing this package registers them all.
 """
 
-from reroll.tasks import arithmetic, countdown, files, guess, longtail, mixed  # noqa: F401
+from reroll.tasks import (  # noqa: F401
+    arithmetic,
+    countdown,
+    countdown_search,
+    files,
+    guess,
+    longtail,
+    mixed,
+)
 from reroll.tasks.base import TASKS, Task, TaskError
 
 __all__ = ["TASKS", "Task", "TaskError"]
