@@ -45,7 +45,9 @@ class ModelConfig:
 @dataclass
 class TaskConfig:
     name: str = "arithmetic"
-    """Registered task: arithmetic, countdown, jsonl, parquet."""
+    """Registered task (registry `reroll.tasks.TASKS`; `reroll list tasks` names them all):
+    arithmetic, countdown, countdown_search (a written-out search: the reasoning job),
+    longtail, arith_mixed, guess, jsonl, parquet."""
     args: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the task builder, checked against its signature with the config."""
     seed: int = 0
