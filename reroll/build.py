@@ -31,11 +31,14 @@ def torch_threads(cfg: RunConfig) -> int:
 def prepare_process(cfg: RunConfig) -> None:
     """Set this thread's torch threads (threads started afterwards, the engine's, inherit
     them), with ``runtime.keep_freed_memory`` glibc's malloc thresholds (`reroll.memory`),
-    and with ``runtime.deterministic`` torch's deterministic kernels."""
+    and with ``runtime.deterministic`` torch's deterministic kernels; imports the run's
+    plug-in modules (``plugins``: a Ray actor's process registers them too)."""
     import torch
 
     from reroll.memory import keep_freed_memory
+    from reroll.plugins import import_plugins
 
+    import_plugins(cfg.plugins)
     torch.set_num_threads(torch_threads(cfg))
     if cfg.runtime.keep_freed_memory:
         keep_freed_memory()

@@ -68,10 +68,12 @@ def load_checked(path: str | Path | None, overrides: list[str] = ()) -> RunConfi
 
 
 def validate(cfg: RunConfig) -> None:
-    """Check each field's declared range or choices (`reroll.config.ranges`), registry-backed
+    """Import the run's plug-in modules (``plugins``, `reroll.plugins`), then check each field's declared range or choices (`reroll.config.ranges`), registry-backed
     choices and combinations; warn on likely mistakes. Raises `ConfigError` for the first problem."""
+    from reroll.plugins import import_plugins
     from reroll.registry import RegistryError
 
+    import_plugins(cfg.plugins)  # the user's components register before they are checked
     check_ranges(cfg)
     try:
         _registries(cfg)
