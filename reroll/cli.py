@@ -205,6 +205,9 @@ def _main(argv: list[str] | None, parsed: list[argparse.Namespace]) -> int:
     add_replay(sub)
     cli_info.add_parsers(sub)
     export.add_parser(sub)
+    from reroll.models import gguf  # reroll import GGUF_FILE OUT_DIR
+
+    gguf.add_parser(sub)
     from reroll.serve import command as serve_command  # reroll serve MODEL_DIR
     serve_command.add_parser(sub)
     from reroll.sim import command as sim_command  # reroll sim CONFIG
