@@ -18,6 +18,7 @@ from reroll.config.ranges import ranged
 from reroll.config.training import (
     AlgoConfig,
     ControlConfig,
+    LoraConfig,
     ReplayConfig,
     SFTConfig,
     TrainConfig,
@@ -129,6 +130,7 @@ class RunConfig:
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     log: LogConfig = field(default_factory=LogConfig)

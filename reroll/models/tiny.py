@@ -158,6 +158,10 @@ def load(path: str | Path, dtype: str = "float32"):
     check_model_dir(p)
     tok = AutoTokenizer.from_pretrained(p)
     try:
+        if (p / "adapter_config.json").is_file():  # a LoRA checkpoint: base + adapter, merged
+            from reroll.lora import load_merged
+
+            return load_merged(p, getattr(torch, dtype)), tok
         model = AutoModelForCausalLM.from_pretrained(p, dtype=getattr(torch, dtype))
     except (OSError, ValueError, RuntimeError) as e:  # a truncated or unreadable weights file
         if not p.is_dir():
