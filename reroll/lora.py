@@ -67,36 +67,60 @@ def lora_layers(model) -> Iterator[tuple[str, Any]]:
             yield name, module
 
 
-def engine_state_dict(model) -> dict[str, Any]:
-    """The weights to publish, under the plain model's keys (see the module docstring)."""
+def engine_state_dict(model, dtype=None, copy: bool = False) -> dict[str, Any]:
+    """The weights to publish, under the plain model's keys (see the module docstring); with
+    ``copy``, each a tensor of its own (floating ones in ``dtype`` when given), so later
+    updates of the trainer's weights do not reach them. A targeted module's weight is
+    W + (alpha / r) B A in one fresh tensor (``addmm``: one pass over the output, where
+    peft's own merge makes three; equal to it within float rounding). `load_merged` and
+    `plain_copy` merge through this function too, so evaluation, export and serving see
+    the weights the engine was sent, bit for bit."""
     import torch
 
     if not is_lora(model):
         return model.state_dict()
-    sd = {k.replace(".base_layer.", "."): v for k, v in model.state_dict().items()
-          if ".lora_" not in k}
+    merged: dict[str, Any] = {}
     with torch.no_grad():
         for name, layer in lora_layers(model):
-            w = layer.base_layer.weight
-            sd[f"{name}.weight"] = w + layer.get_delta_weight(ADAPTER).to(w.dtype)
+            w, scale = layer.base_layer.weight, layer.scaling[ADAPTER]
+            b, a = layer.lora_B[ADAPTER].weight, layer.lora_A[ADAPTER].weight
+            merged[f"{name}.weight"] = (torch.addmm(w, a.T, b.T, alpha=scale)
+                                        if getattr(layer, "fan_in_fan_out", False)
+                                        else torch.addmm(w, b, a, alpha=scale))
+    sd = {}
+    for k, v in model.state_dict().items():
+        if ".lora_" in k:
+            continue
+        k = k.replace(".base_layer.", ".")
+        v = merged.get(k, v.detach())
+        if dtype is not None and v.is_floating_point():
+            v = v.to(dtype, copy=copy and k not in merged)
+        elif copy and k not in merged:
+            v = v.clone()
+        sd[k] = v
     return sd
 
 
 def plain_copy(model, device, dtype, copy: Callable):
     """``copy(model, device, dtype)`` (`reroll.build.module_copy`) with each adapted module
     put back to its base layer and the merged weights loaded: a plain model."""
-    out = copy(model, device, dtype)
-    for name, _ in list(lora_layers(out)):
-        parent, _, child = name.rpartition(".")
-        holder = out.get_submodule(parent) if parent else out
-        setattr(holder, child, getattr(holder, child).base_layer)
-    for attr in ("peft_config", "_hf_peft_config_loaded"):
-        if attr in vars(out):
-            delattr(out, attr)
     merged = engine_state_dict(model)
+    out = _strip(copy(model, device, dtype))
     out.load_state_dict({k: v.to(device, dtype if v.is_floating_point() else None)
                          for k, v in merged.items()})
     return out
+
+
+def _strip(model):
+    """``model`` (in place) with each adapted module put back to its base layer."""
+    for name, _ in list(lora_layers(model)):
+        parent, _, child = name.rpartition(".")
+        holder = model.get_submodule(parent) if parent else model
+        setattr(holder, child, getattr(holder, child).base_layer)
+    for attr in ("peft_config", "_hf_peft_config_loaded"):
+        if attr in vars(model):
+            delattr(model, attr)
+    return model
 
 
 def save_adapter(model, out: Path) -> None:
@@ -138,11 +162,15 @@ def base_dir(adapter_dir: Path) -> Path:
 
 def load_merged(adapter_dir: Path, dtype):
     """A plain model: the base an adapter folder names with the adapter merged into it (in
-    float32, then cast to ``dtype``), through peft's own loader."""
+    float32 by `engine_state_dict`, then in ``dtype``)."""
     import torch
-    from peft import PeftModel
+    from peft import LoraConfig, inject_adapter_in_model
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(base_dir(adapter_dir), dtype=torch.float32)
-    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
-    return merged.to(dtype=dtype)
+    model = inject_adapter_in_model(LoraConfig.from_pretrained(str(adapter_dir)), base)
+    load_adapter(model, adapter_dir)
+    merged = engine_state_dict(model)
+    plain = _strip(model)
+    plain.load_state_dict(merged)
+    return plain.to(dtype=dtype)

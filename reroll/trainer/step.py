@@ -329,11 +329,13 @@ class Trainer:
         ``publish_dtype`` (bf16 training publishes bf16: the engine's dtype), on the trainer's
         device (the engine's ``load_state_dict`` copies them onto its own). A LoRA policy
         publishes its merged weights (`reroll.lora.engine_state_dict`)."""
-        from reroll.lora import engine_state_dict
+        from reroll.lora import engine_state_dict, is_lora
 
         dt = self.publish_dtype
+        if is_lora(self.model):
+            return engine_state_dict(self.model, dtype=dt, copy=True)
         return {k: (v.detach().to(dt, copy=True) if dt is not None and v.is_floating_point()
-                    else v.detach().clone()) for k, v in engine_state_dict(self.model).items()}
+                    else v.detach().clone()) for k, v in self.model.state_dict().items()}
 
     def save_checkpoint(self, run_dir: Path, step: int, state: dict[str, Any],
                         groups: Sequence[Group], extras: dict[str, Any] | None = None) -> Path:

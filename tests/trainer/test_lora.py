@@ -59,9 +59,18 @@ def test_the_engine_receives_the_merged_weights(small_run, tmp_path):
     engine = build.build_engine(trainer.policy(), trainer.tokenizer, cfg)
     assert not lora.is_lora(engine.model)
     lora.save_adapter(trainer.model, tmp_path / "adapter")
-    merged = lora.load_merged(tmp_path / "adapter", torch.float32).state_dict()  # peft's merge
+    merged = lora.load_merged(tmp_path / "adapter", torch.float32).state_dict()  # as eval reads
     got = engine.model.state_dict()
     assert got.keys() == merged.keys() and all(torch.equal(got[k], merged[k]) for k in got)
+    from peft import PeftModel  # peft's own merge, within float rounding
+    from transformers import AutoModelForCausalLM
+
+    theirs = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(init),
+                                       str(tmp_path / "adapter")).merge_and_unload().state_dict()
+    assert theirs.keys() == got.keys()
+    assert all(torch.allclose(got[k], theirs[k], rtol=0, atol=1e-6) for k in got)
+    q = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(got[q], AutoModelForCausalLM.from_pretrained(init).state_dict()[q])
     engine.update_weights({k: torch.zeros_like(v) for k, v in got.items()}, 1)
     engine.update_weights(trainer.weights(), 2)  # what a publish sends
     got = engine.model.state_dict()
