@@ -4,9 +4,10 @@ import`): a short RL run of each in a fresh subprocess, then the publish of each
 Per variant: the run's peak RSS (trainer and engine share the process on the local
 runtime, so this is both: the difference between the variants is the trainer's), the
 optimiser state (its bytes in memory, summed over AdamW's tensors, and the checkpoint's
-optimizer.pt and model/ on disk), the trainable parameters, seconds per RL step, and the
-publish: the trainer's weights for the engine (`Trainer.weights`, merged W + BA for LoRA)
-and the engine's `update_weights`, the median of 5.
+optimizer.pt and model/ on disk), the trainable parameters and seconds per RL step. Then
+the publish, in one more subprocess holding both trainers so that the two are timed
+alternately under the same load: the trainer's weights for the engine (`Trainer.weights`,
+merged W + BA for LoRA) and the engine's `update_weights`, the median of 7 each.
 
     reroll import SmolLM2-135M-Instruct.Q4_1.gguf hf/smol
     python benchmarks/lora.py hf/smol [--steps 3] [--rank 16]
@@ -39,7 +40,6 @@ def overrides(a, out: Path, lora: bool) -> list[str]:
 def child(a) -> None:
     import torch
 
-    from reroll import build
     from reroll.config_checks import load_checked
     from reroll.runlog import read_metrics
     from reroll.runtime import train
@@ -59,20 +59,35 @@ def child(a) -> None:
         state = torch.load(ckpt / "optimizer.pt", weights_only=False)["optimizer"]["state"]
         opt_bytes = sum(v.numel() * v.element_size() for s in state.values()
                         for v in s.values() if torch.is_tensor(v))
-        torch.manual_seed(0)
-        trainer = build.build_trainer(cfg, Path(a.model))
-        engine = build.build_engine(trainer.policy(), trainer.tokenizer, cfg)
-        times = []
-        for v in range(5):
-            t = time.perf_counter()
-            engine.update_weights(trainer.weights(), v + 1)
-            times.append(time.perf_counter() - t)
-        trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+        trainable = sum(v.numel() for s in state.values() for v in s.values()
+                        if torch.is_tensor(v) and v.dim() > 0) // 2  # exp_avg, exp_avg_sq
     print(json.dumps({
         "variant": a.variant, "peak_rss_mib": peak / MiB, "optimizer_state_mib": opt_bytes / MiB,
         "optimizer_pt_mib": opt_file / MiB, "checkpoint_model_mib": model_files / MiB,
-        "trainable_params": trainable, "s_per_step": wall / a.steps,
-        "step_times": [r.get("time/step") for r in rows], "publish_s": statistics.median(times)}))
+        "trainable_params": trainable, "s_per_step": wall / a.steps, "rows": len(rows)}))
+
+
+def publish(a) -> None:
+    import torch
+
+    from reroll import build
+    from reroll.config_checks import load_checked
+
+    with tempfile.TemporaryDirectory() as tmp:
+        cfgs = {v: load_checked(None, overrides(a, Path(tmp) / v, v == "lora"))
+                for v in ("full", "lora")}
+        build.prepare_process(cfgs["full"])
+        torch.manual_seed(0)
+        trainers = {v: build.build_trainer(c, Path(a.model)) for v, c in cfgs.items()}
+        engine = build.build_engine(trainers["full"].policy(), trainers["full"].tokenizer,
+                                    cfgs["full"])
+        times: dict[str, list[float]] = {"full": [], "lora": []}
+        for i in range(7):
+            for v, trainer in trainers.items():
+                t = time.perf_counter()
+                engine.update_weights(trainer.weights(), i + 1)
+                times[v].append(time.perf_counter() - t)
+    print(json.dumps({f"publish_{v}_s": statistics.median(t) for v, t in times.items()}))
 
 
 def main() -> None:
@@ -80,25 +95,25 @@ def main() -> None:
     ap.add_argument("model", help="a Hugging Face model folder (e.g. from `reroll import`)")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rank", type=int, default=16)
-    ap.add_argument("--variant", choices=("full", "lora"))
+    ap.add_argument("--variant", choices=("full", "lora", "publish"))
     a = ap.parse_args()
     if a.variant:
-        return child(a)
+        return publish(a) if a.variant == "publish" else child(a)
     sys.path.insert(0, str(REPO / "benchmarks"))
     from machine import describe
 
     print(describe())
     res = {}
-    for variant in ("full", "lora"):
+    for variant in ("full", "lora", "publish"):
         r = subprocess.run([sys.executable, __file__, a.model, "--steps", str(a.steps),
                             "--rank", str(a.rank), "--variant", variant],
                            capture_output=True, text=True, check=True)
         res[variant] = json.loads(r.stdout.strip().splitlines()[-1])
         print(json.dumps(res[variant]))
-    f, lo = res["full"], res["lora"]
+    f, lo, p = res["full"], res["lora"], res["publish"]
     print(f"peak RSS: full {f['peak_rss_mib']:.0f} MiB, LoRA {lo['peak_rss_mib']:.0f} MiB; "
           f"optimiser state {f['optimizer_state_mib']:.1f} -> {lo['optimizer_state_mib']:.2f} "
-          f"MiB; publish {f['publish_s']:.3f} -> {lo['publish_s']:.3f} s; step "
+          f"MiB; publish {p['publish_full_s']:.3f} -> {p['publish_lora_s']:.3f} s; step "
           f"{f['s_per_step']:.2f} -> {lo['s_per_step']:.2f} s")
 
 
