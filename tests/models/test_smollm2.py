@@ -40,7 +40,7 @@ def smollm2(tmp_path_factory):
     return load(out, "float32")
 
 
-def test_smollm2_engine_greedy_and_logprobs_equal_transformers(smollm2):
+def test_smollm2_from_gguf_engine_greedy_and_logprobs_equal_transformers(smollm2):
     from transformers import GenerationConfig
 
     from reroll.engine import TorchEngine
