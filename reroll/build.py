@@ -31,11 +31,14 @@ def torch_threads(cfg: RunConfig) -> int:
 def prepare_process(cfg: RunConfig) -> None:
     """Set this thread's torch threads (threads started afterwards, the engine's, inherit
     them), with ``runtime.keep_freed_memory`` glibc's malloc thresholds (`reroll.memory`),
-    and with ``runtime.deterministic`` torch's deterministic kernels."""
+    and with ``runtime.deterministic`` torch's deterministic kernels; imports the run's
+    plug-in modules (``plugins``: a Ray actor's process registers them too)."""
     import torch
 
     from reroll.memory import keep_freed_memory
+    from reroll.plugins import import_plugins
 
+    import_plugins(cfg.plugins)
     torch.set_num_threads(torch_threads(cfg))
     if cfg.runtime.keep_freed_memory:
         keep_freed_memory()
@@ -113,6 +116,24 @@ def load_model(path: Path, cfg: RunConfig, dtype: str | None = None):
     return model.to(resolve_device(cfg.model.device)), tok
 
 
+def load_policy(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
+    """(model, tokenizer) a run trains, in float32 (the master weights): ``ckpt``'s model
+    when resuming, else ``init_dir``'s. With ``[lora]`` (``lora.rank > 0``), ``init_dir``'s
+    weights frozen under LoRA adapters (`reroll.lora`), fresh (seeded by the caller's
+    torch seed) or ``ckpt``'s."""
+    if cfg.lora.rank == 0:
+        return load_model(ckpt / "model" if ckpt else init_dir, cfg, dtype="float32")
+    from reroll import lora
+
+    model, tok = load_model(init_dir, cfg, dtype="float32")
+    lc = cfg.lora
+    model = lora.wrap(model, rank=lc.rank, alpha=lc.alpha, dropout=lc.dropout,
+                      target_modules=lc.target_modules, base_dir=init_dir)
+    if ckpt:
+        lora.load_adapter(model, ckpt / "model")
+    return model, tok
+
+
 def load_tokenizer(path: Path):
     """The tokenizer of a model directory alone (the driver needs no model to encode)."""
     from transformers import AutoTokenizer
@@ -153,7 +174,7 @@ def build_trainer(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
     from reroll.trainer.precision import autocast_dtype
     from reroll.trainer.step import Trainer
 
-    model, tok = load_model(ckpt / "model" if ckpt else init_dir, cfg, dtype="float32")
+    model, tok = load_policy(cfg, init_dir, ckpt)
     if cfg.train.gradient_checkpointing:
         # the trainer flags checkpointed layers training in an eval-mode model (see
         # `checkpointed_layers_training`): a layer that applies dropout itself would then
@@ -255,8 +276,12 @@ def build_engine(model, tok, cfg: RunConfig, version: int = 0, max_batch: int | 
 
     # a run that generates on servers (trait ``remote``) still evaluates in this process
     name = "torch" if ENGINES.trait(cfg.engine.name, "remote", False) else cfg.engine.name
-    engine_model = module_copy(model, device or next(model.parameters()).device,
-                               getattr(torch, cfg.model.dtype))
+    from reroll.lora import is_lora, plain_copy
+
+    copy_to = (device or next(model.parameters()).device, getattr(torch, cfg.model.dtype))
+    # a LoRA policy: a plain copy holding the merged weights (the engine knows no adapters)
+    engine_model = (plain_copy(model, *copy_to, module_copy) if is_lora(model)
+                    else module_copy(model, *copy_to))
     return ENGINES.get(name)(engine_model, tok, max_batch=max_batch or engine_slots(cfg),
                              version=version)
 

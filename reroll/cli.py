@@ -41,10 +41,11 @@ def cmd_sft(args) -> int:
 
     from reroll import build, build_rollout
     from reroll.config_checks import load_checked
+    from reroll.lora import is_lora, plain_copy
     from reroll.runlog import RunDir
     from reroll.stopping import StopFlag, Stopped, stop_on_signals
     from reroll.trainer import checkpoint
-    from reroll.trainer.precision import MASTER_DTYPE, autocast_dtype
+    from reroll.trainer.precision import autocast_dtype
     from reroll.trainer.sft import save_model, sft
 
     cfg = load_checked(args.config, args.overrides)
@@ -55,9 +56,9 @@ def cmd_sft(args) -> int:
         ckpt = checkpoint.latest(rd.path) if args.resume else None
         if args.resume:  # rows after the checkpoint (all of them if none) are redone
             rd.truncate(checkpoint.read_state(ckpt)["step"] if ckpt else 0)
-        # float32 master weights and AdamW state; bf16 autocast where model.dtype = bfloat16
-        start = ckpt / "model" if ckpt else build.model_dir(cfg, rd.path)
-        model, tok = build.load_model(start, cfg, dtype=MASTER_DTYPE)
+        # float32 master weights and AdamW state; bf16 autocast where model.dtype = bfloat16;
+        # with [lora], adapters over the starting model's frozen weights
+        model, tok = build.load_policy(cfg, build.model_dir(cfg, rd.path), ckpt)
         task = build.build_task(cfg)
         rd.commit()
 
@@ -77,8 +78,13 @@ def cmd_sft(args) -> int:
                          log=lambda s, m: rd.log(s, m) if s % 10 == 0 or s == cfg.sft.steps
                          else None, ckpt_every=cfg.ckpt_every, save=save, resume=ckpt,
                          stop=flag)
-        # saved in model.dtype (weights and config.json), as a model loaded in it would be
-        out = save_model(model.to(dtype=getattr(torch, cfg.model.dtype)), tok, rd.path / "model")
+        # saved in model.dtype (weights and config.json), as a model loaded in it would be;
+        # a LoRA policy merged into a plain model, so that RL starts from it like any other
+        dtype = getattr(torch, cfg.model.dtype)
+        if is_lora(model):
+            model = plain_copy(model, next(model.parameters()).device, dtype,
+                               build.module_copy)
+        out = save_model(model.to(dtype=dtype), tok, rd.path / "model")
     except Stopped as e:
         print(f"reroll sft: {e}; checkpoint written. Resume with: {_again(args)}",
               file=sys.stderr)
@@ -205,6 +211,9 @@ def _main(argv: list[str] | None, parsed: list[argparse.Namespace]) -> int:
     add_replay(sub)
     cli_info.add_parsers(sub)
     export.add_parser(sub)
+    from reroll.models import gguf  # reroll import GGUF_FILE OUT_DIR
+
+    gguf.add_parser(sub)
     from reroll.serve import command as serve_command  # reroll serve MODEL_DIR
     serve_command.add_parser(sub)
     from reroll.sim import command as sim_command  # reroll sim CONFIG

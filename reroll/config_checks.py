@@ -68,10 +68,12 @@ def load_checked(path: str | Path | None, overrides: list[str] = ()) -> RunConfi
 
 
 def validate(cfg: RunConfig) -> None:
-    """Check each field's declared range or choices (`reroll.config.ranges`), registry-backed
+    """Import the run's plug-in modules (``plugins``, `reroll.plugins`), then check each field's declared range or choices (`reroll.config.ranges`), registry-backed
     choices and combinations; warn on likely mistakes. Raises `ConfigError` for the first problem."""
+    from reroll.plugins import import_plugins
     from reroll.registry import RegistryError
 
+    import_plugins(cfg.plugins)  # the user's components register before they are checked
     check_ranges(cfg)
     try:
         _registries(cfg)
@@ -81,6 +83,7 @@ def validate(cfg: RunConfig) -> None:
     _counts(cfg)
     _tiny_model(cfg)
     _model_files(cfg)
+    _lora(cfg)
     _schedule_end(cfg)
     _warnings(cfg)
     _generation_warnings(cfg)
@@ -283,6 +286,22 @@ def _tiny_model(cfg: RunConfig) -> None:
     if m.hidden_size % m.num_heads:
         raise ConfigError(f"model.num_heads = {m.num_heads} must divide model.hidden_size = "
                           f"{m.hidden_size} (each head takes an equal slice of the width)")
+
+
+def _lora(cfg: RunConfig) -> None:
+    """``[lora]`` needs peft, and adapters to put somewhere."""
+    if cfg.lora.rank == 0:
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("peft") is None:
+        raise ConfigError("lora.rank > 0 trains LoRA adapters through the peft package: "
+                          "pip install 'reroll[lora]'")
+    if not cfg.lora.target_modules or not all(isinstance(m, str) and m
+                                              for m in cfg.lora.target_modules):
+        raise ConfigError(f"lora.target_modules names the modules that get an adapter (e.g. "
+                          f"[\"q_proj\", \"v_proj\"], or [\"all-linear\"]), got "
+                          f"{cfg.lora.target_modules!r}")
 
 
 def _model_files(cfg: RunConfig) -> None:

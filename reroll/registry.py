@@ -163,6 +163,10 @@ class Registry:
 
     def get(self, name: str) -> Callable:
         load_plugins(self.plugins)
+        if name not in self._items:  # in a run's child process: the run's plug-in modules
+            from reroll.plugins import import_inherited
+
+            import_inherited()
         if name not in self._items:
             raise RegistryError(
                 f"unknown {self.kind} {name!r}{closest(name, self.names())}; "

@@ -2,7 +2,7 @@
 (the generic table <-> dataclass machinery is `reroll.tables`).
 
 Owns the shape of a run's settings, split by side: `generation` (model, task, rollout,
-engine, reward), `training` (algo, control, replay, train, sft), `run` (eval, runtime, log
+engine, reward), `training` (algo, control, replay, train, sft, lora), `run` (eval, runtime, log
 and the root `RunConfig`), `ranges` (each numeric field's interval, declared in its field's
 metadata, and the walk that checks them) and `load` (read, override, dump). Everything is
 re-exported here: ``from reroll.config import RunConfig``.
@@ -27,6 +27,7 @@ from reroll.config.run import EvalConfig, LogConfig, RunConfig, RuntimeConfig
 from reroll.config.training import (
     AlgoConfig,
     ControlConfig,
+    LoraConfig,
     ReplayConfig,
     SFTConfig,
     TrainConfig,
@@ -44,7 +45,7 @@ from reroll.tables import (
 
 __all__ = [
     "REPO_ROOT", "AlgoConfig", "CheckpointError", "ConfigError", "ControlConfig", "EngineConfig",
-    "EvalConfig", "LogConfig", "ModelConfig", "ReplayConfig", "RewardConfig", "RolloutConfig",
+    "EvalConfig", "LogConfig", "LoraConfig", "ModelConfig", "ReplayConfig", "RewardConfig", "RolloutConfig",
     "RunConfig", "RuntimeConfig", "SFTConfig", "SandboxConfig", "TaskConfig", "TrainConfig",
     "apply_override", "build", "check_ranges", "dump_toml", "drop_none", "field_ranges",
     "load_config", "merge", "parse_value", "preset_path", "ranged", "read_toml", "to_dict",

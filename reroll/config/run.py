@@ -18,6 +18,7 @@ from reroll.config.ranges import ranged
 from reroll.config.training import (
     AlgoConfig,
     ControlConfig,
+    LoraConfig,
     ReplayConfig,
     SFTConfig,
     TrainConfig,
@@ -104,6 +105,11 @@ class RunConfig:
     """Run directory: resolved config, metrics.jsonl, TensorBoard events, checkpoints."""
     init: str = ""
     """Checkpoint directory to start from (e.g. the output of `reroll sft`). Empty: model."""
+    plugins: list[str] = field(default_factory=list)
+    """Modules of your own imported before the config is checked (`reroll.plugins`), so the
+    environments, verifiers, tasks and workflows they register can be named here; the
+    scoring workers and Ray actors import them too. Found from the working directory or
+    PYTHONPATH, e.g. ``plugins = ["my_components"]``."""
     preset: str = ""
     """Algorithm preset from configs/presets (grpo, dapo, ...); the file's own keys win."""
     log_every: int = ranged(10, "[1, inf)")
@@ -124,6 +130,7 @@ class RunConfig:
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     log: LogConfig = field(default_factory=LogConfig)

@@ -267,3 +267,22 @@ class SFTConfig:
     linear (decay to 0 at `steps`)."""
     warmup_steps: int = ranged(20, "[0, inf)")
     """Linear learning-rate warm-up steps of the warm start."""
+
+
+@dataclass
+class LoraConfig:
+    rank: int = ranged(0, "[0, inf)")
+    """LoRA rank r (`reroll.lora`, through peft; `pip install 'reroll[lora]'`). 0: off, every
+    weight trains. > 0: the base weights are frozen and each targeted linear map W learns a
+    low-rank update B A (B: out x r, A: r x in), so the optimiser holds state for the
+    adapter only; the engine receives W + (alpha / r) B A at each publish, checkpoints hold
+    the adapter, and `reroll export` writes the merged model. Applies to `reroll train` and
+    `reroll sft`."""
+    alpha: float = ranged(16.0, "(0, inf)")
+    """LoRA's alpha: the update is scaled by alpha / rank."""
+    dropout: float = ranged(0.0, "[0, 1)")
+    """Dropout on the adapter's input. Active only where the model trains in train mode
+    (`reroll sft`); RL trains in eval mode (no dropout), so it has no effect there."""
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    """Names (suffixes) of the linear modules that get an adapter, e.g. ["q_proj", "v_proj"];
+    ["all-linear"]: every linear map but the output embedding."""

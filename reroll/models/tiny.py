@@ -122,10 +122,31 @@ def check_model_dir(p: Path) -> None:
     `ConfigError` (FileNotFoundError for a missing directory) naming what is missing."""
     if not (p / "config.json").is_file():
         raise FileNotFoundError(f"{p} is not a model directory (no config.json)")
+    check_savable(p)
     if not any((p / f).is_file() for f in TOKENIZER_FILES):
         raise ConfigError(f"{p} holds a model but no tokenizer (none of "
                           f"{', '.join(TOKENIZER_FILES)}): save the tokenizer of the model it "
                           f"was made from into it (tokenizer.save_pretrained)")
+
+
+def check_savable(p: Path) -> None:
+    """A model a run starts from must be one it can save, resume and export: a folder whose
+    config.json still carries a ``quantization_config`` (one made from a GGUF file, or a
+    quantised checkpoint) loads, but transformers refuses to save it, which would lose the
+    run's work at its first checkpoint. Refused here, before any work, with the fix."""
+    import json
+
+    try:
+        quant = json.loads((p / "config.json").read_text()).get("quantization_config")
+    except (OSError, ValueError):
+        return  # unreadable: the load itself says so
+    if quant:
+        method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
+        raise ConfigError(
+            f"{p}/config.json carries a quantization_config (quant_method {method!r}): "
+            f"transformers cannot save such a model, so the run could not checkpoint, resume "
+            f"or export it. Train from dequantised weights: `reroll import FILE.gguf DIR` "
+            f"for a GGUF file, or save the model in float32/bfloat16 without the marker")
 
 
 def load(path: str | Path, dtype: str = "float32"):
@@ -137,6 +158,10 @@ def load(path: str | Path, dtype: str = "float32"):
     check_model_dir(p)
     tok = AutoTokenizer.from_pretrained(p)
     try:
+        if (p / "adapter_config.json").is_file():  # a LoRA checkpoint: base + adapter, merged
+            from reroll.lora import load_merged
+
+            return load_merged(p, getattr(torch, dtype)), tok
         model = AutoModelForCausalLM.from_pretrained(p, dtype=getattr(torch, dtype))
     except (OSError, ValueError, RuntimeError) as e:  # a truncated or unreadable weights file
         if not p.is_dir():

@@ -52,9 +52,11 @@ class TrainerActor:
         there from a GPU): the engine actors and the driver load them onto their own device,
         and none has to unpickle CUDA tensors. In the trainer's ``publish_dtype``, as the local
         runtime publishes (bf16 training ships half the bytes)."""
+        from reroll.lora import engine_state_dict  # a LoRA policy's merged weights
+
         dt = self.trainer.publish_dtype
         sd = {k: v.detach().to("cpu", dt if dt is not None and v.is_floating_point() else None)
-              for k, v in self.trainer.model.state_dict().items()}
+              for k, v in engine_state_dict(self.trainer.model).items()}
         return self.trainer.version, sd
 
     def save_checkpoint(self, run_dir: str, step: int, state: dict, groups: list[Group]) -> str:

@@ -138,7 +138,12 @@ def save(run_dir: Path, step: int, model, tokenizer, optimizer, state: dict[str,
 
 def _write(tmp: Path, model, tokenizer, optimizer, state, step, groups, lr_scheduler,
            extras=None) -> None:
-    model.save_pretrained(tmp / "model")
+    from reroll.lora import is_lora, save_adapter
+
+    if is_lora(model):  # the adapter, naming its base (`reroll.lora`)
+        save_adapter(model, tmp / "model")
+    else:
+        model.save_pretrained(tmp / "model")
     tokenizer.save_pretrained(tmp / "model")
     torch.save({"optimizer": optimizer.state_dict(),
                 "lr_scheduler": lr_scheduler.state_dict() if lr_scheduler else None},

@@ -99,7 +99,8 @@ def sft(model, tok, examples: list[Example], encode, *, steps: int, lr: float, b
             for ex in examples]
     rng = random.Random(seed)
     device = next(model.parameters()).device
-    opt = adamw(model.parameters(), lr=lr, fused=fused_optimizer)
+    params = [p for p in model.parameters() if p.requires_grad]  # a LoRA policy: its adapters
+    opt = adamw(params, lr=lr, fused=fused_optimizer)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(
         s, steps=steps, warmup_steps=warmup_steps, schedule=schedule))
     start = _restore(resume, opt, sched, rng) if resume is not None else 0
@@ -113,7 +114,7 @@ def sft(model, tok, examples: list[Example], encode, *, steps: int, lr: float, b
         loss = -(logp * batch.mask).sum() / batch.mask.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
         losses.append(loss.detach().item())

@@ -111,9 +111,11 @@ class Trainer:
         if why is not None:
             raise ValueError(f"train.share_prompt cannot run on this model: {why}")
         self._widths = shared_prompt.widths(model)
-        self.opt = adamw(model.parameters(), lr=o.lr, weight_decay=o.weight_decay,
+        # the trainable parameters: all of them, or a LoRA policy's adapters (`reroll.lora`)
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.opt = adamw(params, lr=o.lr, weight_decay=o.weight_decay,
                          fused=o.fused_optimizer)
-        self.optimiser_step = OptimiserStep(self.opt, list(model.parameters()), o.grad_clip,
+        self.optimiser_step = OptimiserStep(self.opt, params, o.grad_clip,
                                             step_hooks(objective))
         # counts updates, so it resumes with the optimiser state (LambdaLR's own counter
         # does not); an unknown schedule, or a decay without its end, fails here
@@ -347,8 +349,13 @@ class Trainer:
     def weights(self) -> dict[str, torch.Tensor]:
         """A copy of the current weights (the engine must not see later in-place updates), in
         ``publish_dtype`` (bf16 training publishes bf16: the engine's dtype), on the trainer's
-        device (the engine's ``load_state_dict`` copies them onto its own)."""
+        device (the engine's ``load_state_dict`` copies them onto its own). A LoRA policy
+        publishes its merged weights (`reroll.lora.engine_state_dict`)."""
+        from reroll.lora import engine_state_dict, is_lora
+
         dt = self.publish_dtype
+        if is_lora(self.model):
+            return engine_state_dict(self.model, dtype=dt, copy=True)
         return {k: (v.detach().to(dt, copy=True) if dt is not None and v.is_floating_point()
                     else v.detach().clone()) for k, v in self.model.state_dict().items()}
 

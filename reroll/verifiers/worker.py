@@ -36,6 +36,9 @@ def serve(conn: Connection) -> None:
         if p not in sys.path:
             sys.path.insert(0, p)
     try:
+        from reroll.plugins import import_inherited
+
+        import_inherited()  # the run's plug-in modules (`reroll.plugins`): its verifiers
         reward = build_reward(specs, default)
         for comp in reward.components:
             warm = getattr(comp.verifier, "warmup", None)
