@@ -15,10 +15,10 @@ one-line error. Knows the checkpoint layout only through `reroll.build.weights_d
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 from reroll.errors import ConfigError
+from reroll.models.folder import save_folder
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -49,24 +49,7 @@ def export(source: str | Path, out_dir: str | Path, dtype: str = "") -> Path:
     if tok.bos_token_id is not None:
         gen.bos_token_id = tok.bos_token_id
     gen._from_model_config = False  # the file is authoritative, not derived from config.json
-    tmp = out.parent / f".{out.name}.export.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir(parents=True)
-    except OSError as e:
-        raise ConfigError(f"OUT_DIR {str(out)!r} cannot be written ({e.strerror or e}); "
-                          f"choose a directory you can write") from None
-    try:
-        model.save_pretrained(tmp)  # safetensors
-        tok.save_pretrained(tmp)
-        for f in tmp.iterdir():  # safetensors writes 0600; the folder is meant to be shared
-            f.chmod(0o644)
-        if out.exists():
-            out.rmdir()  # empty, checked above
-        tmp.rename(out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    return save_folder(model, tok, out, "export")
 
 
 def add_parser(sub) -> None:

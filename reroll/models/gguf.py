@@ -11,11 +11,11 @@ nothing of runs or checkpoints.
 
 from __future__ import annotations
 
-import shutil
 from collections import Counter
 from pathlib import Path
 
 from reroll.errors import ConfigError
+from reroll.models.folder import save_folder
 
 
 def source_precision(path: Path) -> dict[str, int]:
@@ -62,21 +62,7 @@ def import_gguf(src: str | Path, out_dir: str | Path) -> tuple[Path, dict[str, i
     gen.bos_token_id, gen.eos_token_id = tok.bos_token_id, tok.eos_token_id
     gen.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     gen._from_model_config = False  # the file is authoritative, not derived from config.json
-    tmp = out.parent / f".{out.name}.import.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir(parents=True)
-        model.save_pretrained(tmp)  # safetensors
-        tok.save_pretrained(tmp)
-        for f in tmp.iterdir():  # safetensors writes 0600; the folder is meant to be shared
-            f.chmod(0o644)
-        if out.exists():
-            out.rmdir()  # empty, checked above
-        tmp.rename(out)
-    except OSError as e:
-        raise ConfigError(f"OUT_DIR {str(out)!r} cannot be written ({e.strerror or e})") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    save_folder(model, tok, out, "import")
     return out, precision
 
 
