@@ -18,11 +18,13 @@ the operators ``+ * - /`` (``-`` only when positive, ``/`` only when exact and b
 than 1); ``order = "random"`` shuffles the tries at every node with the example's seed.
 
 The trace length is set by where the first solution sits in that order, so it varies with
-the problem and has a long tail: ``numbers`` (how many numbers) and ``max_number`` (their
-range: larger numbers give more exact divisions and longer lines) set the distribution.
-With 3 numbers up to 20, demos have a median near 110 characters (one token each with the
-character tokenizer), a p95 above 3x the median, and a few beyond 512; ``max_demo`` drops
-instances whose demo is longer (so every demo fits the model's context for SFT).
+the problem and has a long tail: ``numbers`` (how many numbers), ``max_number`` (their
+range: larger numbers give more exact divisions and longer lines) and ``max_value`` (tries
+whose result exceeds it are not made, so every number in the trace stays small) set the
+distribution. With 3 numbers up to 20 (the defaults), demos have a median of 126
+characters (one token each with the character tokenizer), a p95 above 3x the median, and a
+few beyond 512 (docs/reasoning.md tabulates other settings); ``max_demo`` drops instances
+whose demo is longer (so every demo fits the model's context for SFT).
 
 Owns instance generation and the solver that writes demos. Must not know verifiers (the
 default reward is the ``countdown_search`` verifier, which re-checks the trace) or
