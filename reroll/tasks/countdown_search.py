@@ -18,11 +18,13 @@ the operators ``+ * - /`` (``-`` only when positive, ``/`` only when exact and b
 than 1); ``order = "random"`` shuffles the tries at every node with the example's seed.
 
 The trace length is set by where the first solution sits in that order, so it varies with
-the problem and has a long tail: ``numbers`` (how many numbers) and ``max_number`` (their
-range: larger numbers give more exact divisions and longer lines) set the distribution.
-With 3 numbers up to 20, demos have a median near 110 characters (one token each with the
-character tokenizer), a p95 above 3x the median, and a few beyond 512; ``max_demo`` drops
-instances whose demo is longer (so every demo fits the model's context for SFT).
+the problem and has a long tail: ``numbers`` (how many numbers), ``max_number`` (their
+range: larger numbers give more exact divisions and longer lines) and ``max_value`` (tries
+whose result exceeds it are not made, so every number in the trace stays small) set the
+distribution. With 3 numbers up to 20 (the defaults), demos have a median of 126
+characters (one token each with the character tokenizer), a p95 above 3x the median, and a
+few beyond 512 (docs/reasoning.md tabulates other settings); ``max_demo`` drops instances
+whose demo is longer (so every demo fits the model's context for SFT).
 
 Owns instance generation and the solver that writes demos. Must not know verifiers (the
 default reward is the ``countdown_search`` verifier, which re-checks the trace) or
@@ -44,8 +46,9 @@ BACK = "<"  # a backtracking line: "< [state]" restates the node the search retu
 ATTEMPTS_PER_INSTANCE = 50  # give up (TaskError) after this many tries per wanted instance
 
 
-def moves(state: list[int]) -> Iterator[tuple[str, list[int]]]:
-    """Every try from ``state`` in the solver's order: ``("a op b=c", state after)``."""
+def moves(state: list[int], max_value: int = 0) -> Iterator[tuple[str, list[int]]]:
+    """Every try from ``state`` in the solver's order: ``("a op b=c", state after)``; with
+    ``max_value`` > 0, only the tries whose result is at most ``max_value``."""
     for i in range(len(state)):
         for j in range(i + 1, len(state)):
             a, b = max(state[i], state[j]), min(state[i], state[j])
@@ -56,6 +59,8 @@ def moves(state: list[int]) -> Iterator[tuple[str, list[int]]]:
             if b > 1 and a % b == 0:
                 tries.append(("/", a // b))
             for op, c in tries:
+                if max_value and c > max_value:
+                    continue
                 yield f"{a}{op}{b}={c}", rest + [c]
 
 
@@ -63,15 +68,16 @@ def state_text(state: list[int]) -> str:
     return "[" + " ".join(map(str, state)) + "]"
 
 
-def search(numbers: list[int], target: int, rng: random.Random | None = None
-           ) -> tuple[list[str], list[str] | None]:
+def search(numbers: list[int], target: int, rng: random.Random | None = None,
+           max_value: int = 0) -> tuple[list[str], list[str] | None]:
     """The depth-first search from ``numbers``: (trace lines, the steps that reach ``target``
     using every number, or None when no such path exists). ``rng`` shuffles the tries at
-    every node; None keeps the solver's fixed order."""
+    every node; None keeps the solver's fixed order. ``max_value`` > 0 skips the tries whose
+    result exceeds it."""
     lines: list[str] = []
 
     def visit(state: list[int], path: list[str]) -> list[str] | None:
-        tries = list(moves(state))
+        tries = list(moves(state, max_value))
         if rng is not None:
             rng.shuffle(tries)
         for step, after in tries:
@@ -96,7 +102,7 @@ def write_demo(lines: list[str], path: list[str]) -> str:
 
 
 def make_instance(rng: random.Random, count: int, max_number: int, order: str,
-                  max_demo: int) -> Example | None:
+                  max_demo: int, max_value: int = 0) -> Example | None:
     """One instance whose search reaches its target within ``max_demo`` characters, or None."""
     numbers = [rng.randint(1, max_number) for _ in range(count)]
     try:
@@ -107,8 +113,8 @@ def make_instance(rng: random.Random, count: int, max_number: int, order: str,
         return None
     target = int(value)
     search_rng = random.Random(rng.random()) if order == "random" else None
-    lines, path = search(numbers, target, search_rng)
-    if path is None:  # reachable only through a fraction or a negative value
+    lines, path = search(numbers, target, search_rng, max_value)
+    if path is None:  # reachable only through a fraction, a negative or too large a value
         return None
     demo = write_demo(lines, path)
     if len(demo) > max_demo:
@@ -121,10 +127,10 @@ def make_instance(rng: random.Random, count: int, max_number: int, order: str,
 
 @TASKS.register("countdown_search", ranges={"numbers": "[2, 4]", "max_number": "[2, inf)",
                                              "n_train": "[1, inf)", "n_test": "[0, inf)",
-                                             "max_demo": "[16, inf)"})
+                                             "max_demo": "[16, inf)", "max_value": "[0, inf)"})
 def countdown_search(seed: int, *, numbers: int = 3, max_number: int = 20,
-                     order: str = "fixed", max_demo: int = 600, n_train: int = 4000,
-                     n_test: int = 200) -> Task:
+                     order: str = "fixed", max_demo: int = 600, max_value: int = 0,
+                     n_train: int = 4000, n_test: int = 200) -> Task:
     """Seeded countdown instances with ``numbers`` numbers in [1, max_number], each with a
     written-out search as its demo (``order``: ``fixed`` or ``random`` tries). Instances are
     distinct up to the order of their numbers, so no test instance appears in train. Raises
@@ -134,6 +140,7 @@ def countdown_search(seed: int, *, numbers: int = 3, max_number: int = 20,
     require(order in ("fixed", "random"), "countdown_search",
             f"order must be 'fixed' or 'random', got {order!r}")
     require(max_demo >= 16, "countdown_search", f"max_demo must be >= 16, got {max_demo}")
+    require(max_value >= 0, "countdown_search", f"max_value must be >= 0, got {max_value}")
     require(n_train >= 1, "countdown_search", f"n_train must be >= 1, got {n_train}")
     require(n_test >= 0, "countdown_search", f"n_test must be >= 0, got {n_test}")
     rng = random.Random(seed)
@@ -141,7 +148,7 @@ def countdown_search(seed: int, *, numbers: int = 3, max_number: int = 20,
     seen: set[tuple] = set()
     examples: list[Example] = []
     for _ in range(wanted * ATTEMPTS_PER_INSTANCE):
-        ex = make_instance(rng, numbers, max_number, order, max_demo)
+        ex = make_instance(rng, numbers, max_number, order, max_demo, max_value)
         if ex is None:
             continue
         key = (tuple(sorted(ex.fields["numbers"])), ex.fields["target"])
@@ -156,7 +163,8 @@ def countdown_search(seed: int, *, numbers: int = 3, max_number: int = 20,
                         answer_marker=ANSWER_MARKER)
     raise TaskError(
         f"task 'countdown_search': found only {len(examples)} distinct instances with "
-        f"numbers={numbers}, max_number={max_number}, max_demo={max_demo} after "
+        f"numbers={numbers}, max_number={max_number}, max_value={max_value}, "
+        f"max_demo={max_demo} after "
         f"{wanted * ATTEMPTS_PER_INSTANCE} tries, but n_train + n_test = {wanted}; lower "
-        "n_train/n_test or raise max_number/max_demo"
+        "n_train/n_test or raise max_number/max_value/max_demo"
     )

@@ -1,6 +1,7 @@
 """The countdown_search task: the solver's written-out search on hand-checked cases, seeded
 and disjoint splits, and demo lengths as the difficulty parameters say (no timing)."""
 
+import re
 import statistics
 
 import pytest
@@ -19,6 +20,11 @@ def demo_of(numbers, target):
     return None if path is None else write_demo(lines, path)
 
 
+def demo_of_capped(numbers, target, max_value):
+    lines, path = search(numbers, target, max_value=max_value)
+    return None if path is None else write_demo(lines, path)
+
+
 def test_first_branch_solves():
     assert demo_of([3, 5, 2], 16) == "5+3=8 [2 8]\n8+2=10\n8*2=16\n#### 5+3=8,8*2=16"
 
@@ -33,6 +39,19 @@ def test_division_only_when_exact_and_subtraction_only_when_positive():
     assert demo_of([2, 2], 1) == "2+2=4\n2*2=4\n2/2=1\n#### 2/2=1"
     lines, path = search([3, 3], 7)  # 6, 9, (no 0), 1: never 7
     assert lines == ["3+3=6", "3*3=9", "3/3=1"] and path is None
+
+
+def test_max_value_skips_the_tries_above_it():
+    assert demo_of_capped([5, 2], 3, 6) == "5-2=3\n#### 5-2=3"  # 7 and 10 are not tried
+    lines, path = search([3, 5, 2], 9, max_value=10)
+    assert lines[:6] == ["5+3=8 [2 8]", "8+2=10", "8-2=6", "8/2=4", "< [3 5 2]",
+                         "5-3=2 [2 2]"]  # 8*2=16 and 5*3=15 (with its subtree) skipped
+    assert path == ["5-2=3", "3*3=9"]
+    assert all(int(n) <= 10 for line in lines for n in re.findall(r"\d+", line))
+    assert search([3, 5, 2], 13, max_value=10)[1] is None  # the target itself is above it
+    task = build(0, n_train=200, n_test=20, numbers=4, max_number=8, max_value=30)
+    for ex in task.train + task.test:
+        assert all(int(n) <= 30 for n in re.findall(r"\d+", ex.demo))
 
 
 def test_random_order_tries_the_same_moves_in_another_order():
@@ -82,7 +101,7 @@ def test_difficulty_parameters_set_the_lengths():
 
 
 @pytest.mark.parametrize("kw", [dict(numbers=5), dict(max_number=1), dict(order="bfs"),
-                                dict(max_demo=8), dict(n_train=0)])
+                                dict(max_demo=8), dict(n_train=0), dict(max_value=-1)])
 def test_bad_parameters_are_task_errors(kw):
     with pytest.raises(TaskError, match="countdown_search"):
         build(0, **kw)

@@ -55,8 +55,10 @@ def test_answer_the_trace_does_not_support_is_refused(trace):
     assert judge(completion, require_support=False)[0] == 1.0  # the answer itself is right
 
 
-def test_every_solver_demo_is_accepted_and_another_answer_is_not():
-    task = TASKS.get("countdown_search")(0, n_train=200, n_test=0, order="random")
+@pytest.mark.parametrize("args", [dict(order="random"),
+                                  dict(numbers=4, max_number=8, max_value=30)])
+def test_every_solver_demo_is_accepted_and_another_answer_is_not(args):
+    task = TASKS.get("countdown_search")(0, n_train=200, n_test=0, **args)
     for ex in task.train:
         assert judge(ex.demo, fields=ex.fields)[0] == 1.0, ex.demo
     # a correct answer, but not the one this trace reached
