@@ -259,7 +259,8 @@ def components(cfg: RunConfig, init_dir: Path, ckpt: Path | None, tok, task):
 
         scorer = RayScoringPool(cfg.reward.verifiers, task.verifier,
                                 actors=cfg.runtime.scoring_workers, workers=cfg.reward.workers,
-                                timeout_s=cfg.reward.timeout_s)
+                                timeout_s=cfg.reward.timeout_s,
+                                max_worker_crashes=cfg.reward.max_worker_crashes)
     else:
         scorer = build_rollout.build_scorer(cfg, task)
     return Components(trainer=trainer, engine_core=core, scorer=scorer)

@@ -32,10 +32,12 @@ from reroll.verifiers.pool import Scorer
 # count either; reserving CPUs here would starve the engine actors on a small machine.
 @ray.remote(num_cpus=0)
 class ScoringActor:
-    def __init__(self, specs: list[dict], default: dict, workers: int, timeout_s: float):
+    def __init__(self, specs: list[dict], default: dict, workers: int, timeout_s: float,
+                 max_worker_crashes: int = 10):
         from reroll.verifiers import ScoringPool
 
-        self.pool = ScoringPool(specs, default, workers=workers, timeout_s=timeout_s)
+        self.pool = ScoringPool(specs, default, workers=workers, timeout_s=timeout_s,
+                                max_worker_crashes=max_worker_crashes)
 
     def score(self, rollout: Rollout, example: Example) -> list[Score]:
         return self.pool.submit(rollout, example).result()
@@ -51,12 +53,13 @@ class RayScoringPool(Scorer):
     """The scorer interface over `actors` ScoringActors (least outstanding calls first)."""
 
     def __init__(self, reward_specs: list[dict], default_spec: dict, *, actors: int = 1,
-                 workers: int = 1, timeout_s: float = 10.0):
+                 workers: int = 1, timeout_s: float = 10.0, max_worker_crashes: int = 10):
         if actors < 1:
             raise ValueError(f"RayScoringPool: actors must be >= 1, got {actors}")
         self.reward: Reward = build_reward(reward_specs, default_spec)  # validates specs here
         # a thread per pool worker inside each actor, so its calls run concurrently
-        self._args = (list(reward_specs), dict(default_spec), workers, timeout_s)
+        self._args = (list(reward_specs), dict(default_spec), workers, timeout_s,
+                      max_worker_crashes)
         self._concurrency = max(1, workers)
         self._lock = threading.RLock()  # a ref already done runs its callback inside _dispatch
         self.actors = [self._spawn() for _ in range(actors)]

@@ -79,6 +79,22 @@ def test_train_runs_on_ray_engine_workers(ray_session, tmp_path, device):
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["pipeline/consumed"] == 12
 
 
+def test_scoring_actors_take_the_runs_worker_crash_bound(ray_session):
+    """reward.max_worker_crashes reaches the pool inside each scoring actor (the bound after
+    which a reward that keeps killing its workers stops being retried)."""
+    import ray
+
+    from reroll.runtime.ray_scoring import RayScoringPool
+
+    pool = RayScoringPool([{"name": "exact"}], {}, actors=1, workers=0, timeout_s=30,
+                          max_worker_crashes=3)
+    try:
+        got = ray.get(pool.actors[0].__ray_call__.remote(lambda a: a.pool.max_worker_crashes))
+        assert got == 3
+    finally:
+        pool.close()
+
+
 def test_killed_scoring_actor_calls_are_sent_again_and_nothing_is_lost(ray_session):
     from reroll.rollout import Rollout
     from reroll.runtime.ray_scoring import RayScoringPool
