@@ -151,8 +151,16 @@ class NumericVerifier:
         pred = to_number(found)
         if pred is None:
             return judged(self.name, 0.0, f"{found!r} is not a number", parsed=found, how=how)
-        bound = self.tolerance * (abs(float(gold)) if self.relative else 1.0)
-        diff = abs(float(pred) - float(gold))
+        try:
+            bound = self.tolerance * (abs(float(gold)) if self.relative else 1.0)
+            diff = abs(float(pred) - float(gold))
+        except OverflowError:  # beyond a float: compared exactly, a wrong answer, not an error
+            exact_diff = abs(pred - gold)
+            limit = Fraction(self.tolerance) * (abs(gold) if self.relative else 1)
+            ok = exact_diff <= limit
+            reason = ("beyond float range, compared exactly: the difference is "
+                      + ("within" if ok else "beyond") + f" the tolerance {self.tolerance:g}")
+            return judged(self.name, float(ok), reason, parsed=found, how=how)
         ok = diff <= bound
         reason = f"|{float(pred):g} - {float(gold):g}| = {diff:g} " + ("<=" if ok else ">") + \
             f" {bound:g}"

@@ -36,6 +36,19 @@ def test_numeric_fraction_and_percent_answers_are_numbers():
     assert judge("numeric", "the answer is 75%", "0.75", extract="answer").value == 1.0
 
 
+def test_numeric_answer_beyond_float_range_is_wrong_not_error():
+    """A 400-digit answer (a model's early garbage) overflows a float: it is a wrong answer
+    (compared exactly), never a verifier error; and exact comparison still accepts a huge
+    answer equal to a huge reference."""
+    huge = "9" * 400
+    s = judge("numeric", huge, "12")
+    assert s.ok and s.value == 0.0 and "beyond float range" in s.info["reason"]
+    assert judge("numeric", huge, huge).value == 1.0  # |x - x| = 0 <= 1e-6
+    # relative: bound = 0.01 * 10^400 > |10^400 + 1 - 10^400| = 1
+    assert judge("numeric", "1" + "0" * 399 + "1", "1" + "0" * 400,
+                 tolerance=0.01, relative=True).value == 1.0
+
+
 def test_numeric_no_number_is_wrong_not_error():
     s = judge("numeric", "I cannot say", "4")
     assert s.ok and s.value == 0.0 and s.info["parsed"] is None
