@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vcpo import read_rows, run_one, warm_start  # noqa: E402  (same runner, same SFT start)
+from vcpo import mean_sd, read_rows, run_one, warm_start  # noqa: E402  (same runner, SFT start, table cells)
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ["log_every=1", "record_every=0"]
@@ -75,14 +75,6 @@ def parse(run: Path) -> dict:
         "lag_mean": statistics.fmean(r.get("staleness/mean_lag", 0.0) for r in steps),
         "train_s_median": statistics.median(r["time/train_s"] for r in steps),
     }
-
-
-def mean_sd(v: list[float], f: str = ".3f") -> str:
-    v = [x for x in v if not math.isnan(x)]
-    if not v:
-        return "-"
-    sd = statistics.stdev(v) if len(v) > 1 else 0.0
-    return f"{statistics.fmean(v):{f}} +- {sd:{f}}"
 
 
 def table(summary: dict) -> str:

@@ -128,12 +128,13 @@ def parse(run: Path) -> dict:
     }
 
 
-def mean_sd(v: list[float]) -> str:
+def mean_sd(v: list[float], f: str = ".3f") -> str:
+    """Mean +- sample std over seeds (NaNs left out), formatted with ``f``."""
     v = [x for x in v if not math.isnan(x)]
     if not v:
         return "-"
     sd = statistics.stdev(v) if len(v) > 1 else 0.0
-    return f"{statistics.fmean(v):.3f} +- {sd:.3f}"
+    return f"{statistics.fmean(v):{f}} +- {sd:{f}}"
 
 
 def table(summary: dict) -> str:

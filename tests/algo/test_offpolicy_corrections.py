@@ -1,19 +1,9 @@
 """MinPRO and M2PO against hand-computed values (same rho table as test_corrections)."""
 
 import torch
+from test_corrections import BEHAV, MASK, PROX, close  # the same rho table
 
 from reroll.algo import CORRECTIONS
-
-# rho = pi_prox / mu: row 0 = 0.5, 3.0, 1.0 ; row 1 = 2.5, (masked: 9.0), (masked: inf gap)
-RHO = [[0.5, 3.0, 1.0], [2.5, 9.0, 1.0]]
-MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
-BEHAV = torch.full((2, 3), -2.0)
-PROX = BEHAV + torch.tensor(RHO).log()
-PROX[1, 2] = float("-inf")  # garbage on a padded position must not leak
-
-
-def close(a, b, tol=1e-5):
-    assert torch.allclose(a, torch.tensor(b, dtype=a.dtype), atol=tol), (a, b)
 
 
 def run(name, prox=PROX, behav=BEHAV, mask=MASK, **kw):
