@@ -60,13 +60,32 @@ class BranchRule:
 
     Children are spare members handed to the engine with the tree's root (`TorchEngine.branch`)
     and consumed in order; a request with no spares left (or none, or a greedy one) never
-    branches."""
+    branches.
+
+    LATR's lookahead pruning (`reroll.engine.branch_prune`): ``prune_at`` tokens after a
+    child's branch point (its forced token the first), its tokens there and its parent's are
+    compared; the child is pruned (back to an unused spare) when their Levenshtein distance
+    over the window length is below ``prune_edit``, or their ROUGE-L F1 is above
+    ``prune_rouge_l``, or their longest shared suffix over the window length is above
+    ``prune_suffix`` (0, 1 and 1: that test off; ``prune_at`` empty: no pruning)."""
 
     tau_abs: float = 0.15
     tau_rel: float = 0.25
     parent: str = "argmax"
+    prune_at: tuple[int, ...] = (20, 30, 50)
+    prune_edit: float = 0.4
+    prune_rouge_l: float = 1.0
+    prune_suffix: float = 1.0
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "prune_at", tuple(int(k) for k in self.prune_at))
+        if any(k < 1 for k in self.prune_at) or not all(
+                0.0 <= x <= 1.0 for x in (self.prune_edit, self.prune_rouge_l,
+                                          self.prune_suffix)):
+            raise ValueError(f"BranchRule needs prune_at >= 1 and prune_edit, prune_rouge_l, "
+                             f"prune_suffix in [0, 1], got prune_at={self.prune_at}, "
+                             f"prune_edit={self.prune_edit}, prune_rouge_l="
+                             f"{self.prune_rouge_l}, prune_suffix={self.prune_suffix}")
         if not (0.0 <= self.tau_abs < 1.0 and 0.0 < self.tau_rel <= 1.0):
             raise ValueError(f"BranchRule needs 0 <= tau_abs < 1 and 0 < tau_rel <= 1, got "
                              f"tau_abs={self.tau_abs}, tau_rel={self.tau_rel}")

@@ -142,6 +142,21 @@ class RolloutConfig:
     version (after it every member is sampled independently); which trees are grown is a
     hash of the group and the tree, so a resumed run grows the same. 0: every tree is grown
     at every step."""
+    tree_prune_at: list[int] = field(default_factory=lambda: [20, 30, 50])
+    """tree_branch = "entropy": LATR's lookahead pruning. A branch is compared with the
+    member it branched from over the first k tokens from its branch point, for each k here
+    (the reference's rollout_filter_steps); where a test below says the two are alike it is
+    pruned: it leaves the engine and becomes a spare of its tree again (counted as
+    engine/branch_pruned). A window where either ends is skipped. []: no pruning."""
+    tree_prune_edit: float = ranged(0.4, "[0, 1]")
+    """tree_prune_at: prune when the windows' Levenshtein distance / k is below this (the
+    reference's default 0.4). 0: this test off."""
+    tree_prune_rouge_l: float = ranged(1.0, "[0, 1]")
+    """tree_prune_at: prune when the windows' ROUGE-L F1 is above this (the reference's math
+    runs: 0.5, with tree_prune_edit = 0). 1: this test off."""
+    tree_prune_suffix: float = ranged(1.0, "[0, 1]")
+    """tree_prune_at: prune when the longest suffix of one window found inside the other, over
+    k, is above this (the reference's math runs: 0.2). 1: this test off."""
 
     @property
     def policy_token_limit(self) -> int:

@@ -16,6 +16,10 @@ samples on from its own seed; it is a member of the tree too. Under LATR's rule 
 `BranchRule`'s ``parent = "argmax"``) the member itself takes the most likely token at
 ``t`` (span ``forced`` where it had sampled another) and the child the second. When no member of a tree is in
 the engine any more, its unused spares are sampled as independent requests.
+
+The table also holds the lookahead windows each child still has to pass (LATR's pruning,
+`reroll.engine.branch_prune`): a pruned child leaves the tree's members and goes back to
+the front of its spares, its record reset to its prompt (`unstart`).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from reroll.rollout import Rollout
+from reroll.rollout import Rollout, Span
 
 
 def branch_tokens(
@@ -55,6 +59,27 @@ def branch_tokens(
     return torch.where(fire, other, torch.full_like(other, -1)), own
 
 
+def unstart(r: Rollout) -> None:
+    """Reset ``r``'s record to its prompt: no response, no parent (a pruned branch, a
+    spare again)."""
+    p = r.prompt_len
+    del r.tokens[p:], r.loss_mask[p:], r.logprobs[p:], r.versions[p:]
+    r.spans = [Span(0, p, "prompt")] if p else []
+    r.parent_id, r.prefix_len, r.finish, r.completion = None, 0, "running", ""
+
+
+@dataclass
+class Watch:
+    """A child's lookahead windows still to check: its parent's record, its branch point
+    ``at`` (the position of its forced token), the window lengths left (ascending) and the
+    `BranchRule` whose tests decide."""
+
+    parent: Rollout
+    at: int
+    left: list[int]
+    rule: object
+
+
 @dataclass
 class _Tree:
     spares: deque[Rollout]  # not yet spawned, in the order children take them
@@ -69,6 +94,7 @@ class TreeTable:
 
     def __init__(self) -> None:
         self.tree_of: dict[str, _Tree] = {}
+        self.watch: dict[str, Watch] = {}  # child sample id -> its windows left
 
     def __bool__(self) -> bool:
         return bool(self.tree_of)
@@ -96,7 +122,7 @@ class TreeTable:
             return None
         child = t.spares.popleft()
         t.live.add(child.sample_id)
-        t.rank[child.sample_id] = len(t.rank)
+        t.rank[child.sample_id] = max(t.rank.values(), default=-1) + 1
         self.tree_of[child.sample_id] = t
         return child
 
@@ -110,6 +136,7 @@ class TreeTable:
         spares of the trees left with no live member, to sample independently."""
         out: list[Rollout] = []
         for i in sample_ids:
+            self.watch.pop(i, None)
             t = self.tree_of.pop(i, None)
             if t is None:
                 continue
@@ -127,3 +154,23 @@ class TreeTable:
             named += [c for c in t.spares if c.sample_id in sample_ids]
             t.spares = deque(c for c in t.spares if c.sample_id not in sample_ids)
         return named, self.end([i for i in sample_ids if i in self.tree_of])
+
+    def prune(self, child: Rollout) -> list[Rollout]:
+        """``child`` (a live member, not a root) is pruned: it leaves its tree's members and
+        goes back to the front of its spares, its record reset (`unstart`), and its own
+        children's windows against it are dropped. Returns the tree's spares when no member
+        is left in the engine (to sample independently)."""
+        i = child.sample_id
+        t = self.tree_of.pop(i)
+        self.watch.pop(i, None)
+        for k in [k for k, w in self.watch.items() if w.parent is child]:
+            del self.watch[k]
+        t.live.discard(i)
+        t.rank.pop(i, None)
+        unstart(child)
+        t.spares.appendleft(child)
+        if t.live:
+            return []
+        out = list(t.spares)
+        t.spares.clear()
+        return out

@@ -10,9 +10,11 @@ samples. The paper also mixes tree and plain sampling, the share of trees decayi
 training (``rollout.tree_mix_steps``: a linear decay from 1 to 0 over that many policy
 versions; the paper's exact schedule is assumed linear here). Where reroll differs:
 ``rollout.tree_parent = "sampled"`` keeps the member's sampled token at a branch point (the
-branch takes the other candidate); the paper's lookahead pruning (a new branch whose
-continuation after a few tokens is too similar to its sibling's is dropped) is not built, so
-every spare the rule spawns is kept; besides the entropy rule reroll offers fixed fork
+branch takes the other candidate); LATR's lookahead pruning is built in the engine
+(``rollout.tree_prune_*``, `reroll.engine.branch_prune`): a branch whose first 20, 30 or
+50 tokens are too like its parent's there is dropped and its member becomes a spare again,
+as the reference frees the branch's place; the reference's check that the parent's token at
+the branch point is not a math symbol is not built; besides the entropy rule reroll offers fixed fork
 positions, and a tree group can instead be trained with TreeRL's segment credit
 (`reroll.methods.treerl`). Tokens chosen rather than sampled (span ``"forced"``: the
 member's top token where it had sampled another, the branch's alternative) are recorded
@@ -150,7 +152,9 @@ async def entropy_trees(ctx: EpisodeContext, group: Group) -> None:
     a started tree are sampled independently)."""
     opts = ctx.tree or TreeOptions()
     w = opts.width
-    rule = BranchRule(tau_abs=opts.tau_abs, tau_rel=opts.tau_rel, parent=opts.parent)
+    rule = BranchRule(tau_abs=opts.tau_abs, tau_rel=opts.tau_rel, parent=opts.parent,
+                      prune_at=opts.prune_at, prune_edit=opts.prune_edit,
+                      prune_rouge_l=opts.prune_rouge_l, prune_suffix=opts.prune_suffix)
 
     async def done(r: Rollout, fut, tree: bool) -> None:
         if fut is not None:
@@ -201,6 +205,10 @@ def check_entropy(cfg, tau_keys: list[str]) -> None:
     if r.tree_branch_at:
         raise ConfigError("rollout.tree_branch_at is used by rollout.tree_branch = "
                           "\"positions\" only (\"entropy\" branches where its rule fires)")
+    windows = list(r.tree_prune_at)
+    if any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in windows):
+        raise ConfigError(f"rollout.tree_prune_at: LATR's lookahead windows must be token "
+                          f"counts >= 1 (or [] for no pruning), got {windows!r}")
     never = [why for why, on in (
         (f"rollout.tree_tau_abs = {r.tree_tau_abs} (the second most likely token never "
          f"has p >= 0.5)", r.tree_tau_abs >= 0.5),

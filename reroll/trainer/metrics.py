@@ -58,7 +58,7 @@ def tree_metrics(rollouts: Sequence) -> dict[str, float]:
 ENGINE_COUNTERS = ("failovers", "server_failures", "servers_alive", "weight_pushes",
                    "requests_resumed", "draft_tokens_proposed", "draft_tokens_accepted",
                    "fork_children", "fork_tokens_shared", "branch_children",
-                   "branch_spares_independent", "redraft_steps", "redraft_tokens_proposed",
+                   "branch_spares_independent", "branch_pruned", "redraft_steps", "redraft_tokens_proposed",
                    "redraft_tokens_accepted")
 """Engine counters logged as ``engine/<name>`` (cumulative) where the engine keeps them:
 failover and server health of `OpenAIEngine`, resumes, drafts (at admission and DAS's

@@ -44,7 +44,13 @@ def check_tree(cfg) -> None:
     tau_keys = [k for k, v, d in (("tree_tau_abs", r.tree_tau_abs, defaults.tau_abs),
                                    ("tree_tau_rel", r.tree_tau_rel, defaults.tau_rel),
                                    ("tree_parent", r.tree_parent, defaults.parent),
-                                   ("tree_mix_steps", r.tree_mix_steps, defaults.mix_steps))
+                                   ("tree_mix_steps", r.tree_mix_steps, defaults.mix_steps),
+                                   ("tree_prune_at", tuple(r.tree_prune_at), defaults.prune_at),
+                                   ("tree_prune_edit", r.tree_prune_edit, defaults.prune_edit),
+                                   ("tree_prune_rouge_l", r.tree_prune_rouge_l,
+                                    defaults.prune_rouge_l),
+                                   ("tree_prune_suffix", r.tree_prune_suffix,
+                                    defaults.prune_suffix))
                 if v != d]  # the "entropy" mode's own keys
     if r.workflow != "tree":
         used = [k for k, on in (("tree_branch_at", r.tree_branch_at),

@@ -32,6 +32,14 @@ class TreeOptions:
     """"entropy": who takes the top token at a branch point (`BranchRule.parent`)."""
     mix_steps: int = 0
     """"entropy": the policy version where the share of trees grown reaches 0 (0: always 1)."""
+    prune_at: tuple[int, ...] = (20, 30, 50)
+    """"entropy": LATR's lookahead windows (`BranchRule.prune_at`; () no pruning)."""
+    prune_edit: float = 0.4
+    """"entropy": prune below this edit distance / window (`BranchRule.prune_edit`)."""
+    prune_rouge_l: float = 1.0
+    """"entropy": prune above this ROUGE-L F1 (`BranchRule.prune_rouge_l`)."""
+    prune_suffix: float = 1.0
+    """"entropy": prune above this shared suffix / window (`BranchRule.prune_suffix`)."""
 
     @classmethod
     def from_config(cls, r) -> TreeOptions:
@@ -39,7 +47,9 @@ class TreeOptions:
         return cls(branch=r.tree_branch, branch_at=tuple(r.tree_branch_at), width=r.tree_width,
                    credit=r.tree_credit, credit_scale=r.tree_credit_scale,
                    tau_abs=r.tree_tau_abs, tau_rel=r.tree_tau_rel, parent=r.tree_parent,
-                   mix_steps=r.tree_mix_steps)
+                   mix_steps=r.tree_mix_steps, prune_at=tuple(r.tree_prune_at),
+                   prune_edit=r.tree_prune_edit, prune_rouge_l=r.tree_prune_rouge_l,
+                   prune_suffix=r.tree_prune_suffix)
 
     def record(self, shared: int, **fields) -> dict:
         """``control["tree"]`` of a member: ``fields`` (``parent`` and the mode's own), then

@@ -220,6 +220,10 @@ def test_entropy_config_checks():
     ok = load_checked(None, ["rollout.workflow=tree", "rollout.tree_branch=entropy",
                              "rollout.tree_width=4", "rollout.tree_tau_abs=0.1"])
     assert (ok.rollout.tree_tau_abs, ok.rollout.tree_tau_rel) == (0.1, 0.25)
+    # LATR's lookahead pruning at the reference's defaults, handed to the engine's rule
+    opts = TreeOptions.from_config(ok.rollout)
+    assert (opts.prune_at, opts.prune_edit, opts.prune_rouge_l, opts.prune_suffix) == (
+        (20, 30, 50), 0.4, 1.0, 1.0)
     tree = ["rollout.workflow=tree"]
     bad = [(tree + ["rollout.tree_branch=lookahead"], "must be \"positions\" or \"entropy\""),
            (tree + ["rollout.tree_branch=entropy", "rollout.tree_branch_at=[1]"],
@@ -240,6 +244,13 @@ def test_entropy_config_checks():
             "can never fire with rollout.temperature = 0"),
            (tree + ["rollout.tree_branch=entropy", "rollout.tree_width=1"],
             "tree_width must be >= 2"),
+           (["rollout.tree_prune_at=[5]"], "tree_prune_at is used by rollout.workflow"),
+           (tree + ["rollout.tree_branch_at=[1]", "rollout.tree_prune_edit=0.2"],
+            "tree_prune_edit is used by rollout.tree_branch = \"entropy\" only"),
+           (tree + ["rollout.tree_branch=entropy", "rollout.tree_prune_at=[0, 20]"],
+            "tree_prune_at: LATR's lookahead windows must be token counts >= 1"),
+           (tree + ["rollout.tree_branch=entropy", "rollout.tree_prune_rouge_l=1.5"],
+            "rollout.tree_prune_rouge_l"),
            (tree + ["rollout.tree_branch=entropy", "engine.name=openai",
                     "engine.base_url=http://127.0.0.1:9"], "engine that forks")]
     for overrides, message in bad:

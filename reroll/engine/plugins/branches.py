@@ -7,8 +7,10 @@ the parent's prefix, then the alternative token as a ``"forced"`` span; its slot
 engine's `seat`, a copy of the parent's cache rows or the re-prefill fallback when no slot is
 free), under LATR's argmax-parent rule the parent's own token at the branch point (the most
 likely one, a ``"forced"`` span where it had sampled another, fed as its next token), and
-the spares of finished trees, which are added as independent requests. Knows nothing of the
-other plug-ins.
+the spares of finished trees, which are added as independent requests, and LATR's lookahead
+pruning: ``prune_at`` tokens after its branch point a child is compared with its parent
+there (`reroll.engine.branch_prune`) and, when too similar, retired from its slot and made a
+spare of its tree again (counted in ``branch_pruned``). Knows nothing of the other plug-ins.
 
 A forced token's recorded log-prob is its log-prob under the distribution the member sampled
 from at that position (the parent's top token as much as the child's alternative): what the
@@ -25,22 +27,25 @@ import time
 import torch
 from torch import Tensor
 
-from reroll.engine.branch import TreeTable, branch_tokens
+from reroll.engine.branch import TreeTable, Watch, branch_tokens
+from reroll.engine.branch_prune import too_similar
 from reroll.engine.fork import check_fork, inherit
 from reroll.engine.plugin import EnginePlugin
 from reroll.engine.requests import Request
 from reroll.engine.sampling import scaled_logits
-from reroll.rollout import Rollout
+from reroll.rollout import FINISHED, Rollout
 
 
 class Branches(EnginePlugin):
     """`branch` and the rule's hooks in sampling, retiring and aborting."""
 
-    counters = ("branch_children", "branch_children_prefilled", "branch_spares_independent")
+    counters = ("branch_children", "branch_children_prefilled", "branch_spares_independent",
+                "branch_pruned")
 
     def __init__(self, core) -> None:
         super().__init__(core)
         self.trees = TreeTable()
+        self.orphans: list[Rollout] = []  # spares of trees whose last member was pruned
 
     def branch(self, root: Rollout, spares: list[Rollout]) -> None:
         """Generate ``root`` (its ``sampling.branch_rule`` says where it branches) as the
@@ -67,9 +72,17 @@ class Branches(EnginePlugin):
         fires at this token, spawned in the order of their members' ranks in their trees
         (`TreeTable.rank`) while the trees have spares; returns those that finished at once
         (their forced token ends them). Children copy the rows of a parent that just
-        finished: its slot is still there."""
+        finished: its slot is still there. Then the lookahead windows of the children in
+        ``sl`` (`_lookahead`)."""
         if not self.trees:
             return []
+        done = self._spawn_all(sl, logits, tok, ban, fin)
+        if self.trees.watch:
+            self._lookahead(sl, fin)
+        return done
+
+    def _spawn_all(self, sl: slice, logits: Tensor, tok: Tensor, ban: Tensor | None,
+                   fin: list[int]) -> list[Rollout]:
         core = self.core
         rows = core.rows[sl]
         banned = ban.tolist() if ban is not None else [-1] * len(rows)
@@ -106,8 +119,41 @@ class Branches(EnginePlugin):
             done += self._spawn(rows[j], sl.start + j, child, f, float(logp[k, f]))
         return done
 
+    def _lookahead(self, sl: slice, fin: list[int]) -> None:
+        """LATR's pruning: each child of slots ``sl`` that has sampled a window (``prune_at``
+        tokens from its forced token on) is compared with its parent's tokens there, once
+        the parent has them; a child too similar (`too_similar`) leaves its slot (it joins
+        ``fin``: the step releases it) and becomes its tree's next spare again. A window is
+        skipped where either member ends inside it (its last token there, as LATR skips a
+        window holding EOS), and a child ending at this token is not compared."""
+        core = self.core
+        by_id = {q.rollout.sample_id: q for q in core.rows}
+        for j, q in enumerate(core.rows[sl]):
+            w = self.trees.watch.get(q.rollout.sample_id)
+            if w is None or sl.start + j in fin:
+                continue
+            mine = _tokens(q)
+            pq = by_id.get(w.parent.sample_id)
+            theirs = _tokens(pq) if pq is not None else w.parent.tokens
+            ended = pq is None and w.parent.finish in FINISHED
+            while w.left and len(mine) >= w.at + w.left[0]:
+                end = w.at + w.left[0]
+                if len(theirs) < end or (ended and len(theirs) == end):
+                    if ended:  # the parent ended inside this window (and every later one)
+                        w.left.clear()
+                    break  # else the parent has not sampled it yet
+                w.left.pop(0)
+                if too_similar(mine[w.at:end], theirs[w.at:end], w.rule):
+                    fin.append(sl.start + j)
+                    self.orphans += self.trees.prune(q.rollout)
+                    core.count("branch_pruned")
+                    break
+
     def stepped(self, done: list[Rollout]) -> None:
         """Finished members leave their trees; a tree's unused spares become requests."""
+        if self.orphans:
+            self._add_spares(self.orphans)
+            self.orphans = []
         if self.trees:
             self._add_spares(self.trees.end(r.sample_id for r in done))
 
@@ -166,6 +212,10 @@ class Branches(EnginePlugin):
         child.timings["engine_add"] = time.time()
         core.count("requests_added")
         core.count("branch_children")
+        rule = child.sampling.branch_rule or q.rollout.sampling.branch_rule
+        if rule is not None and rule.prune_at:
+            self.trees.watch[child.sample_id] = Watch(q.rollout, t,
+                                                         sorted(set(rule.prune_at)), rule)
         if reason:
             return [core.finish(c, reason)]
         if not core.seat([c], slot, t, token):
@@ -176,3 +226,8 @@ class Branches(EnginePlugin):
         if spares:
             self.core.count("branch_spares_independent", len(spares))
             self.core.add(spares)
+
+
+def _tokens(q: Request) -> list[int]:
+    """A running request's tokens, those sampled and not yet in its record included."""
+    return q.rollout.tokens + q.toks[q.flushed:]
