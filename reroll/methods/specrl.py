@@ -1,5 +1,8 @@
 """SPEC-RL (Liu et al. 2025, "SPEC-RL: Accelerating On-Policy Reinforcement Learning via
-Speculative Rollouts"; reference code github.com/ShopeeLLM/Spec-RL): speculative rollouts.
+Speculative Rollouts"; reference code github.com/ShopeeLLM/Spec-RL, whose verification is
+``spec_cut`` / ``spec_cut_with_knobs`` in ``verl/utils/speculative_decoding.py`` (the kept
+prefix made the next context by ``build_ctx`` there, called from ``RayPPOTrainer.fit`` in
+``verl/trainer/ppo/ray_trainer.py``)): speculative rollouts.
 Rule in one line: an earlier epoch's response to the same prompt is a draft, each token kept
 with probability ``min(1, lenience * p / q)``, and generation resumes from the whole current
 policy at the first rejected position.
