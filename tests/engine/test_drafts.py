@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from engine_helpers import assert_sampled_as, full_logprobs, make, spread
+from engine_helpers import assert_sampled_as, forward_atol, full_logprobs, make, spread
 from scipy.stats import chisquare
 
 from reroll.config import ModelConfig
@@ -102,7 +102,7 @@ def test_a_draft_rejected_at_its_sampled_token_resamples_by_its_rule(lm, rule):
     r.sampling.draft = Draft(tuple(plain.response_tokens[:3]), (50.0,) * 3, resample=rule)
     TorchEngine(model, tok).generate([r])
     if rule == "full":  # the whole distribution, the sampler's own uniform: plain sampling
-        assert_sampled_as(r, plain)
+        assert_sampled_as(r, plain, model)
     else:  # the drafted token is left out of the draw
         assert r.response_tokens[0] != plain.response_tokens[0]
         assert [s.source for s in r.spans] == ["prompt", "sampled"]
@@ -155,7 +155,8 @@ def test_a_fully_accepted_draft_records_the_policys_logprobs_and_samples_nothing
     assert all(r.loss_mask[r.prompt_len:]) and set(r.versions[r.prompt_len:]) == {0}
     want = full_logprobs(model, r.tokens)[r.prompt_len - 1:]  # [12] from a plain forward
     got = torch.tensor(r.logprobs[r.prompt_len:])
-    assert torch.allclose(got, want, atol=1e-4)
+    # one extend forward over the draft against one full forward: other kernel shapes
+    torch.testing.assert_close(got, want, rtol=0.0, atol=forward_atol(model, want))
     s = eng.stats()
     assert s["tokens_generated"] == 0 and s["draft_tokens_accepted"] == 12
 
@@ -172,8 +173,11 @@ def test_a_partly_accepted_draft_samples_on_from_the_first_rejection(lm):
     assert r.tokens == ref.tokens  # greedy keeps the argmax tokens and replaces the rest
     assert [(s.start, s.end, s.source) for s in r.spans] == [
         (0, L, "prompt"), (L, L + 6, "draft"), (L + 6, L + 10, "sampled")]
-    assert torch.allclose(torch.tensor(r.logprobs[L:]), torch.tensor(ref.logprobs[L:]),
-                          atol=1e-5)
+    # the draft's extend forward against decode steps: other kernel shapes (tokens equal:
+    # greedy takes the argmax, which rounding moves only at a near-tie of the top two)
+    want = torch.tensor(ref.logprobs[L:])
+    torch.testing.assert_close(torch.tensor(r.logprobs[L:]), want, rtol=0.0,
+                               atol=forward_atol(model, want))
     s = eng.stats()
     assert (s["draft_tokens_proposed"], s["draft_tokens_accepted"], s["tokens_generated"]) \
         == (9, 6, 4)
@@ -207,7 +211,7 @@ def test_a_draft_rejected_at_its_first_token_equals_plain_sampling_with_the_seed
     eng.add([make(tok, "hello world ", temperature=1.0, max_new_tokens=9, seed=1), r])
     while eng.pending():
         eng.step()
-    assert_sampled_as(r, plain)
+    assert_sampled_as(r, plain, model)
 
 
 # ---- distributions ------------------------------------------------------------------

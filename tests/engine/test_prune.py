@@ -8,7 +8,7 @@ without a rule are untouched by a loaded head."""
 
 import pytest
 import torch
-from engine_helpers import make
+from engine_helpers import forward_atol, make
 
 from reroll.engine import TorchEngine
 from reroll.engine.quality import QualityHead, head_tensors, prefix_confidence, rank_draw
@@ -141,6 +141,11 @@ def test_a_real_heads_predictions_are_its_values_on_the_checkpoint_hidden_states
     from reroll.methods.arrol_head import prefix_hidden
 
     model, tok = lm
+    # the engine's p comes from a decode step's hidden state, the references' from full
+    # forwards (one sequence, or a padded batch): other kernel shapes. p = sigmoid(head(h))
+    # lies in (0, 1): the model's reordering bound at scale 1 (forward_atol, the head's two
+    # layers counted in place of the output embedding and the normaliser)
+    p_atol = forward_atol(model, 1.0)
     width = model.get_output_embeddings().in_features
     head = QualityHead(width, AT, hidden=8, seed=3)
     with torch.no_grad():
@@ -156,15 +161,17 @@ def test_a_real_heads_predictions_are_its_values_on_the_checkpoint_hidden_states
         h = hidden_of(model, prompt + r.response_tokens[:k] + [0])[len(prompt) + k - 1]
         lp = torch.tensor([prefix_confidence(r.logprobs[len(prompt):len(prompt) + k])])
         assert d["p"] == pytest.approx(float(head.predict(h[None], torch.tensor([k]), lp)[0]),
-                                       abs=1e-5)
+                                       abs=p_atol)
     # the trainer's features of the finished samples are these hidden states too
     done = [r for r in rs if r.finish != "pruned"]
     h, k, lp = prefix_hidden(model, done, AT, tok.pad_token_id, device)
     p = head.predict(h.cpu(), k.cpu(), lp.cpu()).tolist()
-    assert p == pytest.approx([r.control["arrol"]["p"] for r in done], abs=1e-5)
+    assert p == pytest.approx([r.control["arrol"]["p"] for r in done], abs=p_atol)
     monkeypatch.setattr(arrol, "split_head", lambda m: None)  # a model it cannot split
     h2, k2, lp2 = prefix_hidden(model, done, AT, tok.pad_token_id, device)
-    assert torch.allclose(h2, h, atol=1e-5) and torch.equal(k2, k) and torch.equal(lp2, lp)
+    # the same decoder on the same padded batch, read at its output either way: the same
+    # kernels on the same shapes, so bit for bit on any CPU
+    assert torch.equal(h2, h) and torch.equal(k2, k) and torch.equal(lp2, lp)
 
 
 def test_an_interrupted_group_decides_the_same_in_its_re_prefill(lm):
@@ -189,8 +196,10 @@ def test_an_interrupted_group_decides_the_same_in_its_re_prefill(lm):
         e.step()
     assert [r.finish for r in parts] == [r.finish for r in whole]
     assert [r.response_tokens for r in parts] == [r.response_tokens for r in whole]
+    # the resume re-prefilled the checkpoint's tokens where the whole run decoded them:
+    # other kernel shapes, p within the model's reordering bound at scale 1 (see above)
     assert [r.control["arrol"]["p"] for r in parts] == pytest.approx(
-        [r.control["arrol"]["p"] for r in whole], abs=1e-5)
+        [r.control["arrol"]["p"] for r in whole], abs=forward_atol(model, 1.0))
     assert e.stats()["prefill_forwards"] == 2  # the resume's, none for pruning
 
 

@@ -89,7 +89,7 @@ def test_a_proposal_rejected_at_its_first_token_equals_plain_sampling_with_the_s
     eng.add([other, r])
     while eng.pending():
         eng.step()
-    assert_sampled_as(r, plain)
+    assert_sampled_as(r, plain, model)
     s = eng.stats()
     assert (s["redraft_steps"], s["redraft_tokens_proposed"], s["redraft_tokens_accepted"]) \
         == (1, 1, 0)
