@@ -1,5 +1,7 @@
-"""The Python API (`reroll.train`): README's example as written, a reward that is a plain
-module function (scored in worker processes) and the config it builds."""
+"""The Python API (`reroll.train`, `reroll.sft`, `reroll.evaluate`): README's example as
+written, `reroll.sft` and `reroll.evaluate` equal to `reroll sft` and `reroll eval`, a
+reward that is a plain module function (scored in worker processes) and the config it
+builds."""
 
 import json
 import re
@@ -32,6 +34,12 @@ def test_readme_python_api_example(tmp_path, monkeypatch):
     assert (tmp_path / "runs" / "api.dataset.jsonl").is_file()
     assert (tmp_path / "runs" / "api" / "checkpoints" / "latest").exists()
     assert "reward/mean" in result.metrics
+    warm, scores = scope["warm"], scope["scores"]
+    assert warm.model_dir == Path("runs/api_sft/model") and len(warm.losses) == 20
+    config = (tmp_path / "runs" / "api" / "config.toml").read_text()
+    assert f'init = "{warm.model_dir}"' in config
+    assert scores.checkpoint == Path("runs/api")  # its latest checkpoint, as reroll eval takes it
+    assert scores.metrics["eval/greedy_score_errors"] == 0
 
 
 def test_importable_reward_runs_in_worker_processes(tmp_path):
