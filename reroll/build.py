@@ -119,16 +119,23 @@ def load_model(path: Path, cfg: RunConfig, dtype: str | None = None):
 def load_policy(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
     """(model, tokenizer) a run trains, in float32 (the master weights): ``ckpt``'s model
     when resuming, else ``init_dir``'s. With ``[lora]`` (``lora.rank > 0``), ``init_dir``'s
-    weights frozen under LoRA adapters (`reroll.lora`), fresh (seeded by the caller's
-    torch seed) or ``ckpt``'s."""
+    weights frozen under LoRA adapters (`reroll.lora`), fresh or ``ckpt``'s. Fresh adapters
+    are drawn from ``train.seed`` alone, whatever this process drew before (a Ray trainer
+    actor starts them as the local runtime does); the caller's random state is left as
+    it was."""
     if cfg.lora.rank == 0:
         return load_model(ckpt / "model" if ckpt else init_dir, cfg, dtype="float32")
+    import torch
+
     from reroll import lora
 
     model, tok = load_model(init_dir, cfg, dtype="float32")
     lc = cfg.lora
-    model = lora.wrap(model, rank=lc.rank, alpha=lc.alpha, dropout=lc.dropout,
-                      target_modules=lc.target_modules, base_dir=init_dir)
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(cfg.train.seed)
+        model = lora.wrap(model, rank=lc.rank, alpha=lc.alpha, dropout=lc.dropout,
+                          target_modules=lc.target_modules, base_dir=init_dir)
     if ckpt:
         lora.load_adapter(model, ckpt / "model")
     return model, tok

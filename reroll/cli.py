@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import errno
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -37,62 +36,20 @@ def cmd_train(args) -> int:
 
 
 def cmd_sft(args) -> int:
-    import torch
+    from reroll.config import load_config
+    from reroll.offline import run_sft
+    from reroll.stopping import Stopped
 
-    from reroll import build, build_rollout
-    from reroll.config_checks import load_checked
-    from reroll.lora import is_lora, plain_copy
-    from reroll.runlog import RunDir
-    from reroll.stopping import StopFlag, Stopped, stop_on_signals
-    from reroll.trainer import checkpoint
-    from reroll.trainer.precision import autocast_dtype
-    from reroll.trainer.sft import save_model, sft
-
-    cfg = load_checked(args.config, args.overrides)
-    build.prepare_process(cfg)
-    torch.manual_seed(cfg.train.seed)
-    rd = RunDir(cfg, resume=args.resume)
+    cfg = load_config(args.config, args.overrides)  # checked by run_sft, before any work
     try:
-        ckpt = checkpoint.latest(rd.path) if args.resume else None
-        if args.resume:  # rows after the checkpoint (all of them if none) are redone
-            rd.truncate(checkpoint.read_state(ckpt)["step"] if ckpt else 0)
-        # float32 master weights and AdamW state; bf16 autocast where model.dtype = bfloat16;
-        # with [lora], adapters over the starting model's frozen weights
-        model, tok = build.load_policy(cfg, build.model_dir(cfg, rd.path), ckpt)
-        task = build.build_task(cfg)
-        rd.commit()
-
-        def save(step, opt, sched, extras):
-            checkpoint.save(rd.path, step, model, tok, opt, {"kind": "sft"},
-                            lr_scheduler=sched, extras=extras)
-
-        with stop_on_signals(StopFlag()) as flag:
-            losses = sft(model, tok, task.train, build_rollout.encode_prompt(tok, cfg.task.chat),
-                         steps=cfg.sft.steps, lr=cfg.sft.lr, batch_size=cfg.sft.batch_size,
-                         seed=cfg.train.seed, schedule=cfg.sft.schedule,
-                         warmup_steps=cfg.sft.warmup_steps, demos=build_rollout.demo_turns(cfg),
-                         encode_observation=build_rollout.encode_observation(tok, cfg.task.chat),
-                         autocast_dtype=autocast_dtype(cfg.model.dtype),
-                         logprob_chunk=cfg.train.logprob_chunk,
-                         fused_optimizer=cfg.train.fused_optimizer,
-                         log=lambda s, m: rd.log(s, m) if s % 10 == 0 or s == cfg.sft.steps
-                         else None, ckpt_every=cfg.ckpt_every, save=save, resume=ckpt,
-                         stop=flag)
-        # saved in model.dtype (weights and config.json), as a model loaded in it would be;
-        # a LoRA policy merged into a plain model, so that RL starts from it like any other
-        dtype = getattr(torch, cfg.model.dtype)
-        if is_lora(model):
-            model = plain_copy(model, next(model.parameters()).device, dtype,
-                               build.module_copy)
-        out = save_model(model.to(dtype=dtype), tok, rd.path / "model")
+        result = run_sft(cfg, resume=args.resume, signals=True)
     except Stopped as e:
         print(f"reroll sft: {e}; checkpoint written. Resume with: {_again(args)}",
               file=sys.stderr)
         return e.exit_code
-    finally:
-        rd.close()
+    losses = result.losses
     done = f"loss {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else "nothing left to train"
-    print(f"sft: {cfg.sft.steps} steps, {done}; saved {out}")
+    print(f"sft: {cfg.sft.steps} steps, {done}; saved {result.model_dir}")
     return 0
 
 
@@ -102,54 +59,12 @@ def _again(args) -> str:
 
 
 def cmd_eval(args) -> int:
-    from reroll import build
-    from reroll.config import ConfigError
-    from reroll.config_checks import load_checked
-    from reroll.trainer.evaluate import HeldOutEval
+    from reroll.config import load_config
+    from reroll.offline import run_eval
 
-    cfg = load_checked(args.config, args.overrides)
-    build.prepare_process(cfg)
-    if args.output:  # fail now, not after a long evaluation
-        out = Path(args.output)
-        if out.is_dir() or not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
-            raise ConfigError(f"--output {str(out)!r}: cannot write a file there (its "
-                              f"directory must exist and be writable)")
-    model, tok = _load_checkpoint(args.checkpoint, cfg)
-    held_out = HeldOutEval(cfg, tok, build.build_task(cfg))
-    try:
-        m = held_out(model)
-    finally:
-        held_out.close()
-    m["checkpoint"] = str(args.checkpoint)
-    print(json.dumps(m))
-    if args.output:
-        Path(args.output).write_text(json.dumps(m, indent=1))
+    cfg = load_config(args.config, args.overrides)  # checked by run_eval, before any work
+    print(json.dumps(run_eval(cfg, args.checkpoint, args.output)))
     return 0
-
-
-def _load_checkpoint(path: str, cfg, tries: int = 3):
-    """(model, tokenizer) of what ``path`` names (`reroll.build.weights_dir`), a checkpoint's
-    only when it is whole. Training may rotate a checkpoint away while it is read: through a
-    run directory the read is retried on its new latest checkpoint; a checkpoint named
-    itself is refused, saying so."""
-    from reroll import build
-    from reroll.config import ConfigError
-    from reroll.trainer.checkpoint import check_whole
-
-    attempt = 0
-    while True:
-        src = build.weights_dir(path)
-        try:
-            check_whole(src)
-            return build.load_model(src, cfg)
-        except (ConfigError, OSError):
-            if src.is_dir() and (src / "config.json").is_file():
-                raise  # still there: damaged, not rotated
-            attempt += 1
-            if Path(path) in (src, src.parent) or attempt == tries:
-                raise ConfigError(f"checkpoint {src.parent} was removed while it was read "
-                                  f"(training keeps only its newest checkpoints); evaluate "
-                                  f"the run directory to take its latest, or a copy") from None
 
 
 def cmd_report(args) -> int:

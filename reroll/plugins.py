@@ -8,7 +8,12 @@ A module is looked up like ``python -m`` does it: the current directory first, t
 ``sys.path``. The names (and that directory) are passed on to the processes a run starts
 through the environment (``REROLL_PLUGINS``, ``PYTHONPATH``): the scoring workers and Ray's
 actors import them too (`import_inherited`, called where such a process builds its
-components). Knows nothing of the registries or of torch.
+components).
+
+An installed package can declare its modules in the entry-point group ``reroll.plugins``
+(``[project.entry-points."reroll.plugins"] name = "module"`` in its pyproject.toml): they
+are imported at the same places (`import_entry_points`), in every run, without a
+``plugins`` entry. Knows nothing of the registries or of torch.
 """
 
 from __future__ import annotations
@@ -19,6 +24,31 @@ import sys
 
 ENV = "REROLL_PLUGINS"
 """The environment variable that hands the plug-in modules to child processes."""
+GROUP = "reroll.plugins"
+"""The entry-point group of installed packages' plug-in modules."""
+_entry_points_loaded = False
+
+
+def import_entry_points() -> None:
+    """Import (once per process) what every installed distribution declares in the
+    entry-point group ``reroll.plugins``. One that fails to import is a `ConfigError` naming
+    the entry point, its value and its distribution, with the error it raised."""
+    global _entry_points_loaded
+    from importlib.metadata import entry_points
+
+    from reroll.errors import ConfigError
+
+    if _entry_points_loaded:
+        return
+    for ep in entry_points(group=GROUP):
+        try:
+            ep.load()
+        except Exception as e:
+            dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist is not None else "unknown"
+            raise ConfigError(f"plugin entry point {ep.name!r} = {ep.value!r} (group {GROUP!r}, "
+                              f"distribution {dist}) failed to import: {type(e).__name__}: "
+                              f"{e}") from e
+    _entry_points_loaded = True
 
 
 def import_plugins(names: list[str] | tuple[str, ...]) -> None:
@@ -27,6 +57,7 @@ def import_plugins(names: list[str] | tuple[str, ...]) -> None:
     naming it and what failed."""
     from reroll.errors import ConfigError
 
+    import_entry_points()
     if not names:
         return
     cwd = os.getcwd()
@@ -48,10 +79,12 @@ def import_plugins(names: list[str] | tuple[str, ...]) -> None:
 
 
 def import_inherited() -> None:
-    """Import the plug-in modules this process's parent recorded (``REROLL_PLUGINS``)."""
+    """Import the plug-in modules this process's parent recorded (``REROLL_PLUGINS``) and
+    the installed packages' (`import_entry_points`)."""
     names = [n for n in os.environ.get(ENV, "").split(",") if n]
     for p in reversed(os.environ.get("PYTHONPATH", "").split(os.pathsep)):
         if p and p not in sys.path:
             sys.path.insert(0, p)
     for name in names:
         importlib.import_module(name)
+    import_entry_points()

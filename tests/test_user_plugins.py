@@ -60,3 +60,56 @@ def test_plugin_that_cannot_be_imported_is_a_config_error(tmp_path, monkeypatch)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match="plugins: cannot import 'no_such_module_here'"):
         load_checked(None, ['plugins=["no_such_module_here"]'])
+
+
+def _installed(site: Path, module_text: str) -> None:
+    """A distribution installed in ``site`` as pip leaves one: its ``*.dist-info`` (METADATA,
+    entry_points.txt declaring the module in the ``reroll.plugins`` group) and its module."""
+    info = site / "my_reroll_components-0.3.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-reroll-components\n"
+                                   "Version: 0.3\n")
+    (info / "entry_points.txt").write_text("[reroll.plugins]\n"
+                                           "components = my_installed_components\n")
+    (site / "my_installed_components.py").write_text(module_text)
+
+
+def _reroll_with(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """`reroll train` in a fresh process whose sys.path holds ``site`` (so the test's own
+    sys.path is untouched), run from ``cwd``, a directory without the module."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])}
+    env.pop("REROLL_PLUGINS", None)
+    return subprocess.run([sys.executable, "-m", "reroll.cli", "train", *args], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_plugin_entry_point_of_an_installed_distribution(tmp_path):
+    """The doc's components, installed as a distribution with a ``reroll.plugins`` entry
+    point: no ``plugins`` key, its task and verifier are known when the config is checked
+    and in the scoring worker process."""
+    from reroll.runlog import read_metrics
+
+    _components(tmp_path)
+    _installed(tmp_path / "site", (tmp_path / "my_components.py").read_text())
+    out = tmp_path / "work" / "runs" / "installed"
+    run = _reroll_with(tmp_path / "site", tmp_path / "work", "-", "task.name=double",
+                       f"out_dir={out}", 'reward.verifiers=[{name = "ends_with"}]',
+                       "reward.workers=1", "reward.inline=never", *SMALL, "--no-progress")
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2] and rows[-1]["pipeline/consumed"] == 4
+    assert rows[-1].get("reward/errors", 0) == 0
+
+
+def test_plugin_entry_point_that_fails_is_a_clear_error_before_any_work(tmp_path):
+    _installed(tmp_path / "site", 'raise RuntimeError("no licence key found")\n')
+    out = tmp_path / "work" / "runs" / "broken"
+    run = _reroll_with(tmp_path / "site", tmp_path / "work", "-", f"out_dir={out}", *SMALL,
+                       "--no-progress")
+    assert run.returncode == 2, run.stderr[-3000:]
+    assert run.stderr.strip().splitlines()[-1] == (
+        "reroll train: error: plugin entry point 'components' = 'my_installed_components' "
+        "(group 'reroll.plugins', distribution my-reroll-components 0.3) failed to import: "
+        "RuntimeError: no licence key found")
+    assert not out.exists()
