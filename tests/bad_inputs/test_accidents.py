@@ -3,7 +3,6 @@ case here failed, misled or refused needlessly before its fix."""
 
 import json
 
-import numpy as np
 import pytest
 
 from reroll.config import ConfigError, load_config
@@ -52,7 +51,6 @@ def test_a_section_overridden_by_a_value_names_the_override_that_did_it():
 
 
 REWARDS = '''
-import numpy as np
 
 def array(prompts, completions, **kw):
     return np.array([0.25 * len(c) for c in completions])
