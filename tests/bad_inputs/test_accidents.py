@@ -51,6 +51,7 @@ def test_a_section_overridden_by_a_value_names_the_override_that_did_it():
 
 
 REWARDS = '''
+import numpy as np
 
 def array(prompts, completions, **kw):
     return np.array([0.25 * len(c) for c in completions])
