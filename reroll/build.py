@@ -232,7 +232,8 @@ def build_trainer(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
 
 def build_task(cfg: RunConfig, tok=None, model_path: Path | None = None):
     """The task; given the tokenizer and model, prompts that leave the model no room to
-    answer are refused (or skipped and counted with ``task.skip_long_prompts``) now."""
+    answer are refused (or skipped and counted with ``task.skip_long_prompts``) now, and
+    one warning counts those that leave fewer than ``rollout.max_new_tokens`` positions."""
     import warnings
 
     from reroll.build_rollout import encode_prompt
@@ -243,12 +244,20 @@ def build_task(cfg: RunConfig, tok=None, model_path: Path | None = None):
     if tok is not None and model_path is not None:
         where = f"task {cfg.task.name!r}" + (f" ({cfg.task.args['path']})"
                                              if "path" in cfg.task.args else "")
-        n = check_prompt_lengths(task, encode_prompt(tok, cfg.task.chat),
-                                 context_length(model_path), where=where,
-                                 skip=cfg.task.skip_long_prompts)
-        if n:
-            warnings.warn(f"{where}: skipped {n} example(s) whose prompt leaves no room to "
-                          f"answer (task.skip_long_prompts)", UserWarning, stacklevel=2)
+        limit, room = context_length(model_path), cfg.rollout.max_new_tokens
+        fit = check_prompt_lengths(task, encode_prompt(tok, cfg.task.chat), limit,
+                                   where=where, skip=cfg.task.skip_long_prompts, room=room)
+        if fit.dropped:
+            warnings.warn(f"{where}: skipped {fit.dropped} example(s) whose prompt leaves no "
+                          f"room to answer (task.skip_long_prompts)", UserWarning, stacklevel=2)
+        if fit.first_cut is not None:
+            pid, split, n = fit.first_cut
+            warnings.warn(f"{where}: {fit.cut} prompt(s) leave fewer than "
+                          f"rollout.max_new_tokens = {room} positions of the model's "
+                          f"{limit}-token context, so their answers will be cut (the first: "
+                          f"{pid!r}, {split}, {n} tokens); shorten them, raise the context "
+                          f"(model.max_position) or lower rollout.max_new_tokens",
+                          UserWarning, stacklevel=2)
     return task
 
 

@@ -103,11 +103,18 @@ def apply_override(data: dict[str, Any], item: str) -> None:
     key, text = item.split("=", 1)
     parts = key.strip().split(".")
     node = data
-    for p in parts[:-1]:
+    for i, p in enumerate(parts[:-1]):
         node = node.setdefault(p, {})
         if not isinstance(node, dict):
-            raise ConfigError(f"override {item!r}: {p!r} is not a table")
-    node[parts[-1]] = parse_value(text.strip())
+            raise ConfigError(f"override {item!r}: {'.'.join(parts[:i + 1])!r} holds "
+                              f"{node!r} (set by the config file or an earlier override), "
+                              f"not a table of keys")
+    value = parse_value(text.strip())
+    if isinstance(node.get(parts[-1]), dict) and not isinstance(value, dict):
+        raise ConfigError(f"override {item!r}: {key.strip()!r} is a section of the config, not "
+                          f"a value; set its keys ({key.strip()}.KEY=VALUE) or a whole table "
+                          f"({key.strip()}={{KEY = VALUE}})")
+    node[parts[-1]] = value
 
 
 def merge(base: dict, top: dict) -> dict:
@@ -119,6 +126,8 @@ def merge(base: dict, top: dict) -> dict:
 
 def read_toml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"config file {str(p)!r} is a directory, not a TOML file")
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist")
     try:

@@ -49,21 +49,37 @@ def require(ok: bool, task: str, message: str) -> None:
         raise TaskError(f"task {task!r}: {message}")
 
 
-def check_prompt_lengths(task: Task, encode, limit: int, *, where: str, skip: bool = False
-                         ) -> int:
+@dataclass
+class PromptFit:
+    """What `check_prompt_lengths` found: examples dropped (``skip``), and prompts that fit
+    but leave fewer than ``room`` positions to answer (their answers will be cut), with the
+    first of them (its id, split, length)."""
+
+    dropped: int = 0
+    cut: int = 0
+    first_cut: tuple[str, str, int] | None = None
+
+
+def check_prompt_lengths(task: Task, encode, limit: int, *, where: str, skip: bool = False,
+                         room: int = 0) -> PromptFit:
     """Every prompt must leave the engine room to sample (fewer than ``limit`` tokens). A
     longer one is a TaskError naming it (``where`` says which task or file), found when the
     data loads rather than when the row is drawn mid-run; with ``skip`` such examples are
-    dropped from both splits instead, and their number returned (the caller reports it)."""
-    dropped = 0
+    dropped from both splits instead, and counted. Prompts that fit but leave fewer than
+    ``room`` positions (``limit - length < room``) are counted too (the caller warns once).
+    Each prompt is tokenized once."""
+    fit = PromptFit()
     for split in ("train", "test"):
         kept = []
         for i, ex in enumerate(getattr(task, split)):
             n = len(encode(ex.prompt))
             if n < limit:
                 kept.append(ex)
+                if limit - n < room:
+                    fit.cut += 1
+                    fit.first_cut = fit.first_cut or (ex.prompt_id, split, n)
             elif skip:
-                dropped += 1
+                fit.dropped += 1
             else:
                 raise TaskError(f"{where}: prompt {ex.prompt_id!r} ({split} example {i}) has "
                                 f"{n} tokens, but the model holds {limit} in all (its context "
@@ -72,4 +88,4 @@ def check_prompt_lengths(task: Task, encode, limit: int, *, where: str, skip: bo
         setattr(task, split, kept)
     if not task.train:
         raise TaskError(f"{where}: no train prompt fits the model's {limit}-token context")
-    return dropped
+    return fit

@@ -26,7 +26,7 @@ Rows = Iterator[tuple[int, Any]]  # (1-based row number, decoded row)
 
 def read_jsonl(path: str) -> Rows:
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # a leading BOM (Windows editors) is dropped
             for lineno, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
@@ -98,6 +98,8 @@ def load_examples(path: str, kind: str, **spec: str) -> list[tuple[Example, str]
     reader, unit = READERS[kind]
     if not path:
         raise TaskError("a data file path is required (task.args.path)")
+    if os.path.isdir(path):
+        raise TaskError(f"data file {path} is a directory; name the file in it")
     if not os.path.isfile(path):
         raise TaskError(f"data file not found: {path}")
     out, first_row, counts = [], {}, {}

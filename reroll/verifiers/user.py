@@ -6,7 +6,9 @@ Owns calling a TRL-style reward function for one rollout. The contract (as in TR
 
 called here with one-element lists: ``prompts=[example.prompt]``,
 ``completions=[rollout.completion]``, ``answer=[example.answer]``,
-``prompt_id=[example.prompt_id]`` and one list per key of ``example.fields``.
+``prompt_id=[example.prompt_id]`` and one list per key of ``example.fields``. A tuple or
+a 1-D array (numpy, torch: anything with ``ndim == 1`` and ``tolist``) stands for the list;
+its values may be any real numbers (numpy scalars, bools).
 
 ``None`` means "not applicable to this sample". It is stored as value 0.0 with
 ``info["applicable"] = False``, so it adds nothing to the weighted sum (what TRL's nansum
@@ -84,6 +86,8 @@ class PythonVerifier:
             tb = traceback.format_exc(limit=-3)
             return failed(self.name, f"reward function {self.fn} raised {type(e).__name__}: {e}",
                           traceback=tb)
+        if getattr(out, "ndim", None) == 1 and hasattr(out, "tolist"):
+            out = out.tolist()  # a 1-D numpy array or tensor: one value per completion
         if not isinstance(out, list | tuple) or len(out) != 1:
             return failed(self.name, f"reward function {self.fn} must return a list with one "
                           f"value per completion (1 here), got {out!r:.80}")

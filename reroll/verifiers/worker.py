@@ -8,7 +8,12 @@ the pool's timeouts or restarts.
 The worker never outlives the run, also after ``kill -9`` of it: on Linux the kernel kills
 it when its parent dies (``prctl(PR_SET_PDEATHSIG, SIGKILL)``), and a watchdog thread checks
 the parent every half second (other platforms, and a parent that died before the
-``prctl``), then kills the worker's process group (it leads one).
+``prctl``), then kills the worker's process group (it leads one). Nor do the processes a
+reward starts itself (``subprocess.Popen(...)`` in the user's function) outlive the worker:
+they are in its process group, and a guardian process forked before anything else waits
+for the worker to die, however it dies (killed by the pool for a timeout, by the kernel with
+the run, a crash, a clean exit), and then kills the group. A process that leaves the group
+on purpose (``setsid``) is beyond this; the ``code`` verifier's sandbox bounds its own.
 
 Protocol, pickled frames (``multiprocessing.connection.Connection``) over the process's
 original stdin/stdout; fd 1 is pointed at stderr so a verifier's prints cannot corrupt it:
@@ -61,15 +66,41 @@ def serve(conn: Connection) -> None:
         conn.send(("done", job_id))
 
 
-def _die_with(parent: int) -> None:
-    """Kill this worker's process group when ``parent`` is gone (see the module docstring)."""
+def _pdeathsig(sig: int) -> None:
+    """Ask the kernel to send ``sig`` to this process when its parent dies (Linux only)."""
     if sys.platform.startswith("linux"):
         try:
             import ctypes
 
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PDEATHSIG
+            ctypes.CDLL(None, use_errno=True).prctl(1, sig, 0, 0, 0)  # PR_SET_PDEATHSIG
         except (OSError, AttributeError):
             pass
+
+
+def _guard_group() -> None:
+    """Fork the guardian: a process of this worker's group that waits for the worker to die
+    (a signal from the kernel on Linux, else a poll of its parent pid every 0.2 s), then kills
+    the whole group, the reward's own children with it. Call before any thread starts."""
+    worker = os.getpid()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    if os.fork() != 0:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
+        return
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)  # holds no end of the protocol pipes: the pool sees the worker's EOF
+        os.dup2(null, 1)
+        _pdeathsig(signal.SIGUSR1)
+        while os.getppid() == worker:
+            signal.sigtimedwait({signal.SIGUSR1}, 0.2)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    finally:
+        os._exit(0)
+
+
+def _die_with(parent: int) -> None:
+    """Kill this worker's process group when ``parent`` is gone (see the module docstring)."""
+    _pdeathsig(signal.SIGKILL)
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -83,6 +114,8 @@ def _die_with(parent: int) -> None:
 
 def main() -> None:
     if len(sys.argv) > 1:  # the pool's pid
+        if os.getpgrp() == os.getpid():  # it leads its group (the pool starts it so)
+            _guard_group()  # first: a fork before any thread
         _die_with(int(sys.argv[1]))
     rd, wr = os.dup(0), os.dup(1)
     os.dup2(2, 1)  # prints from verifiers go to stderr, never into the protocol stream
