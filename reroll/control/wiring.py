@@ -1,6 +1,6 @@
 """Builds the Control stage of a run from its config: the allocator, the prompt selector, the
-length schedule, DUET's marker gate, the pruner, XRPO's in-context seeding and the `Controller` holding them with the
-per-prompt statistics, restored from a checkpoint's state when resuming. Looks things up in
+length schedule, DUET's marker gate, the pruner, XRPO's in-context seeding and the
+`Controller` holding them with the per-prompt statistics, restored from a checkpoint's state when resuming. Looks things up in
 the registries; no decisions.
 """
 
