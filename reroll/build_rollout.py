@@ -156,9 +156,12 @@ def demo_turns(cfg: RunConfig):
 def group_starter(cfg: RunConfig, tok, prepare=None):
     """(example, admission number, version, size=, max_size=, max_new_tokens=) -> a new
     group with per-request seeds; ``.extend(group, n, admission number, round)`` grows one
-    (seeds continue with the sample's index, so they depend on nothing else running).
+    (seeds continue with the sample's index, so they depend on nothing else running), of
+    the group's prompt or of ``prompt=`` (a text encoded here: XRPO's seeded prompt, whose
+    samples get ``control=`` in their `Rollout.control`).
     ``prepare(rollouts)``, when given, sees every new sample once its seed is set (the
     controller's per-sample decisions)."""
+    import copy
     from dataclasses import replace
 
     from reroll.control.scheduler import request_seed
@@ -187,10 +190,14 @@ def group_starter(cfg: RunConfig, tok, prepare=None):
         seed(g.rollouts, seq)
         return g
 
-    def extend(g, n: int, seq: int, group_round: int):
+    def extend(g, n: int, seq: int, group_round: int, prompt: str | None = None,
+               control: dict | None = None):
         first = g.rollouts[0]
-        seed(grow_group(g, n, first.prompt_tokens, first.sampling, -1,
-                        group_round), seq)
+        ids = first.prompt_tokens if prompt is None else encode(prompt)
+        new = grow_group(g, n, ids, first.sampling, -1, group_round)
+        for r in new:  # a seeded round (XRPO): what was put in the prompt, per sample
+            r.control.update(copy.deepcopy(control or {}))
+        seed(new, seq)
 
     start.extend = extend
     return start

@@ -125,6 +125,21 @@ class ControlConfig:
     """DOT: "truncate" (the paper's rule) cuts an outlier at the threshold for the loss and
     gives it reward 0 (cut before its answer); "penalty" (reroll's variant) keeps it whole
     and removes `dot_penalty` reward (`reroll.methods.dot`)."""
+    icl_samples: int = ranged(0, "[0, inf)")
+    """XRPO's in-context seeding (`reroll.methods.xrpo_seeding`): a group whose samples are
+    all wrong when the allocator closes it gets this many more, whose prompt starts with
+    `icl_exemplars` problems the run already solved (0 disables; preset=xrpo: 4).
+    single_turn only."""
+    icl_exemplars: int = ranged(2, "[1, inf)")
+    """In-context seeding: solved problems put before a seeded prompt (the most recently
+    solved other prompts)."""
+    icl_store: int = ranged(256, "[1, inf)")
+    """In-context seeding: solved prompts kept (each with its latest correct completion),
+    the oldest solved forgotten first."""
+    icl_train: str = ranged("seeded", "{seeded, unseeded}")
+    """In-context seeding: train seeded samples under the seeded prompt (on-policy) or
+    under the plain prompt ("unseeded": off-policy, weighted by algo.correction's
+    pi_prox / mu, so correction "none" is refused)."""
 
 
 @dataclass

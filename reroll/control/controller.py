@@ -33,7 +33,7 @@ class Controller:
     def __init__(self, allocator: Allocator | None = None, stats: PromptStats | None = None,
                  *, value_of: ValueOf | None = None, success_at: float = 1.0,
                  length=None, step: int = 0, shapers: list[Shaper] = (),
-                 gate=None, pruner=None):
+                 gate=None, pruner=None, seeder=None):
         self.allocator = allocator
         self.stats = stats or PromptStats()
         self.value_of = value_of or (lambda r: r.reward)
@@ -41,6 +41,7 @@ class Controller:
         self.shapers = list(shapers)  # `reroll.control.shapers.SHAPERS` entries (DOT)
         self.gate = gate  # DUET's `MarkerGate`, or None
         self.pruner = pruner  # a `reroll.control.pruners.PRUNERS` component, or None
+        self.seeder = seeder  # XRPO's in-context seeding (`reroll.methods.xrpo_seeding`)
         self.step_metrics: dict[str, float] = {}  # about the last step's groups
         # (seq, prompt, successes, n, policy tokens) of dropped groups, until the boundary
         self.pending: list[tuple] = []
@@ -48,7 +49,10 @@ class Controller:
 
     @property
     def adaptive(self) -> bool:
-        return self.allocator is not None and type(self.allocator) is not Allocator
+        """Whether groups may grow after their first round (an adaptive allocator, or
+        in-context seeding)."""
+        return self.seeder is not None or (self.allocator is not None
+                                           and type(self.allocator) is not Allocator)
 
     # ---- a new group -------------------------------------------------------------------
     def plan(self, prompt_id: str, version: int, default_size: int) -> dict:
@@ -58,6 +62,8 @@ class Controller:
         rec = self.stats.get(prompt_id)
         size = a.initial(rec) if a is not None else default_size
         max_size = max(size, a.max_size()) if a is not None else size
+        if self.seeder is not None:  # room for a seeded round after the last one
+            max_size += self.seeder.samples
         limit = self.length(version) if self.length is not None else None
         return {"size": size, "max_size": max_size, "max_new_tokens": limit}
 
@@ -80,9 +86,12 @@ class Controller:
     # ---- a round of a group finished ---------------------------------------------------
     def values(self, g: Group, fresh: bool = False) -> list[float] | None:
         """The members' verifier values, or None when one failed (no decision on errors);
-        ``fresh``: the samples the current policy generated (`Group.generated`: a reused
-        answer counts as the sample it displaced), which is what the statistics learn from."""
-        vals = [self.value_of(r) for r in (g.generated() if fresh else g.rollouts)]
+        ``fresh``: the samples the current policy generated for the plain prompt
+        (`Group.generated`: a reused answer counts as the sample it displaced; a sample
+        generated under a seeded prompt, ``control["seed"]``, is left out), which is what
+        the statistics learn from."""
+        rs = [r for r in g.generated() if "seed" not in r.control] if fresh else g.rollouts
+        vals = [self.value_of(r) for r in rs]
         return None if any(v is None for v in vals) else [float(v) for v in vals]
 
     def success(self, r: Rollout) -> bool:
@@ -96,14 +105,31 @@ class Controller:
     def more(self, g: Group) -> int:
         """Samples to add to ``g`` now (0: the group is complete), never past its
         reservation."""
-        if self.allocator is None:
-            return 0
+        return self.next_round(g)[0]
+
+    def next_round(self, g: Group) -> tuple[int, str | None, dict]:
+        """``(samples, prompt, control)`` of the round to add to ``g`` now (0 samples: the
+        group is complete): the allocator's samples of the group's prompt (``None``,
+        ``{}``), or, when the allocator adds none to a group with no correct sample, the
+        seeder's samples of a seeded prompt text with their ``Rollout.control["seed"]``
+        entry. Never past the group's reservation; a seeded group grows no further."""
         vals = self.values(g)
-        if vals is None:
-            return 0
-        rounds = 1 + max(r.group_round for r in g.rollouts)
-        n = self.allocator.more(self.stats.get(g.prompt_id), vals, self.successes(vals), rounds)
-        return max(0, min(int(n), g.reserved - len(g.rollouts)))
+        if vals is None or (self.allocator is None and self.seeder is None):
+            return 0, None, {}
+        room = g.reserved - len(g.rollouts)
+        seeded = any("seed" in r.control for r in g.rollouts)
+        if self.allocator is not None and not seeded:
+            rounds = 1 + max(r.group_round for r in g.rollouts)
+            n = self.allocator.more(self.stats.get(g.prompt_id), vals, self.successes(vals),
+                                    rounds)
+            n = max(0, min(int(n), room - (self.seeder.samples if self.seeder else 0)))
+            if n > 0:
+                return n, None, {}
+        if self.seeder is None:
+            return 0, None, {}
+        n, text, entry = self.seeder.seed(g, vals, self.successes(vals))
+        n = max(0, min(n, room))
+        return (n, text, {"seed": entry}) if n > 0 else (0, None, {})
 
     # ---- a group is complete -----------------------------------------------------------
     def finish(self, g: Group) -> None:
@@ -116,6 +142,8 @@ class Controller:
                 self.gate.settle(r)
         if self.pruner is not None:
             self.pruner.settle(g, self.success)
+        if self.seeder is not None:
+            self.seeder.settle(g)
         if not self.shapers:
             return
         vals = self.values(g)
@@ -151,7 +179,11 @@ class Controller:
                                _fresh_tokens(g) if vals else None)
             outcomes.append((g.prompt_id, len(g.rollouts), s))
         self.step_metrics = {**(self.gate.metrics(consumed) if self.gate is not None else {}),
-                             **(self.pruner.metrics(consumed) if self.pruner else {})}
+                             **(self.pruner.metrics(consumed) if self.pruner else {}),
+                             **(self.seeder.metrics(consumed, self.success)
+                                if self.seeder is not None else {})}
+        if self.seeder is not None:  # after the metrics: they count this step's seeds
+            self.seeder.end_step(consumed, self.success)
         if self.allocator is not None:
             self.allocator.end_step(outcomes, self.stats)
         if self.selector is not None:
@@ -168,7 +200,8 @@ class Controller:
         return {"step": self.step, "stats": self.stats.state(),
                 "pending": [list(p) for p in self.pending],
                 "allocator": self.allocator.state() if self.allocator is not None else {},
-                "selector": self.selector.state() if self.selector is not None else {}}
+                "selector": self.selector.state() if self.selector is not None else {},
+                "seeder": self.seeder.state() if self.seeder is not None else {}}
 
     def load_state(self, d: dict | None) -> None:
         if not d:
@@ -180,6 +213,8 @@ class Controller:
             self.allocator.load_state(d.get("allocator", {}))
         if self.selector is not None:
             self.selector.load_state(d.get("selector", {}))
+        if self.seeder is not None:
+            self.seeder.load_state(d.get("seeder", {}))
 
 
 def _fresh_tokens(g: Group) -> int:

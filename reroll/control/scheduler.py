@@ -28,7 +28,9 @@ from reroll.rollout import Example, Group
 GroupFilter = Callable[[Group], "str | None"]  # returns the reason to drop, or None to keep
 StartGroup = Callable[..., Group]
 """``(example, admission number, version, size=, max_size=, max_new_tokens=)`` -> a new
-group; with ``.extend(group, n, admission number, round)`` when groups may grow."""
+group; with ``.extend(group, n, admission number, round)`` when groups may grow (and
+``prompt=``, ``control=``: the new samples' prompt text and `Rollout.control` entries, for
+a seeded round)."""
 
 
 def request_seed(run_seed: int, group_seq: int, index: int) -> int:
@@ -106,12 +108,14 @@ class Scheduler:
     # ---- a round of a workflow finished ----------------------------------------------
     def grow(self, g: Group) -> int:
         """Adaptive allocation: add the samples the controller asks for to the running
-        group ``g`` (fresh rollouts of its prompt, seeded by their index, tagged with the
-        next round); returns how many (0: the group is complete)."""
-        n = self.controller.more(g)
+        group ``g`` (fresh rollouts of its prompt, or of the seeded prompt the controller
+        writes for an all-wrong group, seeded by their index, tagged with the next round);
+        returns how many (0: the group is complete)."""
+        n, prompt, control = self.controller.next_round(g)
         if n > 0:
             rnd = 1 + max(r.group_round for r in g.rollouts)
-            self.start_group.extend(g, n, self.order[g.group_id], rnd)
+            extra = {} if prompt is None else {"prompt": prompt, "control": control}
+            self.start_group.extend(g, n, self.order[g.group_id], rnd, **extra)
         return n
 
     # ---- a workflow finished ---------------------------------------------------------

@@ -1,6 +1,6 @@
 """Builds the Control stage of a run from its config: the allocator, the prompt selector, the
-length schedule, DUET's marker gate, the pruner and the `Controller` holding them with the
-per-prompt statistics, restored from a checkpoint's state when resuming. Looks things up in
+length schedule, DUET's marker gate, the pruner, XRPO's in-context seeding and the
+`Controller` holding them with the per-prompt statistics, restored from a checkpoint's state when resuming. Looks things up in
 the registries; no decisions.
 """
 
@@ -38,14 +38,17 @@ def check_control(cfg: RunConfig) -> None:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     check_duet(cfg)
+    check_seeding(cfg)
     rt = cfg.runtime
     # samples generated per version
     batch = fresh_groups(cfg.rollout, cfg.replay) * generated_group_size(c, cfg.rollout)
     room = admission_limit(0, max_staleness=rt.max_staleness, batch=batch,
                            overprovision=rt.overprovision)
-    if allocator.max_size() > room:
+    biggest = allocator.max_size() + c.icl_samples  # a seeded round comes after the last
+    if biggest > room:
         raise ConfigError(
-            f"control.allocator {c.allocator!r} may grow a group to {allocator.max_size()} "
+            f"control.allocator {c.allocator!r} (with control.icl_samples = "
+            f"{c.icl_samples}) may grow a group to {biggest} "
             f"samples, more than the {room} one policy version may start (rollout."
             f"batch_groups x group_size x (max_staleness + 1), the fresh share of it with "
             f"replay.buffer_size): no group could ever start; "
@@ -92,6 +95,36 @@ def check_duet(cfg: RunConfig) -> None:
                           f"0 turns the abort off (the stop after the marker stays)")
 
 
+def check_seeding(cfg: RunConfig) -> None:
+    """XRPO's in-context seeding: what it cannot do is refused when the config is checked."""
+    c = cfg.control
+    if c.icl_samples == 0:
+        return
+    if cfg.rollout.workflow != "single_turn":
+        raise ConfigError(f"control.icl_samples > 0 (in-context seeding) works with rollout."
+                          f"workflow = \"single_turn\" only (a seeded prompt is one "
+                          f"text), got {cfg.rollout.workflow!r}")
+    if c.pruner != "none":
+        raise ConfigError("control.icl_samples > 0 and control.pruner cannot be combined: "
+                          "the pruner sizes groups before they run, a seeded round comes "
+                          "after")
+    if c.icl_train == "unseeded" and cfg.algo.correction == "none":
+        raise ConfigError("control.icl_train = \"unseeded\" trains seeded samples under "
+                          "the plain prompt, off-policy (pi_prox on the plain prompt, mu "
+                          "under the seeded one): name a correction (algo.correction = "
+                          "\"tis_token\" or \"is_token\"), not \"none\"")
+
+
+def build_seeder(c):
+    """XRPO's in-context seeding rule, or None when ``control.icl_samples`` is 0."""
+    if c.icl_samples == 0:
+        return None
+    from reroll.methods.xrpo_seeding import ICLSeeder
+
+    return ICLSeeder(samples=c.icl_samples, exemplars=c.icl_exemplars, capacity=c.icl_store,
+                     train=c.icl_train)
+
+
 def build_allocator(cfg: RunConfig):
     c = cfg.control
     return ALLOCATORS.get(c.allocator)(generated_group_size(c, cfg.rollout), **c.allocator_args)
@@ -122,7 +155,7 @@ def build_control(cfg: RunConfig, examples: list[Example], value_of: ValueOf,
         gate = MarkerGate(list(marker), grace=c.duet_grace, horizon=c.duet_horizon, q=c.duet_q)
     ctl = Controller(allocator, PromptStats(c.history), value_of=value_of,
                      success_at=c.success_at, length=length, shapers=shapers, gate=gate,
-                     pruner=build_pruner(cfg.control, cfg.rollout))
+                     pruner=build_pruner(cfg.control, cfg.rollout), seeder=build_seeder(c))
     choose = None
     if cfg.control.selector != "uniform":
         ctl.selector = SELECTORS.get(cfg.control.selector)(

@@ -1,8 +1,8 @@
 """XRPO (2025, "XRPO: Pushing the limits of GRPO with Targeted Exploration and
 Exploitation"). Rule in one line: samples go to the prompts where one more sample most
 shrinks the confidence interval of their mean reward (plus an exploration bonus), hard
-prompts with no correct sample get in-context seeding, and correct answers that the policy
-found unlikely get sharper (larger) advantages.
+prompts with no correct sample get in-context seeding (`reroll.methods.xrpo_seeding`),
+and correct answers that the policy found unlikely get sharper (larger) advantages.
 
 Built here:
 - the allocator ``xrpo``: one more sample is worth the shrinkage it brings to the Student-t
@@ -16,11 +16,8 @@ Built here:
   and uses the behaviour log-probs the engine recorded (the sampler's; the current policy's
   when on-policy).
 
-Not built: in-context seeding (prompts with no correct sample get a few solved examples in
-their context for some samples). It needs the rollout side to rewrite a prompt and the
-trainer to train the seeded answers under the unseeded prompt, which reroll's workflows do
-not do; hard prompts here get more samples from the allocator and, with ``replay.reuse``, a
-banked correct answer instead.
+In-context seeding (prompts with no correct sample get a few solved examples in their
+context for some samples) is `reroll.methods.xrpo_seeding` (``control.icl_samples``).
 
 Where reroll differs: XRPO hands a batch's remaining budget out in rounds across prompts;
 here each group decides alone against a shadow price ``mu`` (a group cannot see the others'

@@ -31,6 +31,10 @@ def weights(run_dir, step):
     ["control.allocator=xrpo", "control.allocator_args={n0=2, n_max=8}",
      "control.selector=vade", "control.length=siri",
      "control.length_args.period=2"],
+    # XRPO's in-context seeding: all-wrong groups (a digit 0-3 is right) get a seeded round
+    # whose exemplars come from the checkpointed store of solved prompts
+    ["control.icl_samples=2", "control.icl_exemplars=1", "model.max_position=128",
+     'reward.verifiers=[{name="format", args={pattern="[0-3]", fullmatch=false}}]'],
 ])
 def test_resume_makes_the_same_decisions_and_weights_as_an_uninterrupted_run(
         tmp_path, small_run, control):

@@ -64,7 +64,10 @@ def test_a_tiny_xrpo_run_sharpens_with_the_recorded_log_probs(small_run, tmp_pat
         return real(adv, mean_logprobs, group_index, **kw)
 
     monkeypatch.setattr(xrpo, "novelty_sharpen", spy)
-    cfg = small_run(tmp_path, "preset=xrpo", "train.steps=2")
+    # room for a group of n_max 16 plus the preset's 4 seeded samples (20 <= 5 x 4), and
+    # for the seeded prompts' exemplars in the context
+    cfg = small_run(tmp_path, "preset=xrpo", "train.steps=2", "rollout.batch_groups=5",
+                    "model.max_position=128")
     assert cfg.algo.advantage == "xrpo" and cfg.control.allocator == "xrpo"
     train(cfg, progress=False)
     assert len(seen) == 2
