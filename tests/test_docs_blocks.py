@@ -75,6 +75,9 @@ COVERED = {
     ("extending.md", "# my_env.toml, next to my_components.py"): "tests/test_user_plugins.py",
     ("extending.md", "reroll train my_env.toml                 # from the directory that holds "
                      "my_components.py"): "tests/test_user_plugins.py",
+    ("extending.md", '[project.entry-points."reroll.plugins"]'):
+        "tests/test_user_plugins.py installs a distribution whose entry_points.txt declares "
+        "this group and module (what pip writes from this pyproject table)",
 }
 
 # Blocks not run, with the reason.
