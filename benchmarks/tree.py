@@ -11,14 +11,18 @@ Methods change only ``[rollout]``:
 - ``tree8_w4``: 8 leaves as 2 trees of 4, forking after the first response token;
 - ``indep6``: 6 independent samples, about the generated tokens of ``tree8_w4``
   (equal-token baseline);
-- ``tree8_w2_seg``, ``tree8_w4_seg``: the two trees with segment credit in reroll's variant
-  (``rollout.tree_credit = "segments_once"``, 1/sqrt(leaves) scale): each token trained
-  once, weight 1, in the member that sampled it, with its node's advantage.
+- ``tree8_w2_seg``, ``tree8_w4_seg``: the two trees with TreeRL's segment credit
+  (``rollout.tree_credit = "segments"``, 1/sqrt(leaves) scale): each token trained once, in
+  the member that sampled it, with its node's advantage and loss weight the number of
+  leaves that hold it (the gradient of training every root-to-leaf path);
+- ``tree8_w2_once``, ``tree8_w4_once``: the same in reroll's variant
+  (``rollout.tree_credit = "segments_once"``): every token's weight 1.
 - ``latr8_w2``, ``latr8_w4``: ``rollout.tree_branch = "entropy"`` (LATR's rule at its
-  defaults, tau_abs 0.15, tau_rel 0.25): 4 trees of 2 / 2 trees of 4 members, each a root
-  and spares that branch off wherever a member's two most likely tokens are close; spares
-  the rule did not use are sampled independently (``branched`` is the share of members the
-  rule spawned, ``tree/branched_share`` averaged over steps).
+  defaults: tau_abs 0.15, tau_rel 0.25, the member takes the most likely token and the
+  branch the second, lookahead pruning at 20, 30, 50 tokens): 4 trees of 2 / 2 trees of 4
+  members, each a root and spares that branch off wherever a member's two most likely
+  tokens are close; spares the rule did not use are sampled independently (``branched`` is
+  the share of members the rule spawned, ``tree/branched_share`` averaged over steps).
 
 Generated tokens are ``pipeline/tokens_generated`` (what the engine sampled; inherited
 tokens are not sampled again); trained tokens are ``train/tokens`` (tokens in the loss:
@@ -50,9 +54,13 @@ METHODS: dict[str, list[str]] = {
     "tree8_w4": ["rollout.workflow=tree", "rollout.tree_branch_at=[1]", "rollout.tree_width=4"],
     "indep6": ["rollout.group_size=6"],
     "tree8_w2_seg": ["rollout.workflow=tree", "rollout.tree_branch_at=[1]", "rollout.tree_width=2",
-                     "rollout.tree_credit=segments_once"],
+                     "rollout.tree_credit=segments"],
     "tree8_w4_seg": ["rollout.workflow=tree", "rollout.tree_branch_at=[1]", "rollout.tree_width=4",
-                     "rollout.tree_credit=segments_once"],
+                     "rollout.tree_credit=segments"],
+    "tree8_w2_once": ["rollout.workflow=tree", "rollout.tree_branch_at=[1]", "rollout.tree_width=2",
+                      "rollout.tree_credit=segments_once"],
+    "tree8_w4_once": ["rollout.workflow=tree", "rollout.tree_branch_at=[1]", "rollout.tree_width=4",
+                      "rollout.tree_credit=segments_once"],
     "latr8_w2": ["rollout.workflow=tree", "rollout.tree_branch=entropy", "rollout.tree_width=2"],
     "latr8_w4": ["rollout.workflow=tree", "rollout.tree_branch=entropy", "rollout.tree_width=4"],
 }
@@ -112,7 +120,6 @@ def main() -> None:
     ap.add_argument("--out", default="runs/bench_tree")
     ap.add_argument("--init", default="runs/bench_replay/sft",
                     help="an SFT checkpoint of the main job (reroll sft configs/arithmetic.toml)")
-    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     a = ap.parse_args()
     out = ROOT / a.out
     results = []
