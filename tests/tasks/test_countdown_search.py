@@ -125,3 +125,13 @@ def test_bad_parameters_are_task_errors(kw):
 def test_too_few_instances_is_a_task_error():
     with pytest.raises(TaskError, match="distinct instances"):
         build(0, numbers=2, max_number=3, n_train=100)
+
+
+def test_the_search_stage_trains_on_no_problem_of_the_compare_test_split():
+    """scripts/reasoning.sh's first SFT stage trains on the bare form's split (compare =
+    false), whose instances differ from the compare form's (demo lengths decide which are
+    kept): none of configs/reasoning.toml's test problems may be among them."""
+    args = dict(numbers=4, max_number=8, max_value=30, max_demo=600, n_train=4000, n_test=200)
+    bare = {ex.prompt for ex in build(compare=False, **args).train}
+    test = [ex.prompt for ex in build(compare=True, **args).test]
+    assert len(test) == 200 and not bare.intersection(test)
