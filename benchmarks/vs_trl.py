@@ -37,13 +37,28 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import machine  # benchmarks/machine.py: the CPU a number was measured on
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "arithmetic.toml"
-PROMPTS, SAMPLES, MAX_NEW, LR, CLIP = 16, 8, 6, 1e-4, 0.2
+
+
+@dataclass(frozen=True)
+class Hyper:
+    """What every contestant shares: the reroll config (task, verifier, model) and the GRPO
+    hyperparameters TRL and the hand loop are given (reroll reads them from the config)."""
+    config: Path
+    prompts: int  # groups per step
+    samples: int  # samples per group
+    max_new: int  # max new tokens
+    lr: float
+    clip: float
+
+
+MAIN = Hyper(CONFIG, prompts=16, samples=8, max_new=6, lr=1e-4, clip=0.2)
 
 
 def setup(init: Path | None, tmp: Path):
@@ -88,12 +103,13 @@ class Evaluator:
         return acc
 
 
-def reward_fn(tok, task):
+def reward_fn(tok, task, config: Path = CONFIG):
     """Correctness with the task's own verifier (the same numbers for every contestant)."""
     from reroll import build_rollout
+    from reroll.config_checks import load_checked
 
     answers = {ex.prompt: ex.answer for ex in task.train}
-    pool = build_rollout.build_scorer(build_cfg(), task)
+    pool = build_rollout.build_scorer(load_checked(str(config), []), task)
 
     def score(prompt: str, completion: str) -> float:
         from reroll.rollout import Example, Rollout
@@ -103,12 +119,6 @@ def reward_fn(tok, task):
                                   .result()) or 0.0)
 
     return score
-
-
-def build_cfg():
-    from reroll.config_checks import load_checked
-
-    return load_checked(str(CONFIG), [])
 
 
 # ---- TRL ---------------------------------------------------------------------------------
@@ -121,12 +131,14 @@ def sync(device: str) -> None:
 
 
 def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: int,
-            device: str = "cpu"):
+            device: str = "cpu", hp: Hyper = MAIN, cap_s: float | None = None):
+    """TRL's GRPOTrainer with ``hp``; stops after ``cap_s`` seconds of training (if given),
+    with an evaluation at that step."""
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    score = reward_fn(tok, task)
+    score = reward_fn(tok, task, hp.config)
     bos = tok.bos_token or ""
     ds = Dataset.from_list([{"prompt": bos + ex.prompt, "raw": ex.prompt} for ex in task.train])
 
@@ -143,14 +155,17 @@ def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: i
         def on_step_end(self, args, state, control, model=None, **kw):
             sync(device)
             times.append(time.perf_counter() - self.t0)
-            if state.global_step % every == 0:
+            capped = cap_s is not None and sum(times) >= cap_s
+            if state.global_step % every == 0 or capped:
                 curve.append((state.global_step, sum(times), ev(model)))
+            if capped:
+                control.should_training_stop = True
 
     args = GRPOConfig(
-        output_dir=str(Path(tempfile.mkdtemp(prefix="trl-"))), per_device_train_batch_size=PROMPTS * SAMPLES,
-        num_generations=SAMPLES, max_completion_length=MAX_NEW, temperature=1.0,
-        learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        max_grad_norm=1.0, beta=0.0, epsilon=CLIP, loss_type="dapo", scale_rewards="group",
+        output_dir=str(Path(tempfile.mkdtemp(prefix="trl-"))), per_device_train_batch_size=hp.prompts * hp.samples,
+        num_generations=hp.samples, max_completion_length=hp.max_new, temperature=1.0,
+        learning_rate=hp.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        max_grad_norm=1.0, beta=0.0, epsilon=hp.clip, loss_type="dapo", scale_rewards="group",
         num_iterations=1, max_steps=steps, use_cpu=device == "cpu", bf16=False, fp16=False,
         gradient_checkpointing=False, use_vllm=False, report_to="none", save_strategy="no",
         logging_steps=10 ** 9, disable_tqdm=True, seed=seed, dataloader_num_workers=0)
@@ -163,8 +178,10 @@ def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: i
 
 # ---- a minimal hand-written loop ---------------------------------------------------------
 def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: int,
-             skip: bool = False, device: str = "cpu"):
-    """The minimal loop; ``skip``: the forward/backward only on samples with a nonzero
+             skip: bool = False, device: str = "cpu", hp: Hyper = MAIN,
+             cap_s: float | None = None):
+    """The minimal loop with ``hp``, stopped after ``cap_s`` seconds of training if given;
+    ``skip``: the forward/backward only on samples with a nonzero
     advantage (the loss still divided by every sample's tokens: the same gradient), as
     reroll's `train.skip_zero_advantage` does."""
     import random
@@ -173,7 +190,8 @@ def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: 
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    score = reward_fn(tok, task)
+    score = reward_fn(tok, task, hp.config)
+    PROMPTS, SAMPLES, MAX_NEW, LR, CLIP = hp.prompts, hp.samples, hp.max_new, hp.lr, hp.clip
     model = AutoModelForCausalLM.from_pretrained(model_dir).to(device)
     model.generation_config.pad_token_id = tok.pad_token_id
     # fused, as TRL (transformers' default optim) and reroll (train.fused_optimizer) run it
@@ -220,8 +238,11 @@ def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: 
         opt.step()
         sync(device)
         times.append(time.perf_counter() - t0)
-        if step % every == 0:
+        capped = cap_s is not None and sum(times) >= cap_s
+        if step % every == 0 or capped:
             curve.append((step, sum(times), ev(model)))
+        if capped:
+            break
     return times, curve
 
 

@@ -75,6 +75,7 @@ def run_sft(cfg: RunConfig, *, resume: bool = False, signals: bool = False) -> S
                          autocast_dtype=autocast_dtype(cfg.model.dtype),
                          logprob_chunk=cfg.train.logprob_chunk,
                          fused_optimizer=cfg.train.fused_optimizer,
+                         micro_tokens=cfg.sft.micro_batch_tokens,
                          log=lambda s, m: rd.log(s, m) if s % 10 == 0 or s == cfg.sft.steps
                          else None, ckpt_every=cfg.ckpt_every, save=save, resume=ckpt,
                          stop=flag)

@@ -15,11 +15,17 @@ RUN=${RUN:-runs/reasoning-$(date +%Y%m%d-%H%M%S)}
 LENGTH_SAMPLES=${LENGTH_SAMPLES:-200}  # test prompts sampled once each for the length stats
 PY=${PY:-.venv/bin/python}
 R="$PY -m reroll.cli"
+# SFT in two stages (docs/reasoning.md): the search with bare leaf lines (task.args.compare =
+# false) for SEARCH_STEPS, then the config's own format, where each leaf line compares its
+# value with the target, for the config's sft.steps (its lr decaying to 0).
+SEARCH_STEPS=${SEARCH_STEPS:-1200}
 if [ -d "$RUN/sft/model" ]; then  # an SFT checkpoint already in $RUN is kept
   sft_note="SFT checkpoint kept from $RUN/sft"
 else
   sft_start=$(date +%s)
-  $R sft "$CONFIG" out_dir="$RUN/sft" "$@"
+  [ -d "$RUN/sft_search/model" ] || $R sft "$CONFIG" out_dir="$RUN/sft_search" \
+    task.args.compare=false sft.steps="$SEARCH_STEPS" sft.lr=1.5e-3 "$@"
+  $R sft "$CONFIG" out_dir="$RUN/sft" init="$RUN/sft_search" "$@"
   sft_note="SFT took $(($(date +%s) - sft_start))s"
 fi
 $R eval "$CONFIG" --checkpoint "$RUN/sft" --output "$RUN/eval_before.json" "$@"

@@ -282,6 +282,12 @@ class SFTConfig:
     linear (decay to 0 at `steps`)."""
     warmup_steps: int = ranged(20, "[0, inf)")
     """Linear learning-rate warm-up steps of the warm start."""
+    micro_batch_tokens: int = ranged(0, "[0, inf)")
+    """Padded positions forwarded at once (a token budget, as `train.micro_batch_tokens`). 0: each
+    step's batch goes through the model in one pass, padded to its longest demo. > 0: the
+    batch is split into micro-batches of at most this many positions, longest demos
+    together, and their gradients accumulate: the same step up to float rounding, with
+    far less padding where demo lengths vary (reasoning traces)."""
 
 
 @dataclass

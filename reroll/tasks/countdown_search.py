@@ -69,11 +69,11 @@ def state_text(state: list[int]) -> str:
 
 
 def search(numbers: list[int], target: int, rng: random.Random | None = None,
-           max_value: int = 0) -> tuple[list[str], list[str] | None]:
+           max_value: int = 0, compare: bool = False) -> tuple[list[str], list[str] | None]:
     """The depth-first search from ``numbers``: (trace lines, the steps that reach ``target``
     using every number, or None when no such path exists). ``rng`` shuffles the tries at
     every node; None keeps the solver's fixed order. ``max_value`` > 0 skips the tries whose
-    result exceeds it."""
+    result exceeds it. ``compare``: each leaf line ends with `` vs <target>``."""
     lines: list[str] = []
 
     def visit(state: list[int], path: list[str]) -> list[str] | None:
@@ -82,7 +82,7 @@ def search(numbers: list[int], target: int, rng: random.Random | None = None,
             rng.shuffle(tries)
         for step, after in tries:
             if len(after) == 1:
-                lines.append(step)
+                lines.append(f"{step} vs {target}" if compare else step)
                 if after[0] == target:
                     return path + [step]
             else:
@@ -102,7 +102,7 @@ def write_demo(lines: list[str], path: list[str]) -> str:
 
 
 def make_instance(rng: random.Random, count: int, max_number: int, order: str,
-                  max_demo: int, max_value: int = 0) -> Example | None:
+                  max_demo: int, max_value: int = 0, compare: bool = False) -> Example | None:
     """One instance whose search reaches its target within ``max_demo`` characters, or None."""
     numbers = [rng.randint(1, max_number) for _ in range(count)]
     try:
@@ -113,7 +113,7 @@ def make_instance(rng: random.Random, count: int, max_number: int, order: str,
         return None
     target = int(value)
     search_rng = random.Random(rng.random()) if order == "random" else None
-    lines, path = search(numbers, target, search_rng, max_value)
+    lines, path = search(numbers, target, search_rng, max_value, compare)
     if path is None:  # reachable only through a fraction, a negative or too large a value
         return None
     demo = write_demo(lines, path)
@@ -130,9 +130,10 @@ def make_instance(rng: random.Random, count: int, max_number: int, order: str,
                                              "max_demo": "[16, inf)", "max_value": "[0, inf)"})
 def countdown_search(seed: int, *, numbers: int = 3, max_number: int = 20,
                      order: str = "fixed", max_demo: int = 600, max_value: int = 0,
-                     n_train: int = 4000, n_test: int = 200) -> Task:
+                     compare: bool = True, n_train: int = 4000, n_test: int = 200) -> Task:
     """Seeded countdown instances with ``numbers`` numbers in [1, max_number], each with a
-    written-out search as its demo (``order``: ``fixed`` or ``random`` tries). Instances are
+    written-out search as its demo (``order``: ``fixed`` or ``random`` tries; ``compare``:
+    each leaf line compares its value with the target, ``25+3=28 vs 22``). Instances are
     distinct up to the order of their numbers, so no test instance appears in train. Raises
     TaskError when it cannot find ``n_train + n_test`` of them."""
     require(2 <= numbers <= 4, "countdown_search", f"numbers must be in [2, 4], got {numbers}")
@@ -148,7 +149,7 @@ def countdown_search(seed: int, *, numbers: int = 3, max_number: int = 20,
     seen: set[tuple] = set()
     examples: list[Example] = []
     for _ in range(wanted * ATTEMPTS_PER_INSTANCE):
-        ex = make_instance(rng, numbers, max_number, order, max_demo, max_value)
+        ex = make_instance(rng, numbers, max_number, order, max_demo, max_value, compare)
         if ex is None:
             continue
         key = (tuple(sorted(ex.fields["numbers"])), ex.fields["target"])

@@ -29,6 +29,7 @@ import torch
 from reroll.rollout import Example, Rollout
 from reroll.stopping import Stopped
 from reroll.trainer.batch import collate, token_logprobs
+from reroll.trainer.micro_batches import plan_micro_batches
 from reroll.trainer.precision import autocast
 from reroll.trainer.schedules import lr_factor
 
@@ -78,7 +79,7 @@ def sft(model, tok, examples: list[Example], encode, *, steps: int, lr: float, b
         log=None, demos=None, encode_observation=None,
         autocast_dtype: torch.dtype | None = None, logprob_chunk: int = 0,
         fused_optimizer: bool = True, ckpt_every: int = 0, save=None, resume: Path | None = None,
-        stop=None) -> list[float]:
+        stop=None, micro_tokens: int = 0) -> list[float]:
     """Train in place; returns the loss per step (mean negative log-likelihood per token).
 
     The default schedule is constant after warm-up, so accuracy grows with `steps` instead of
@@ -87,7 +88,12 @@ def sft(model, tok, examples: list[Example], encode, *, steps: int, lr: float, b
     -> [(role, text), ...]`` gives multi-turn demonstrations (see the module docstring).
     ``autocast_dtype``: bf16 autocast over the model's own (float32) weights, None: none;
     ``logprob_chunk``: tokens of logits made at a time (`train.logprob_chunk`);
-    ``fused_optimizer``: `adamw`'s ``fused`` (`train.fused_optimizer`).
+    ``fused_optimizer``: `adamw`'s ``fused`` (`train.fused_optimizer`);
+    ``micro_tokens`` (`sft.micro_batch_tokens`): 0 forwards the whole batch at once, padded to its
+    longest demo; > 0 forwards it in micro-batches of at most that many padded positions,
+    longest demos together (`plan_micro_batches`), and accumulates their gradients. The loss
+    is the same sum over the batch's demo tokens divided by their count, so the step is the
+    same up to float rounding, with far less padding where demo lengths vary.
 
     ``save(step, optimizer, lr_scheduler, extras)`` writes a checkpoint after ``step`` (every
     ``ckpt_every`` steps, at the last, and when ``stop``, a `reroll.stopping.StopFlag`, is
@@ -107,17 +113,14 @@ def sft(model, tok, examples: list[Example], encode, *, steps: int, lr: float, b
     model.train()
     losses = []
     for step in range(start, steps):
-        batch = collate(rng.sample(rows, min(batch_size, len(rows))),
-                        tok.pad_token_id).to(device)
-        with autocast(device, autocast_dtype):
-            logp = token_logprobs(model, batch, chunk=logprob_chunk)  # [B, L-1], float32
-        loss = -(logp * batch.mask).sum() / batch.mask.sum()
+        picked = rng.sample(rows, min(batch_size, len(rows)))
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = _accumulate(model, picked, tok.pad_token_id, device, micro_tokens,
+                           autocast_dtype, logprob_chunk)
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
-        losses.append(loss.detach().item())
+        losses.append(loss)
         if log is not None:
             log(step + 1, {"sft/loss": losses[-1]})
         stopping = stop is not None and stop.requested
@@ -128,6 +131,24 @@ def sft(model, tok, examples: list[Example], encode, *, steps: int, lr: float, b
             raise Stopped(step + 1, stop.signum)
     model.eval()
     return losses
+
+
+def _accumulate(model, picked: list[Rollout], pad_id: int, device, micro_tokens: int,
+                autocast_dtype, logprob_chunk: int) -> float:
+    """Backward of the batch's loss (summed NLL of its demo tokens over their count), in
+    micro-batches when ``micro_tokens`` > 0; the loss's value."""
+    plan = (plan_micro_batches([len(r.tokens) for r in picked], len(picked), micro_tokens)
+            if micro_tokens > 0 else [list(range(len(picked)))])
+    count = sum(sum(r.loss_mask[1:]) for r in picked)  # the tokens predicted with loss
+    total = 0.0
+    for part in plan:
+        batch = collate([picked[i] for i in part], pad_id).to(device)
+        with autocast(device, autocast_dtype):
+            logp = token_logprobs(model, batch, chunk=logprob_chunk)  # [b, L-1], float32
+        loss = -(logp * batch.mask).sum() / count
+        loss.backward()
+        total += loss.detach().item()
+    return total
 
 
 SAMPLER = "sft_sampler.pt"  # the batch sampler's state, in an SFT checkpoint

@@ -31,7 +31,9 @@ from reroll.tasks.countdown_search import ANSWER_MARKER, BACK
 from reroll.verifiers.base import VERIFIERS, Verifier, judged, need_field
 
 STEP = re.compile(r"(\d+)([-+*/])(\d+)=(\d+)")
-LINE = re.compile(r"(\d+[-+*/]\d+=\d+)(?: \[(\d+(?: \d+)*)\])?")
+# a try: "a op b=c", then " [state]" (an inner node) or, on a leaf, optionally " vs t" (the
+# comparison with the target that the task's ``compare`` format writes)
+LINE = re.compile(r"(\d+[-+*/]\d+=\d+)(?: \[(\d+(?: \d+)*)\]| vs \d+)?")
 
 
 def apply(a: int, op: str, b: int) -> int | None:

@@ -29,6 +29,18 @@ def test_first_branch_solves():
     assert demo_of([3, 5, 2], 16) == "5+3=8 [2 8]\n8+2=10\n8*2=16\n#### 5+3=8,8*2=16"
 
 
+def test_compare_ends_each_leaf_with_the_target():
+    lines, path = search([3, 5, 2], 13, compare=True)
+    assert write_demo(lines, path) == (
+        "5+3=8 [2 8]\n8+2=10 vs 13\n8*2=16 vs 13\n8-2=6 vs 13\n8/2=4 vs 13\n< [3 5 2]\n"
+        "5*3=15 [2 15]\n15+2=17 vs 13\n15*2=30 vs 13\n15-2=13 vs 13\n#### 5*3=15,15-2=13")
+    # the task's default writes it; compare=False is the bare form above
+    ex = build(numbers=3, max_number=12, n_train=5, n_test=0).train[0]
+    assert " vs " in ex.demo
+    assert " vs " not in build(numbers=3, max_number=12, n_train=5, n_test=0,
+                               compare=False).train[0].demo
+
+
 def test_dead_end_then_backtrack():
     assert demo_of([3, 5, 2], 13) == (
         "5+3=8 [2 8]\n8+2=10\n8*2=16\n8-2=6\n8/2=4\n< [3 5 2]\n"
@@ -93,8 +105,11 @@ def test_default_lengths_long_tailed_with_some_at_512():
 
 
 def test_difficulty_parameters_set_the_lengths():
-    two, three = lengths(numbers=2, max_number=50), lengths(numbers=3, max_number=50)
-    assert max(two) < 64 <= statistics.median(three)  # 2 numbers: one level, no search
+    # 2 numbers: one level of tries (at most + * - /, no inner node, no backtracking)
+    for ex in build(numbers=2, max_number=50, n_train=200, n_test=0).train:
+        trace = ex.demo.split("\n#### ")[0].splitlines()
+        assert len(trace) <= 4 and not any("[" in line or "<" in line for line in trace)
+    assert statistics.median(lengths(numbers=3, max_number=50)) >= 64
     small, large = lengths(max_number=10), lengths(max_number=40)
     assert statistics.median(small) < statistics.median(large)
     assert max(lengths(max_demo=200)) <= 200
@@ -110,3 +125,13 @@ def test_bad_parameters_are_task_errors(kw):
 def test_too_few_instances_is_a_task_error():
     with pytest.raises(TaskError, match="distinct instances"):
         build(0, numbers=2, max_number=3, n_train=100)
+
+
+def test_the_search_stage_trains_on_no_problem_of_the_compare_test_split():
+    """scripts/reasoning.sh's first SFT stage trains on the bare form's split (compare =
+    false), whose instances differ from the compare form's (demo lengths decide which are
+    kept): none of configs/reasoning.toml's test problems may be among them."""
+    args = dict(numbers=4, max_number=8, max_value=30, max_demo=600, n_train=4000, n_test=200)
+    bare = {ex.prompt for ex in build(compare=False, **args).train}
+    test = [ex.prompt for ex in build(compare=True, **args).test]
+    assert len(test) == 200 and not bare.intersection(test)

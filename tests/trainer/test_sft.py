@@ -1,6 +1,7 @@
 """The SFT warm start: its learning-rate schedule (values by hand) and that it learns."""
 
 import pytest
+from float_bounds import assert_reordered_close
 
 from reroll.trainer.schedules import lr_factor
 
@@ -122,3 +123,43 @@ def test_reroll_sft_bf16_on_an_explicit_cpu_device_saves_in_model_dtype(tmp_path
     assert next(model.parameters()).device.type == "cpu"
     losses = [m["sft/loss"] for m in read_metrics(out) if "sft/loss" in m]
     assert len(losses) == 2 and losses[1] < losses[0]  # logged at steps 10 and 20
+
+
+def test_micro_batches_give_the_one_pass_loss_and_gradients(tiny):
+    """`sft.micro_batch_tokens`: the batch forwarded in micro-batches of at most 48 padded
+    positions (longest demos together) accumulates the same loss and gradients as one padded
+    pass, up to the order of the sums: the loss is a sum over the batch's demo tokens
+    divided by their count either way. Each gradient entry is a sum over the batch's
+    positions (at most 8 x 24 terms) of products built by a chain of reductions through the
+    model (embedding, 2 blocks, head: depth 8, generous), so `float_bounds`' reorder bound."""
+    import torch
+
+    from reroll import build_rollout
+    from reroll.rollout import Example
+    from reroll.trainer.sft import _accumulate, demo_rollout
+
+    model, tok = tiny
+    model.float()
+    encode = build_rollout.encode_prompt(tok)
+    demos = ["7", "1234567", "12", "99999999999", "3", "456", "8888888888888888", "10"]
+    rows = [demo_rollout(Example(f"p{i}", f"{i}+{i}=", d, demo=d), encode, tok.eos_token_id, tok)
+            for i, d in enumerate(demos)]
+    widths = [len(r.tokens) for r in rows]
+    assert max(widths) <= 24 and min(widths) < max(widths) / 2  # lengths that vary
+
+    def run(micro_tokens):
+        model.zero_grad(set_to_none=True)
+        loss = _accumulate(model, rows, tok.pad_token_id, "cpu", micro_tokens, None, 0)
+        return loss, [p.grad.clone() for p in model.parameters()]
+
+    loss_one, grads_one = run(0)
+    loss_micro, grads_micro = run(48)
+    n_terms = len(rows) * max(widths)
+    assert abs(loss_micro - loss_one) <= 8 * n_terms * torch.finfo(torch.float32).eps * loss_one
+    scale = max(float(g.abs().max()) for g in grads_one)
+    for i, (a, b) in enumerate(zip(grads_one, grads_micro, strict=True)):
+        assert_reordered_close(b, a, n_terms, depth=8, msg=f"parameter {i}", scale=scale)
+    # and the micro-batched path really split the batch: a 48-position budget cannot hold
+    # 8 rows of up to 24 positions in one pass
+    from reroll.trainer.micro_batches import plan_micro_batches
+    assert len(plan_micro_batches(widths, len(rows), 48)) > 1

@@ -22,6 +22,11 @@ def test_correct_trace_is_accepted():
     assert judge(TRACE + "#### 5*3=15,15-2=13") == (1.0, "reaches 13 using [2, 3, 5]")
     # text after the answer's line is not part of the answer
     assert judge(TRACE + "#### 5*3=15,15-2=13\nthat is all")[0] == 1.0
+    # the compare form: each leaf line ends with " vs <target>"
+    compared = "".join(line + (" vs 13" if "[" not in line and "<" not in line else "") + "\n"
+                       for line in TRACE.splitlines())
+    assert "15-2=13 vs 13\n" in compared and "5*3=15 [2 15]\n" in compared
+    assert judge(compared + "#### 5*3=15,15-2=13") == (1.0, "reaches 13 using [2, 3, 5]")
 
 
 @pytest.mark.parametrize("answer, reason", [
@@ -48,6 +53,7 @@ def test_no_answer_marker_is_refused():
     "5*3=15 [2 14]\n15-2=13\n",                         # the node lists the wrong numbers
     "15-2=13\n5*3=15 [2 15]\n",                         # the leaf comes before its node
     "5*3=15 [2 15] ok\n15-2=13\n",                      # malformed node line: no branch
+    "5*3=15 [2 15] vs 13\n15-2=13\n",                   # a node has no comparison
 ])
 def test_answer_the_trace_does_not_support_is_refused(trace):
     completion = trace + "#### 5*3=15,15-2=13"

@@ -1,0 +1,305 @@
+"""The rollout-method tournament on the reasoning workload (configs/reasoning.toml).
+
+Every row starts from one SFT checkpoint (``--init``, or built with the job's own recipe) and
+trains on countdown solved by a written-out search, where responses are long and long-tailed,
+so generation is most of a step. A row is reroll with some settings (``ROWS``), TRL's
+GRPOTrainer or a minimal hand-written loop with the same hyperparameters
+(benchmarks/vs_trl.py). Each run is evaluated (held-out greedy accuracy, the config's
+``eval`` section) every ``--eval-every`` steps and when it stops; evaluation time is left
+out of its wall time. Synchronous GRPO (``sync``) runs first in a seed; every other row of
+that seed stops at ``--cap`` times sync's training time (TRL and the hand loop included).
+
+Per row: training wall time and generated tokens to ``--target`` on the seed-mean curve (and
+how many seeds reach it alone), final held-out accuracy (mean and std over seeds), median step
+time and its split (generate / train / wait for rollouts, from reroll's own metrics), and
+where a method does not pay, the figure that says why (``WHY``: its own counters, averaged
+over the run).
+
+Each run is appended to ``--results`` (JSON lines: row, seed, machine, commit, curve, ...), so
+rows can run at different times; ``--table`` prints the markdown table of the rows measured on
+one machine and commit (the latest unless ``--commit``), the one README shows.
+
+    python benchmarks/tournament.py --quick --init runs/reasoning/sft   # sync, TRL, stacked
+    python benchmarks/tournament.py --rows all --seeds 1                 # the screen
+    python benchmarks/tournament.py --rows sync,trl,stacked,async2 --seeds 3
+    python benchmarks/tournament.py --table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import machine  # benchmarks/machine.py
+import vs_trl  # benchmarks/vs_trl.py: TRL, the hand loop, the evaluator
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = REPO / "configs" / "reasoning.toml"
+RESULTS = REPO / "benchmarks" / "results" / "tournament.jsonl"
+
+# reroll rows: overrides of configs/reasoning.toml. The per-step budget is the config's
+# 8 groups x 8 samples of up to 512 tokens unless the method sets its own sizes.
+ROWS: dict[str, list[str]] = {
+    "sync": [],
+    "async1": ["runtime.max_staleness=1"],
+    "async2": ["runtime.max_staleness=2"],
+    "async4": ["runtime.max_staleness=4"],
+    "april": ["runtime.max_staleness=1", "runtime.overprovision=2",
+              "runtime.partial_rollouts=true"],
+    "dapo_ds": ["algo.dynamic_sampling=true"],
+    "duet": ["control.allocator=duet", "control.duet_abort=true", "control.duet_marker=####"],
+    "arrol": ["control.pruner=arrol"],
+    "ar3po": ["preset=ar3po"],
+    "ar3po_alloc": ["control.allocator=ar3po_stages"],
+    "ar3po_reuse": ["replay.reuse=true"],
+    "dars": ["preset=dars"],
+    "xrpo": ["preset=xrpo"],
+    "vade": ["control.selector=vade"],
+    "gdro_prompt": ["control.selector=gdro"],
+    "gdro_rollout": ["control.allocator=gdro"],
+    "dots_rr": ["control.selector=dots", "replay.buffer_size=256"],
+    "spec_rl": ["replay.draft=spec_rl"],
+    "das": ["replay.draft=das"],
+    "latr": ["rollout.workflow=tree", "rollout.tree_branch=entropy"],
+    # TreeRL forks where entropy is high (EPTree); reroll's entropy branching stands in
+    "treerl": ["rollout.workflow=tree", "rollout.tree_branch=entropy",
+               "rollout.tree_credit=segments"],
+    "vcpo4": ["preset=vcpo", "runtime.max_staleness=4"],
+    "vcpo8": ["preset=vcpo", "runtime.max_staleness=8"],
+    "siri": ["control.length=siri"],
+    "dot": ["control.dot_k=3"],
+    # MC-GRPO's 2 samples plus the pivot; 21 groups of 3 keep ~64 samples a step
+    "mc_grpo": ["preset=mc_grpo", "rollout.group_size=3", "rollout.batch_groups=21"],
+    "stacked": ["preset=stacked"],
+}
+BASELINES = ("trl", "hand")
+QUICK = ("sync", "trl", "stacked")
+# the counters that say why a method pays or not (means over a run's logged steps)
+WHY = ("draft/acceptance_rate", "prune/pruned_frac", "pipeline/samples_in_batch",
+       "offpol/ess", "pipeline/dropped_zero_variance", "length/mean", "length/clipped_share")
+
+
+def sh(args: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "reroll.cli", *args], cwd=REPO, check=True,
+                          **kw)
+
+
+def read_rows(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] \
+        if path.exists() else []
+
+
+def train_seconds(rows: list[dict]) -> float:
+    """Training wall time so far: the clock between the first and last row, evaluation out."""
+    if len(rows) < 2:
+        return 0.0
+    return rows[-1]["time"] - rows[0]["time"] - sum(r.get("time/eval_s", 0.0) for r in rows[1:])
+
+
+def run_reroll(init: Path, name: str, seed: int, steps: int, every: int, cap_s: float | None,
+               out: Path) -> dict:
+    """One reroll row: trains until ``steps`` or until its training time passes ``cap_s``
+    (then interrupted with SIGINT: reroll checkpoints and exits 130), then evaluates the last
+    checkpoint. The curve is (step, training seconds, held-out accuracy, tokens generated)."""
+    run = out / f"{name}-seed{seed}"
+    cmd = [sys.executable, "-m", "reroll.cli", "train", str(CONFIG), f"out_dir={run}",
+           f"init={init}", f"train.steps={steps}", f"eval.every={every}", "log_every=1",
+           f"ckpt_every={steps}", "record_every=0", f"train.seed={seed}", *ROWS[name]]
+    log = open(out / f"{name}-seed{seed}.log", "w")
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    while proc.poll() is None:
+        time.sleep(2)
+        if cap_s is not None and train_seconds(read_rows(run / "metrics.jsonl")) >= cap_s:
+            proc.send_signal(signal.SIGINT)
+            proc.wait()
+    if proc.returncode not in (0, 130):
+        raise SystemExit(f"{name} seed {seed} failed (exit {proc.returncode}); see {log.name}")
+    rows = read_rows(run / "metrics.jsonl")
+    start, evals, tokens = rows[0]["time"], 0.0, 0
+    curve = [(0, 0.0, rows[0]["eval/greedy_accuracy"], 0)]
+    for r in rows[1:]:
+        evals += r.get("time/eval_s", 0.0)
+        tokens += r.get("pipeline/tokens_generated", 0)
+        if "eval/greedy_accuracy" in r:
+            curve.append((r["step"], r["time"] - start - evals, r["eval/greedy_accuracy"],
+                          tokens))
+    last = rows[-1]
+    if curve[-1][0] != last["step"]:  # stopped between evaluations: evaluate where it stopped
+        ckpt = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
+        sh(["eval", str(CONFIG), "--checkpoint", str(ckpt), "--output", str(run / "final.json"),
+            f"init={init}"], stdout=subprocess.DEVNULL)
+        acc = json.loads((run / "final.json").read_text())["eval/greedy_accuracy"]
+        curve.append((last["step"], train_seconds(rows), acc, tokens))
+    split = {k: statistics.median(r[k] for r in rows[1:] if k in r) for k in
+             ("time/step_s", "time/generate_s", "time/train_s", "time/wait_for_rollouts_s")
+             if any(k in r for r in rows[1:])}
+    why = {k: statistics.fmean(r[k] for r in rows[1:] if k in r) for k in WHY
+           if any(k in r for r in rows[1:])}
+    return {"curve": curve, "split": split, "why": why, "steps": last["step"]}
+
+
+def run_baseline(name: str, init: Path, seed: int, steps: int, every: int,
+                 cap_s: float | None) -> dict:
+    from reroll import build
+    from reroll.config_checks import load_checked
+
+    cfg = load_checked(str(CONFIG), [f"init={init}"])
+    model_dir = build.weights_dir(init)
+    tok = build.load_tokenizer(model_dir)
+    task = build.build_task(cfg)
+    hp = vs_trl.Hyper(CONFIG, prompts=cfg.rollout.batch_groups, samples=cfg.rollout.group_size,
+                      max_new=cfg.rollout.max_new_tokens, lr=cfg.train.lr,
+                      clip=cfg.algo.surrogate_args.get("clip_low", 0.2))
+    ev = vs_trl.Evaluator(cfg, tok, task)
+    run = vs_trl.run_trl if name == "trl" else vs_trl.run_hand
+    times, curve = run(model_dir, tok, task, ev, steps, every, seed, hp=hp, cap_s=cap_s)
+    return {"curve": [(s, t, acc, None) for s, t, acc in curve],
+            "split": {"time/step_s": statistics.median(times)}, "why": {}, "steps": len(times)}
+
+
+def commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True, cwd=REPO).stdout.strip()
+
+
+def seed_mean(curves: list[list]) -> list[tuple]:
+    """At each evaluation index every seed has: mean step, training seconds, accuracy, tokens."""
+    n = min(len(c) for c in curves)
+    return [tuple(statistics.fmean(c[i][j] for c in curves) if curves[0][i][j] is not None
+                  else None for j in range(4)) for i in range(n)]
+
+
+def reach(curve: list[tuple], target: float) -> tuple | None:
+    return next((p for p in curve if p[2] >= target), None)
+
+
+def summary(runs: list[dict], target: float) -> dict:
+    mean = seed_mean([r["curve"] for r in runs])
+    hit = reach(mean, target)
+    finals = [r["curve"][-1][2] for r in runs]
+    return {"seeds": len(runs), "time_s": hit[1] if hit else None,
+            "tokens": hit[3] if hit else None,
+            "cap_s": max(r["curve"][-1][1] for r in runs),
+            "seeds_reaching": sum(reach(r["curve"], target) is not None for r in runs),
+            "final": statistics.fmean(finals),
+            "final_std": statistics.stdev(finals) if len(finals) > 1 else 0.0,
+            "split": {k: statistics.fmean(r["split"][k] for r in runs)
+                      for k in runs[0]["split"]},
+            "why": {k: statistics.fmean(r["why"].get(k, 0.0) for r in runs)
+                    for k in runs[0]["why"]}}
+
+
+def sooner(a: dict, b: dict) -> str:
+    """How many times sooner a reaches the target than b; a bound where b never does."""
+    if a["time_s"] is None:
+        return "not reached"
+    if b["time_s"] is None:
+        return f"x>{b['cap_s'] / a['time_s']:.2f}"
+    return f"x{b['time_s'] / a['time_s']:.2f}"
+
+
+def table(results: list[dict], target: float) -> str:
+    by: dict[str, list[dict]] = {}
+    for r in results:
+        by.setdefault(r["row"], []).append(r)
+    s = {name: summary(rs, target) for name, rs in by.items()}
+    lines = [f"| row | seeds | to {target:.0%} (s) | tokens to it | seeds reaching | final "
+             "(± std) | step s (gen / train / wait) | vs sync | why |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, x in s.items():
+        sp = x["split"]
+        split = f"{sp.get('time/step_s', 0):.1f}"
+        if "time/generate_s" in sp:
+            split += (f" ({sp['time/generate_s']:.1f} / {sp.get('time/train_s', 0):.1f} / "
+                      f"{sp.get('time/wait_for_rollouts_s', 0):.1f})")
+        why = ", ".join(f"{k} {v:.3g}" for k, v in x["why"].items())
+        t = f"{x['time_s']:.0f}" if x["time_s"] is not None else f"not by {x['cap_s']:.0f}"
+        tok = f"{x['tokens']:.0f}" if x["tokens"] is not None else "-"
+        vs = sooner(x, s["sync"]) if "sync" in s and name != "sync" else ""
+        lines.append(f"| {name} | {x['seeds']} | {t} | {tok} | {x['seeds_reaching']} | "
+                     f"{x['final']:.3f} ± {x['final_std']:.3f} | {split} | {vs} | {why} |")
+    return "\n".join(lines)
+
+
+def workload_line(init: Path) -> str:
+    """The workload's numbers from the SFT checkpoint's length statistics and sync's split."""
+    stats = init.parent / "lengths_sft.json"
+    if not stats.exists():
+        return "workload: (no lengths_sft.json beside the checkpoint: run scripts/reasoning.sh)"
+    st = json.loads(stats.read_text())
+    return f"workload: median length {st['median']:.0f}, p95/median {st['p95_over_median']:.1f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--init", type=Path, default=None, help="the SFT run dir to start from")
+    ap.add_argument("--rows", default=",".join(QUICK), help="comma-separated, or 'all'")
+    ap.add_argument("--quick", action="store_true", help="1 seed of sync, trl and stacked")
+    ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=400, help="the most steps of any run")
+    ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--target", type=float, default=0.45)
+    ap.add_argument("--cap", type=float, default=2.0, help="x sync's training time")
+    ap.add_argument("--results", type=Path, default=RESULTS)
+    ap.add_argument("--table", action="store_true", help="print the table and stop")
+    ap.add_argument("--commit", default=None, help="--table: rows of this commit")
+    a = ap.parse_args()
+    here = {"machine": machine.cpu(), "commit": commit()}
+    if a.table:
+        rows = read_rows(a.results)
+        pick = a.commit or (rows[-1]["commit"] if rows else None)
+        rows = [r for r in rows if r["commit"] == pick and r["machine"] == rows[-1]["machine"]]
+        print(f"{rows[-1]['machine']}, commit {pick}\n" if rows else "no results")
+        print(table(rows, a.target) if rows else "")
+        return
+    names = list(QUICK) if a.quick else (
+        [*BASELINES, *ROWS] if a.rows == "all" else a.rows.split(","))
+    unknown = [n for n in names if n not in ROWS and n not in BASELINES]
+    if unknown:
+        raise SystemExit(f"unknown rows {unknown}; known: {', '.join([*BASELINES, *ROWS])}")
+    names = ["sync"] + [n for n in names if n != "sync"]  # sync first: it sets the cap
+    out = Path(tempfile.mkdtemp(prefix="reroll-tournament-"))
+    init = a.init
+    if init is None:
+        init = out / "sft"
+        sh(["sft", str(CONFIG), f"out_dir={init}"])
+    a.results.parent.mkdir(parents=True, exist_ok=True)
+    mine: list[dict] = []
+    for seed in range(a.seed, a.seed + a.seeds):
+        cap = None
+        for name in names:
+            t0 = time.perf_counter()
+            r = (run_baseline(name, init, seed, a.steps, a.eval_every, cap) if name in BASELINES
+                 else run_reroll(init, name, seed, a.steps, a.eval_every, cap, out))
+            if name == "sync":
+                hit = reach(r["curve"], a.target)
+                cap = a.cap * (hit[1] if hit else r["curve"][-1][1])
+            rec = {"row": name, "seed": seed, **here, "init": str(init), "target": a.target,
+                   "load": os.getloadavg()[0], **r}
+            mine.append(rec)
+            with open(a.results, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+            print(f"{name} seed {seed}: {r['steps']} steps, final {r['curve'][-1][2]:.3f}, "
+                  f"{time.perf_counter() - t0:.0f} s", flush=True)
+    print(table(mine, a.target))
+    s = {n: summary([r for r in mine if r["row"] == n], a.target) for n in names}
+    sp = s["sync"]["split"]
+    share = sp.get("time/generate_s", 0) / sp["time/step_s"] if sp.get("time/step_s") else 0
+    print(machine.describe())
+    print(f"{workload_line(init)}, generation share {share:.0%}")
+    if "stacked" in s and "trl" in s:
+        print(f"stacked vs trl: {sooner(s['stacked'], s['trl'])} sooner; "
+              f"stacked vs sync: {sooner(s['stacked'], s['sync'])} sooner")
+
+
+if __name__ == "__main__":
+    main()
