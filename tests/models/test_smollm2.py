@@ -58,6 +58,10 @@ def test_smollm2_from_gguf_engine_greedy_and_logprobs_equal_transformers(smollm2
         rs.append(Rollout(prompt_id=t, group_id=t, tokens=list(ids), prompt_len=len(ids),
                           sampling=SamplingParams(temperature=0.0, max_new_tokens=n)))
     TorchEngine(model, tok, max_batch=2).generate(rs)
+    # The engine decodes all n tokens (no stop token here); transformers fills an unset
+    # eos_token_id from the model's generation_config (SmolLM2's: 2) and would stop there, so
+    # the reference must not know one either.
+    model.generation_config.eos_token_id = None
     gc = GenerationConfig(do_sample=False, max_new_tokens=n, eos_token_id=None,
                           pad_token_id=tok.pad_token_id)
     for r in rs:
