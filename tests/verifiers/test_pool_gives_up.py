@@ -11,6 +11,7 @@ import time
 import types
 
 import pytest
+from procs import alive
 
 from reroll.errors import RewardError
 from reroll.rollout import Example, Rollout
@@ -96,14 +97,6 @@ def test_a_hung_worker_dies_with_a_run_killed_by_sigkill(tmp_path):
         run.send_signal(signal.SIGKILL)
         run.wait()
     deadline = time.monotonic() + 10
-    while _alive(worker):
+    while alive(worker):
         assert time.monotonic() < deadline, f"scoring worker {worker} outlived its run"
         time.sleep(0.1)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1][:1] != "Z"  # a zombie is dead, only unreaped
-    except FileNotFoundError:
-        return False

@@ -10,6 +10,7 @@ import textwrap
 import time
 
 import pytest
+from procs import alive
 
 from reroll.rollout import Example, Rollout
 from reroll.verifiers import ScoringPool
@@ -36,17 +37,9 @@ def spawning(tmp_path, monkeypatch):
     return [{"name": "python", "args": {"fn": "reroll_spawning_reward:spawn_then"}}]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1][:1] != "Z"  # a zombie is dead, only unreaped
-    except FileNotFoundError:
-        return False
-
-
 def _gone_within(pid: int, seconds: float) -> None:
     deadline = time.monotonic() + seconds
-    while _alive(pid):
+    while alive(pid):
         assert time.monotonic() < deadline, f"the reward's child {pid} outlived its worker"
         time.sleep(0.05)
 
@@ -57,7 +50,7 @@ def _pid(pid_file, seconds: float = 120) -> int:
         assert time.monotonic() < deadline, "the reward never ran"
         time.sleep(0.05)
     pid = int(pid_file.read_text())
-    assert _alive(pid)  # it did start: the test would prove nothing otherwise
+    assert alive(pid)  # it did start: the test would prove nothing otherwise
     return pid
 
 
