@@ -86,9 +86,11 @@ SKIP = {
         "needs the user's data/problems.jsonl, which the page describes but does not hold "
         "(its config loads in tests/test_readme_data_example.py)",
     ("extending.md", "[reward]"): "a fragment of the user's config for my_rewards.py above",
-    ("reasoning.md", "bash scripts/reasoning.sh                 # SFT, evaluation, lengths, "
-                     "GRPO, evaluation, report"):
-        "hours on a CPU: downloads and fine-tunes a pretrained model",
+    ("reasoning.md", "bash scripts/reasoning.sh                 # SFT (two stages), "
+                     "evaluation, lengths, GRPO, evaluation, report"):
+        "about 75 minutes on a 2-core CPU (two SFT stages, then GRPO); the task, the verifier "
+        "and the micro-batched SFT have their own tests (tests/tasks/test_countdown_search.py, "
+        "tests/verifiers/test_search_trace.py, tests/trainer/test_sft.py)",
     ("runs.md", "reroll import SmolLM2-135M-Instruct.Q4_1.gguf hf/smollm2"):
         "needs a downloaded GGUF file (network); reroll import is tested in tests/models",
     ("runs.md", "from reroll.recording.store import RolloutStore"):
