@@ -8,8 +8,9 @@ run, so every method starts from the same weights. Every run has the same task s
 rollout.group_size x rollout.batch_groups (8 x 16 = 128 trained samples a step, whatever the
 allocator: adaptive groups differ in size, a step takes about 128 samples of them), lr,
 steps and evaluation; a method changes only its ``[control]`` keys, at their defaults (none
-is tuned here). Seeds via ``train.seed``. Runs go one after another (2 cores) through
-``reroll train``, unchanged.
+is tuned here), except ``dars``, which is ``preset=dars`` (its allocator with advantages
+without std normalisation and the zero-variance filter, as the authors run it). Seeds via
+``train.seed``. Runs go one after another (2 cores) through ``reroll train``, unchanged.
 
 ARRoL (``control.pruner = "arrol"``): ``arrol`` generates 12 samples a
 group (overprovision 1.5) and cuts them to 8 inside the engine at its checkpoint (default:
@@ -90,21 +91,33 @@ REROLL = str(Path(sys.executable).parent / "reroll")
 # every run: one metrics row per step, the trained mix every 10th step, the main job's lr
 BASE = ["log_every=1", "record_every=10", "train.lr=1e-4"]
 
-# name -> overrides; "fixed" (fixed-n GRPO) is the baseline and always runs
+# name -> overrides; "fixed" (fixed-n GRPO) is the baseline and always runs. A method's
+# plain name runs it as its paper does (today's defaults; ``dars`` is the whole method,
+# preset=dars, and ``dars-alloc`` its allocator alone under GRPO's std-normalised
+# advantages); reroll's variants keep their own names: dars_std (std-normalised schedule),
+# *-mean_rate (GDRO binning by recent mean success rate), vade-one_scale (update_decay = 1).
 METHODS: dict[str, list[str]] = {
     "fixed": [],
     "ar3po_stages": ["control.allocator=ar3po_stages"],
+    "dars": ["preset=dars"],
+    "dars-alloc": ["control.allocator=dars"],
     "dars_std": ["control.allocator=dars", "control.allocator_args.std_norm=true"],
     "xrpo": ["control.allocator=xrpo"],
-    "gdro-alloc": ["control.allocator=gdro", "control.allocator_args.bin_by=mean_rate"],
+    "gdro-alloc": ["control.allocator=gdro"],
+    "gdro-alloc-mean_rate": ["control.allocator=gdro",
+                             "control.allocator_args.bin_by=mean_rate"],
     "dots": ["control.selector=dots"],
     "dots-attn": ["control.selector=dots", 'control.selector_args={predict="attention"}'],
-    "vade": ["control.selector=vade", "control.selector_args.update_decay=1.0"],
-    "gdro-select": ["control.selector=gdro", "control.selector_args.bin_by=mean_rate"],
+    "vade": ["control.selector=vade"],
+    "vade-one_scale": ["control.selector=vade", "control.selector_args.update_decay=1.0"],
+    "gdro-select": ["control.selector=gdro"],
+    "gdro-select-mean_rate": ["control.selector=gdro",
+                              "control.selector_args.bin_by=mean_rate"],
     "ar3po_stages+dots": ["control.allocator=ar3po_stages", "control.selector=dots"],
-    "gdro+gdro": ["control.allocator=gdro", "control.selector=gdro",
-                  "control.allocator_args.bin_by=mean_rate",
-                  "control.selector_args.bin_by=mean_rate"],
+    "gdro+gdro": ["control.allocator=gdro", "control.selector=gdro"],
+    "gdro+gdro-mean_rate": ["control.allocator=gdro", "control.selector=gdro",
+                            "control.allocator_args.bin_by=mean_rate",
+                            "control.selector_args.bin_by=mean_rate"],
     "duet-alloc": ["control.allocator=duet"],
     "fixed-marker": [],
     "duet": ["control.allocator=duet", "control.duet_abort=true", "control.duet_grace=4",
