@@ -63,3 +63,21 @@ def test_a_run_warns_once_about_prompts_whose_answers_will_be_cut(tmp_path):
     assert "32-token context" in cut[0] and str(data) in cut[0]
     # the jsonl task's seeded split puts both in train; train is measured first
     assert "(the first: 'cut1', train, 29 tokens)" in cut[0]
+    assert "raise the context (model.max_position)" in cut[0]  # a model built from [model]
+
+
+def test_the_hint_names_the_checkpoint_config_when_the_model_is_not_built_from_model(tmp_path):
+    # model.* builds only the tiny model of a fresh run: a run that starts from a checkpoint
+    # (init or model.path) takes its context from that checkpoint's config.json
+    from types import SimpleNamespace
+
+    from reroll.build import context_key
+
+    ckpt = tmp_path / "sft" / "model"
+
+    def cfg(init="", path=""):
+        return SimpleNamespace(init=init, model=SimpleNamespace(path=path))
+
+    assert context_key(cfg(), ckpt) == "model.max_position"
+    for c in (cfg(init=str(tmp_path / "sft")), cfg(path=str(ckpt))):
+        assert context_key(c, ckpt) == f"max_position_embeddings in {ckpt / 'config.json'}"
