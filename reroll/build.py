@@ -237,6 +237,7 @@ def build_task(cfg: RunConfig, tok=None, model_path: Path | None = None):
     import warnings
 
     from reroll.build_rollout import encode_prompt
+    from reroll.config_checks import context_of
     from reroll.tasks import TASKS
     from reroll.tasks.base import check_prompt_lengths
 
@@ -256,17 +257,9 @@ def build_task(cfg: RunConfig, tok=None, model_path: Path | None = None):
                           f"rollout.max_new_tokens = {room} positions of the model's "
                           f"{limit}-token context, so their answers will be cut (the first: "
                           f"{pid!r}, {split}, {n} tokens); shorten them, raise the context "
-                          f"({context_key(cfg, model_path)}) or lower rollout.max_new_tokens",
+                          f"({(context_of(cfg) or (0, 'its config.json'))[1]}) or lower rollout.max_new_tokens",
                           UserWarning, stacklevel=2)
     return task
-
-
-def context_key(cfg: RunConfig, model_path: Path) -> str:
-    """Where a run's context length is set: `model.max_position` for a tiny model built from
-    `[model]`, else the starting checkpoint's own config (`model.*` does not apply to it)."""
-    if cfg.init or cfg.model.path:
-        return f"max_position_embeddings in {Path(model_path) / 'config.json'}"
-    return "model.max_position"
 
 
 def context_length(model_path: Path) -> int:

@@ -67,9 +67,12 @@ def load_checked(path: str | Path | None, overrides: list[str] = ()) -> RunConfi
     return cfg
 
 
-def validate(cfg: RunConfig) -> None:
-    """Import the run's plug-in modules (``plugins``, `reroll.plugins`), then check each field's declared range or choices (`reroll.config.ranges`), registry-backed
-    choices and combinations; warn on likely mistakes. Raises `ConfigError` for the first problem."""
+def validate(cfg: RunConfig, model_dir: Path | None = None) -> None:
+    """Import the run's plug-in modules (``plugins``, `reroll.plugins`), then check each
+    field's declared range or choices (`reroll.config.ranges`), registry-backed choices and
+    combinations; warn on likely mistakes (``model_dir``: the model the command will load,
+    when it is not the config's own, e.g. an evaluated checkpoint). Raises `ConfigError` for
+    the first problem."""
     from reroll.plugins import import_plugins
     from reroll.registry import RegistryError
 
@@ -86,7 +89,7 @@ def validate(cfg: RunConfig) -> None:
     _lora(cfg)
     _schedule_end(cfg)
     _warnings(cfg)
-    _generation_warnings(cfg)
+    _generation_warnings(cfg, model_dir)
 
 
 def _registries(cfg: RunConfig) -> None:
@@ -325,20 +328,28 @@ def _schedule_end(cfg: RunConfig) -> None:
             f"with a schedule of its own")
 
 
-def context_of(cfg: RunConfig) -> tuple[int, str] | None:
-    """The context (tokens) the starting model holds and the key or file that sets it,
-    when the config says without loading a model."""
-    if not cfg.init and not cfg.model.path:
+def context_of(cfg: RunConfig, model_dir: Path | None = None) -> tuple[int, str] | None:
+    """The context (tokens) of the model a command loads and what sets it: ``model_dir``'s
+    config.json when given (an evaluated checkpoint), else that of the model `init` or
+    `model.path` names (`model.*` does not apply to a model loaded from disk), else
+    `model.max_position` (the tiny model `[model]` builds). None when the model cannot be
+    found yet."""
+    from reroll.build import context_length, weights_dir
+
+    if model_dir is None and not cfg.init and not cfg.model.path:
         return cfg.model.max_position, "model.max_position"
-    where = Path(cfg.model.path if not cfg.init else cfg.init).expanduser() / "config.json"
+    if model_dir is None:
+        try:
+            model_dir = weights_dir(cfg.init or cfg.model.path)
+        except (FileNotFoundError, OSError):
+            return None
+    where = Path(model_dir) / "config.json"
     if not where.is_file():
         return None
-    from reroll.build import context_length
-
-    return context_length(where.parent), str(where)
+    return context_length(Path(model_dir)), f"max_position_embeddings in {where}"
 
 
-def _generation_warnings(cfg: RunConfig) -> None:
+def _generation_warnings(cfg: RunConfig, model_dir: Path | None = None) -> None:
     def warn(msg: str) -> None:
         warnings.warn(msg, UserWarning, stacklevel=4)
 
@@ -347,7 +358,7 @@ def _generation_warnings(cfg: RunConfig) -> None:
         warn(f"rollout.temperature = 0 samples greedily: the {r.group_size} samples of a "
              f"group are identical, so their advantages are 0 and nothing is learned; use a "
              f"temperature > 0 (1.0 keeps the policy's distribution)")
-    ctx = context_of(cfg)
+    ctx = context_of(cfg, model_dir)
     if ctx is not None and r.max_new_tokens >= ctx[0]:
         warn(f"rollout.max_new_tokens = {r.max_new_tokens} is not below the model's context "
              f"({ctx[0]} tokens, {ctx[1]}): with the prompt, every answer is cut at "

@@ -103,7 +103,11 @@ def run_eval(cfg: RunConfig, checkpoint: str | Path,
     from reroll.config_checks import validate
     from reroll.trainer.evaluate import HeldOutEval
 
-    validate(cfg)
+    try:  # the checkpoint's context, not the config's model (a missing one is named below)
+        model_dir = build.weights_dir(str(checkpoint))
+    except (FileNotFoundError, OSError):
+        model_dir = None
+    validate(cfg, model_dir)
     build.prepare_process(cfg)
     if output:  # fail now, not after a long evaluation
         out = Path(output)

@@ -66,18 +66,23 @@ def test_a_run_warns_once_about_prompts_whose_answers_will_be_cut(tmp_path):
     assert "raise the context (model.max_position)" in cut[0]  # a model built from [model]
 
 
-def test_the_hint_names_the_checkpoint_config_when_the_model_is_not_built_from_model(tmp_path):
-    # model.* builds only the tiny model of a fresh run: a run that starts from a checkpoint
-    # (init or model.path) takes its context from that checkpoint's config.json
+def test_the_context_is_the_loaded_models_own_when_it_is_not_built_from_model(tmp_path):
+    # model.* builds only a fresh run's tiny model: a run from a checkpoint (init or
+    # model.path) and an evaluated checkpoint take the context from that model's config.json
     from types import SimpleNamespace
 
-    from reroll.build import context_key
+    from reroll.config_checks import context_of
 
     ckpt = tmp_path / "sft" / "model"
+    ckpt.mkdir(parents=True)
+    (ckpt / "config.json").write_text(json.dumps({"max_position_embeddings": 1040}))
+    key = f"max_position_embeddings in {ckpt / 'config.json'}"
 
     def cfg(init="", path=""):
-        return SimpleNamespace(init=init, model=SimpleNamespace(path=path))
+        return SimpleNamespace(init=init, model=SimpleNamespace(path=path, max_position=64))
 
-    assert context_key(cfg(), ckpt) == "model.max_position"
-    for c in (cfg(init=str(tmp_path / "sft")), cfg(path=str(ckpt))):
-        assert context_key(c, ckpt) == f"max_position_embeddings in {ckpt / 'config.json'}"
+    assert context_of(cfg()) == (64, "model.max_position")
+    assert context_of(cfg(init=str(tmp_path / "sft"))) == (1040, key)  # its model/ inside
+    assert context_of(cfg(path=str(ckpt))) == (1040, key)
+    assert context_of(cfg(), ckpt) == (1040, key)  # `reroll eval --checkpoint` of a tiny config
+    assert context_of(cfg(init=str(tmp_path / "none"))) is None  # refused elsewhere, by name
