@@ -55,7 +55,10 @@ class TrainerHandle(Protocol):
 
     def step(self, groups: Sequence[Group]) -> dict[str, float]: ...
 
-    def weights(self) -> Any: ...  # to publish: a state-dict copy, or an object-store ref
+    # to publish: a state-dict copy, or an object-store ref; ``trained_only``: just the
+    # tensors training changes (a LoRA policy's targeted modules, merged), for an engine
+    # that holds the rest from an earlier publish (full fine-tuning: every tensor anyway)
+    def weights(self, trained_only: bool = False) -> Any: ...
 
     def save_checkpoint(self, run_dir: Path, step: int, state: dict[str, Any],
                         groups: Sequence[Group]) -> Path: ...
@@ -346,16 +349,17 @@ class Trainer:
         return combined.values, counts
 
     # ---- the rest of TrainerHandle ------------------------------------------------------
-    def weights(self) -> dict[str, torch.Tensor]:
+    def weights(self, trained_only: bool = False) -> dict[str, torch.Tensor]:
         """A copy of the current weights (the engine must not see later in-place updates), in
         ``publish_dtype`` (bf16 training publishes bf16: the engine's dtype), on the trainer's
         device (the engine's ``load_state_dict`` copies them onto its own). A LoRA policy
-        publishes its merged weights (`reroll.lora.engine_state_dict`)."""
+        publishes its merged weights (`reroll.lora.engine_state_dict`), with
+        ``trained_only`` those of the targeted modules alone (the rest are frozen)."""
         from reroll.lora import engine_state_dict, is_lora
 
         dt = self.publish_dtype
         if is_lora(self.model):
-            return engine_state_dict(self.model, dtype=dt, copy=True)
+            return engine_state_dict(self.model, dtype=dt, copy=True, adapted_only=trained_only)
         return {k: (v.detach().to(dt, copy=True) if dt is not None and v.is_floating_point()
                     else v.detach().clone()) for k, v in self.model.state_dict().items()}
 
