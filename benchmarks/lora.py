@@ -5,9 +5,11 @@ Per variant: the run's peak RSS (trainer and engine share the process on the loc
 runtime, so this is both: the difference between the variants is the trainer's), the
 optimiser state (its bytes in memory, summed over AdamW's tensors, and the checkpoint's
 optimizer.pt and model/ on disk), the trainable parameters and seconds per RL step. Then
-the publish, in one more subprocess holding both trainers so that the two are timed
-alternately under the same load: the trainer's weights for the engine (`Trainer.weights`,
-merged W + BA for LoRA) and the engine's `update_weights`, the median of 7 each.
+the publish, in one more subprocess holding both trainers so that the variants are timed
+alternately under the same load: the trainer's weights for the engine (`Trainer.weights`)
+and the engine's `update_weights`, the median of 7 each, with the bytes each sends, for
+full fine-tuning, LoRA's first publish (every tensor, the targeted ones merged W + BA) and
+LoRA's later ones (``trained_only``: the targeted modules' merged weights alone).
 
     reroll import SmolLM2-135M-Instruct.Q4_1.gguf hf/smol
     python benchmarks/lora.py hf/smol [--steps 3] [--rank 16]
@@ -81,13 +83,21 @@ def publish(a) -> None:
         trainers = {v: build.build_trainer(c, Path(a.model)) for v, c in cfgs.items()}
         engine = build.build_engine(trainers["full"].policy(), trainers["full"].tokenizer,
                                     cfgs["full"])
-        times: dict[str, list[float]] = {"full": [], "lora": []}
+        # (trainer, trained_only): a LoRA publish after the first sends the targeted alone
+        kinds = {"full": ("full", False), "lora_all": ("lora", False),
+                 "lora": ("lora", True)}
+        times: dict[str, list[float]] = {k: [] for k in kinds}
+        sent: dict[str, int] = {}
         for i in range(7):
-            for v, trainer in trainers.items():
+            for k, (v, part) in kinds.items():
                 t = time.perf_counter()
-                engine.update_weights(trainer.weights(), i + 1)
-                times[v].append(time.perf_counter() - t)
-    print(json.dumps({f"publish_{v}_s": statistics.median(t) for v, t in times.items()}))
+                weights = trainers[v].weights(trained_only=part)
+                engine.update_weights(weights, i + 1)
+                times[k].append(time.perf_counter() - t)
+                sent[k] = sum(w.numel() * w.element_size() for w in weights.values())
+                del weights
+    print(json.dumps({**{f"publish_{k}_s": statistics.median(t) for k, t in times.items()},
+                      **{f"publish_{k}_mib": b / MiB for k, b in sent.items()}}))
 
 
 def main() -> None:
@@ -113,7 +123,9 @@ def main() -> None:
     f, lo, p = res["full"], res["lora"], res["publish"]
     print(f"peak RSS: full {f['peak_rss_mib']:.0f} MiB, LoRA {lo['peak_rss_mib']:.0f} MiB; "
           f"optimiser state {f['optimizer_state_mib']:.1f} -> {lo['optimizer_state_mib']:.2f} "
-          f"MiB; publish {p['publish_full_s']:.3f} -> {p['publish_lora_s']:.3f} s; step "
+          f"MiB; publish {p['publish_full_s']:.3f} -> {p['publish_lora_s']:.3f} s "
+          f"({p['publish_full_mib']:.1f} -> {p['publish_lora_mib']:.1f} MiB; LoRA's first, "
+          f"every tensor: {p['publish_lora_all_s']:.3f} s); step "
           f"{f['s_per_step']:.2f} -> {lo['s_per_step']:.2f} s")
 
 
