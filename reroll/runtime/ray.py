@@ -131,8 +131,8 @@ class RayEnginePool:
         """A fresh actor holding the current weights: the last full ones, then the latest."""
         actor = EngineActor.options(num_gpus=self.gpus).remote(
             *self.args, self.version, self._full, self.device, self.deterministic, self.gpus)
-        if self._weights is not self._full:  # run by the actor before any later call
-            actor.update_weights.remote(self._weights, self.version)
+        if self._weights is not self._full:  # waited for: a refusal is raised here
+            ray.get(actor.update_weights.remote(self._weights, self.version))
         return actor
 
     def placement(self) -> list[dict[str, Any]]:
