@@ -7,9 +7,9 @@ optimiser state (its bytes in memory, summed over AdamW's tensors, and the check
 optimizer.pt and model/ on disk), the trainable parameters and seconds per RL step. Then
 the publish, in one more subprocess holding both trainers so that the variants are timed
 alternately under the same load: the trainer's weights for the engine (`Trainer.weights`)
-and the engine's `update_weights`, the median of 7 each (``--repeats``), with the bytes each sends, for
-full fine-tuning, LoRA's first publish (every tensor, the targeted ones merged W + BA) and
-LoRA's later ones (``trained_only``: the targeted modules' merged weights alone).
+and the engine's `update_weights`, the median of 7 each (``--repeats``), with the bytes
+each sends, for full fine-tuning, LoRA's first publish (every tensor, the targeted ones
+merged W + BA) and LoRA's later ones (``trained_only``: the targeted modules alone).
 
     reroll import SmolLM2-135M-Instruct.Q4_1.gguf hf/smol
     python benchmarks/lora.py hf/smol [--steps 3] [--rank 16] [--targets all-linear]
