@@ -55,10 +55,7 @@ class TrainerHandle(Protocol):
 
     def step(self, groups: Sequence[Group]) -> dict[str, float]: ...
 
-    # to publish: a state-dict copy, or an object-store ref; ``trained_only``: just the
-    # tensors training changes (a LoRA policy's targeted modules, merged), for an engine
-    # that holds the rest from an earlier publish (full fine-tuning: every tensor anyway)
-    def weights(self, trained_only: bool = False) -> Any: ...
+    def weights(self, trained_only: bool = False) -> Any: ...  # see `Trainer.weights`
 
     def save_checkpoint(self, run_dir: Path, step: int, state: dict[str, Any],
                         groups: Sequence[Group]) -> Path: ...
@@ -350,11 +347,10 @@ class Trainer:
 
     # ---- the rest of TrainerHandle ------------------------------------------------------
     def weights(self, trained_only: bool = False) -> dict[str, torch.Tensor]:
-        """A copy of the current weights (the engine must not see later in-place updates), in
+        """A copy of the current weights (no later in-place update reaches it) in
         ``publish_dtype`` (bf16 training publishes bf16: the engine's dtype), on the trainer's
-        device (the engine's ``load_state_dict`` copies them onto its own). A LoRA policy
-        publishes its merged weights (`reroll.lora.engine_state_dict`), with
-        ``trained_only`` those of the targeted modules alone (the rest are frozen)."""
+        device (the engine copies them onto its own). A LoRA policy's are merged
+        (`reroll.lora.engine_state_dict`); ``trained_only``: the targeted modules' alone."""
         from reroll.lora import engine_state_dict, is_lora
 
         dt = self.publish_dtype

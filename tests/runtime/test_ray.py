@@ -65,8 +65,7 @@ def test_killed_engine_worker_requests_are_requeued(ray_session, tiny_dir, devic
 
 def test_lora_partial_publish_then_a_restarted_actor_holds_full_then_partial(
         ray_session, tiny_dir, device):
-    """A publish naming some tensors (a LoRA publish after the first) updates those alone;
-    an actor started after it loads the last full publish, then the partial one."""
+    """A partial publish updates its tensors alone; a new actor loads full, then partial."""
     from reroll.models import load
     from reroll.runtime.ray import RayEnginePool
 
