@@ -71,8 +71,7 @@ def test_lora_partial_publish_then_a_restarted_actor_holds_full_then_partial(
 
     base = load(tiny_dir, "float32")[0].state_dict()
     full = {k: v + 1 if v.is_floating_point() else v for k, v in base.items()}
-    q = "model.layers.0.self_attn.q_proj.weight"
-    part = {q: base[q] * 2}
+    part = {k: base[k] * 2 for k in ["model.layers.0.self_attn.q_proj.weight"]}
     want = dict(full, **part)
     pool = RayEnginePool(tiny_dir, workers=1, max_batch=4, device=str(device))
 
@@ -85,7 +84,8 @@ def test_lora_partial_publish_then_a_restarted_actor_holds_full_then_partial(
     for restarted in (False, True):  # the actor updated in place, then one started afresh
         if restarted:
             pool.kill_worker(0)
-            pool.abort()  # the call that finds the actor dead starts a new one
+            while pool.restarts == 0:  # the kill lands soon after: the first call to find
+                pool.abort()  # the actor dead starts a new one
         version, got = held()
         assert version == 2 and got.keys() == want.keys()
         assert all(torch.equal(got[k], want[k]) for k in want)
