@@ -5,12 +5,15 @@ Per variant: the run's peak RSS (trainer and engine share the process on the loc
 runtime, so this is both: the difference between the variants is the trainer's), the
 optimiser state (its bytes in memory, summed over AdamW's tensors, and the checkpoint's
 optimizer.pt and model/ on disk), the trainable parameters and seconds per RL step. Then
-the publish, in one more subprocess holding both trainers so that the two are timed
-alternately under the same load: the trainer's weights for the engine (`Trainer.weights`,
-merged W + BA for LoRA) and the engine's `update_weights`, the median of 7 each.
+the publish, in one more subprocess holding both trainers so that the variants are timed
+alternately under the same load: the trainer's weights for the engine (`Trainer.weights`)
+and the engine's `update_weights`, the median of 7 each (``--repeats``), with the bytes
+each sends, for full fine-tuning, LoRA's first publish (every tensor, the targeted ones
+merged W + BA) and LoRA's later ones (``trained_only``: the targeted modules alone).
 
     reroll import SmolLM2-135M-Instruct.Q4_1.gguf hf/smol
-    python benchmarks/lora.py hf/smol [--steps 3] [--rank 16]
+    python benchmarks/lora.py hf/smol [--steps 3] [--rank 16] [--targets all-linear]
+    python benchmarks/lora.py hf/smol --variant publish --targets q_proj,v_proj   # publish only
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ def overrides(a, out: Path, lora: bool) -> list[str]:
          "rollout.max_new_tokens=16", "rollout.group_size=4", "rollout.batch_groups=2",
          f"train.steps={a.steps}", f"ckpt_every={a.steps}", "eval.n_examples=0",
          "reward.workers=0", "record_every=0", "log_every=1", "train.lr=1e-5"]
-    return o + ([f"lora.rank={a.rank}", f"lora.alpha={2 * a.rank}"] if lora else [])
+    targets = "[" + ",".join(f'"{t}"' for t in a.targets.split(",")) + "]"
+    return o + ([f"lora.rank={a.rank}", f"lora.alpha={2 * a.rank}",
+                 f"lora.target_modules={targets}"] if lora else [])
 
 
 def child(a) -> None:
@@ -81,13 +86,28 @@ def publish(a) -> None:
         trainers = {v: build.build_trainer(c, Path(a.model)) for v, c in cfgs.items()}
         engine = build.build_engine(trainers["full"].policy(), trainers["full"].tokenizer,
                                     cfgs["full"])
-        times: dict[str, list[float]] = {"full": [], "lora": []}
-        for i in range(7):
-            for v, trainer in trainers.items():
-                t = time.perf_counter()
-                engine.update_weights(trainer.weights(), i + 1)
-                times[v].append(time.perf_counter() - t)
-    print(json.dumps({f"publish_{v}_s": statistics.median(t) for v, t in times.items()}))
+        # (trainer, trained_only): a LoRA publish after the first sends the targeted alone
+        kinds = {"full": ("full", False), "lora_all": ("lora", False),
+                 "lora": ("lora", True)}
+        times: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds}
+        sent: dict[str, int] = {}
+        for i in range(a.repeats):
+            for k, (v, part) in kinds.items():
+                t0 = time.perf_counter()
+                weights = trainers[v].weights(trained_only=part)
+                t1 = time.perf_counter()
+                engine.update_weights(weights, i + 1)
+                times[k].append((t1 - t0, time.perf_counter() - t1))
+                sent[k] = sum(w.numel() * w.element_size() for w in weights.values())
+                del weights
+    out = {}
+    for k, ts in times.items():  # the whole publish, then its two halves
+        out[f"publish_{k}_s"] = statistics.median(w + u for w, u in ts)
+        out[f"publish_{k}_min_s"] = min(w + u for w, u in ts)
+        out[f"publish_{k}_weights_s"] = statistics.median(w for w, _ in ts)
+        out[f"publish_{k}_load_s"] = statistics.median(u for _, u in ts)
+        out[f"publish_{k}_mib"] = sent[k] / MiB
+    print(json.dumps(out))
 
 
 def main() -> None:
@@ -95,6 +115,9 @@ def main() -> None:
     ap.add_argument("model", help="a Hugging Face model folder (e.g. from `reroll import`)")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rank", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=7, help="publishes timed per variant")
+    ap.add_argument("--targets", default="all-linear",
+                    help="lora.target_modules, comma-separated (e.g. q_proj,v_proj)")
     ap.add_argument("--variant", choices=("full", "lora", "publish"))
     a = ap.parse_args()
     if a.variant:
@@ -106,14 +129,17 @@ def main() -> None:
     res = {}
     for variant in ("full", "lora", "publish"):
         r = subprocess.run([sys.executable, __file__, a.model, "--steps", str(a.steps),
-                            "--rank", str(a.rank), "--variant", variant],
+                            "--rank", str(a.rank), "--targets", a.targets,
+                            "--variant", variant],
                            capture_output=True, text=True, check=True)
         res[variant] = json.loads(r.stdout.strip().splitlines()[-1])
         print(json.dumps(res[variant]))
     f, lo, p = res["full"], res["lora"], res["publish"]
     print(f"peak RSS: full {f['peak_rss_mib']:.0f} MiB, LoRA {lo['peak_rss_mib']:.0f} MiB; "
           f"optimiser state {f['optimizer_state_mib']:.1f} -> {lo['optimizer_state_mib']:.2f} "
-          f"MiB; publish {p['publish_full_s']:.3f} -> {p['publish_lora_s']:.3f} s; step "
+          f"MiB; publish {p['publish_full_s']:.3f} -> {p['publish_lora_s']:.3f} s "
+          f"({p['publish_full_mib']:.1f} -> {p['publish_lora_mib']:.1f} MiB; LoRA's first, "
+          f"every tensor: {p['publish_lora_all_s']:.3f} s); step "
           f"{f['s_per_step']:.2f} -> {lo['s_per_step']:.2f} s")
 
 

@@ -8,6 +8,8 @@ path and its checkpoints handle it as any model, and only what differs lives her
 - `engine_state_dict`: the weights an engine receives, with the adapter's update merged on
   the fly, W + (alpha / r) B A for the targeted modules only, under the plain model's keys,
   without touching the trainer's adapter (a model without adapters: its own state dict);
+  with ``adapted_only``, the targeted modules' merged weights alone: the rest are the frozen
+  base, which an engine that already holds them keeps (a publish after the first);
 - `plain_copy`: a copy of the policy without adapters, holding the merged weights (the
   engine's model);
 - `save_adapter` / `load_adapter`: a checkpoint's ``model/`` holds peft's adapter files
@@ -67,10 +69,14 @@ def lora_layers(model) -> Iterator[tuple[str, Any]]:
             yield name, module
 
 
-def engine_state_dict(model, dtype=None, copy: bool = False) -> dict[str, Any]:
+def engine_state_dict(model, dtype=None, copy: bool = False,
+                      adapted_only: bool = False) -> dict[str, Any]:
     """The weights to publish, under the plain model's keys (see the module docstring); with
     ``copy``, each a tensor of its own (floating ones in ``dtype`` when given), so later
-    updates of the trainer's weights do not reach them. A targeted module's weight is
+    updates of the trainer's weights do not reach them. With ``adapted_only`` (and
+    adapters), only the targeted modules' merged weights: the only tensors training
+    changes, each computed as in the full dict, so loading them over an engine that holds
+    the full dict of an earlier publish leaves it equal to the full dict of this one. A targeted module's weight is
     W + (alpha / r) B A in one fresh tensor (``addmm``: one pass over the output, where
     peft's own merge makes three; equal to it within float rounding). `load_merged` and
     `plain_copy` merge through this function too, so evaluation, export and serving see
@@ -87,6 +93,8 @@ def engine_state_dict(model, dtype=None, copy: bool = False) -> dict[str, Any]:
             merged[f"{name}.weight"] = (torch.addmm(w, a.T, b.T, alpha=scale)
                                         if getattr(layer, "fan_in_fan_out", False)
                                         else torch.addmm(w, b, a, alpha=scale))
+    if adapted_only:
+        return {k: v.to(dtype) if dtype is not None else v for k, v in merged.items()}
     sd = {}
     for k, v in model.state_dict().items():
         if ".lora_" in k:

@@ -142,16 +142,26 @@ class TorchEngine(DecodeCore):
         return [q.rollout for q in self.rows] + [q.rollout for q in self.waiting]
 
     def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
-        for q in self.rows:
-            q.flush(self.version)  # tokens sampled so far keep the old version
+        """Load ``state_dict`` as policy ``version``: every tensor of the model, or some of
+        them (a LoRA publish after the first sends the targeted modules alone; the others
+        keep what they hold). A name the model lacks or a wrong shape is refused before
+        anything is loaded."""
         for hook in self._hooks["weights"]:  # e.g. a quality head published with them
             state_dict = hook(state_dict)
-        try:
-            with torch.no_grad():
-                self.model.load_state_dict(state_dict, strict=True)
-        except RuntimeError as e:
-            raise ValueError(f"update_weights(version={version}): state_dict does not match "
-                             f"the engine's model: {e}") from e
+        own = self.model.state_dict()
+        unknown = sorted(k for k in state_dict if k not in own)
+        wrong = sorted(k for k in state_dict if k in own and state_dict[k].shape != own[k].shape)
+        if unknown or wrong:
+            parts = [f"{what} {keys[:3]}{' ...' if len(keys) > 3 else ''}"
+                     for what, keys in (("names the engine's model lacks", unknown),
+                                        ("wrong shapes", wrong)) if keys]
+            raise ValueError(f"update_weights(version={version}): the state dict does not "
+                             f"match the engine's model ({len(state_dict)} tensors; "
+                             + "; ".join(parts) + "); nothing was loaded")
+        for q in self.rows:
+            q.flush(self.version)  # tokens sampled so far keep the old version
+        with torch.no_grad():
+            self.model.load_state_dict(state_dict, strict=len(state_dict) == len(own))
         self.version = int(version)
 
     def stats(self) -> dict[str, float]:

@@ -38,13 +38,20 @@ class Components:
 
 
 class Transport:
-    """Moves the trainer's weights to the engines, by version."""
+    """Moves the trainer's weights to the engines, by version. The first publish sends every
+    tensor; later ones, where the engine keeps what it holds (``partial``), only those
+    training changes (`TrainerHandle.weights`: a LoRA policy's targeted modules, merged),
+    so no engine ever starts from base weights it was not sent. A Transport lives as long
+    as its engine: a resumed run builds both afresh, and its first publish is full again."""
 
-    def __init__(self, trainer: TrainerHandle, source: RolloutSource):
-        self.trainer, self.source = trainer, source
+    def __init__(self, trainer: TrainerHandle, source: RolloutSource, partial: bool = True):
+        self.trainer, self.source, self.partial = trainer, source, partial
+        self.sent = False  # a full publish reached the engine
 
     def publish(self, version: int) -> None:
-        self.source.publish(self.trainer.weights(), version)
+        self.source.publish(self.trainer.weights(trained_only=self.partial and self.sent),
+                            version)
+        self.sent = True
 
 
 def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_components,
@@ -52,6 +59,7 @@ def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_com
     """Build everything, run `reroll.loop.run`, and close what was built in reverse order.
     The tokenizer and the task are built once, here, and handed to ``build_components``
     (``(cfg, init_dir, ckpt, tok, task) -> Components``)."""
+    from reroll.engine import ENGINES
     from reroll.loop import run as run_loop
     from reroll.trainer.evaluate import HeldOutEval
     from reroll.workflows import WORKFLOWS
@@ -105,8 +113,11 @@ def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_com
         def evaluator() -> dict[str, float]:
             return held_out(parts.trainer.policy())
 
+        # a server loads whole models: it gets every tensor at each publish
+        partial = not ENGINES.trait(cfg.engine.name, "remote", False)
         rd.commit()  # everything is built: from now on the directory holds this run
         return run_loop(build.cadence(cfg), trainer=parts.trainer, source=source,
-                        transport=Transport(parts.trainer, source), run_dir=rd,
+                        transport=Transport(parts.trainer, source, partial=partial),
+                        run_dir=rd,
                         evaluate=evaluator, start_step=state.get("step", 0), progress=progress,
                         stop=stop)

@@ -11,6 +11,8 @@ TrainerHandle interfaces, so the same rollout pipeline, workflows and loop drive
   current weights and that actor's in-flight requests are re-queued from their last known
   prefix, so nothing is lost (counted in `stats()["requeued"]`). New weights may come as an
   object-store reference (from the trainer actor): they then never pass through the driver.
+  They may be partial (a LoRA publish after the first): the pool keeps the last full state
+  dict it published next to the latest, and a fresh actor loads both, in that order.
 - `TrainerActor` and `RayTrainer` (`reroll.runtime.ray_trainer`): the trainer in an actor
   that writes the checkpoints itself, and the driver's `TrainerHandle` for it.
 
@@ -72,6 +74,7 @@ class EngineActor:
         model, tok = load(model_dir, dtype)
         if state_dict is not None:
             model.load_state_dict(state_dict)
+        self.names = frozenset(model.state_dict())
         # `model.device`: resolved in the driver, or here where the actor reserved GPUs
         self.device = actor_device(device, gpus, "engine.device (else model.device)")
         model = model.to(self.device)
@@ -86,8 +89,10 @@ class EngineActor:
     def abort(self, sample_ids=None) -> list[Rollout]:
         return self.engine.abort(sample_ids)
 
-    def update_weights(self, state_dict, version: int) -> None:
+    def update_weights(self, state_dict, version: int) -> bool:
+        """Load them (`TorchEngine.update_weights`); whether they held every tensor."""
         self.engine.update_weights(state_dict, version)
+        return self.names <= state_dict.keys()
 
     def stats(self) -> dict:
         return self.engine.stats()
@@ -112,7 +117,9 @@ class RayEnginePool:
         self.args = (str(model_dir), dtype, max_batch, threads, engine, keep_memory)
         self.device, self.deterministic, self.gpus = str(device), deterministic, gpus
         self.version = version
-        self._weights = _as_ref(state_dict) if state_dict is not None else None
+        # the last full state dict published (None: the model directory's weights are the
+        # base) and the latest one, which may hold some tensors only
+        self._full = self._weights = _as_ref(state_dict) if state_dict is not None else None
         self.actors = [self._spawn() for _ in range(workers)]
         self.inflight: list[dict[str, Rollout]] = [{} for _ in self.actors]
         self.turns: dict[str, tuple[int, int] | None] = {}  # sample id -> its call's turn
@@ -121,8 +128,12 @@ class RayEnginePool:
         self._stats: dict[str, float] = {}
 
     def _spawn(self):
-        return EngineActor.options(num_gpus=self.gpus).remote(
-            *self.args, self.version, self._weights, self.device, self.deterministic, self.gpus)
+        """A fresh actor holding the current weights: the last full ones, then the latest."""
+        actor = EngineActor.options(num_gpus=self.gpus).remote(
+            *self.args, self.version, self._full, self.device, self.deterministic, self.gpus)
+        if self._weights is not self._full:  # waited for: a refusal is raised here
+            ray.get(actor.update_weights.remote(self._weights, self.version))
+        return actor
 
     def placement(self) -> list[dict[str, Any]]:
         """Where each engine actor runs (`placement`)."""
@@ -181,11 +192,14 @@ class RayEnginePool:
         return [copy.deepcopy(r) for r in aborted]
 
     def update_weights(self, state_dict, version: int) -> None:
-        """``state_dict``: a dict of tensors, or an object-store reference to one."""
+        """``state_dict``: a dict of tensors, or an object-store reference to one; every
+        tensor of the model, or some (`TorchEngine.update_weights`)."""
         self._weights = _as_ref(state_dict)
         self.version = version
-        for i in range(len(self.actors)):
-            self._call(i, "update_weights", self._weights, version)
+        full = [self._call(i, "update_weights", self._weights, version)
+                for i in range(len(self.actors))]
+        if any(full):  # else the last full dict stays, the new one loaded over it
+            self._full = self._weights
 
     def stats(self) -> dict[str, float]:
         agg: dict[str, float] = {}

@@ -46,17 +46,19 @@ class TrainerActor:
         return self.trainer.step(groups), self.trainer.version
 
     @ray.method(num_returns=2)
-    def weights(self):
+    def weights(self, trained_only: bool = False):
         """(version, state dict): stored as returned, before any later update (no clone);
         the caller checks the small version, never fetching the weights. On the CPU (copied
         there from a GPU): the engine actors and the driver load them onto their own device,
         and none has to unpickle CUDA tensors. In the trainer's ``publish_dtype``, as the local
-        runtime publishes (bf16 training ships half the bytes)."""
+        runtime publishes (bf16 training ships half the bytes); ``trained_only`` as
+        `Trainer.weights` takes it."""
         from reroll.lora import engine_state_dict  # a LoRA policy's merged weights
 
         dt = self.trainer.publish_dtype
         sd = {k: v.detach().to("cpu", dt if dt is not None and v.is_floating_point() else None)
-              for k, v in engine_state_dict(self.trainer.model).items()}
+              for k, v in engine_state_dict(self.trainer.model,
+                                            adapted_only=trained_only).items()}
         return self.trainer.version, sd
 
     def save_checkpoint(self, run_dir: str, step: int, state: dict, groups: list[Group]) -> str:
@@ -107,9 +109,9 @@ class RayTrainer:
         metrics, self._version = self._get(self.actor.step.remote(list(groups)))
         return metrics
 
-    def weights(self) -> ray.ObjectRef:
+    def weights(self, trained_only: bool = False) -> ray.ObjectRef:
         """A reference to the current weights in the object store (not fetched here)."""
-        version_ref, weights_ref = self.actor.weights.remote()
+        version_ref, weights_ref = self.actor.weights.remote(trained_only)
         self._get(version_ref)  # raises the clear error if the actor is gone
         return weights_ref
 

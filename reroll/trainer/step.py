@@ -55,7 +55,7 @@ class TrainerHandle(Protocol):
 
     def step(self, groups: Sequence[Group]) -> dict[str, float]: ...
 
-    def weights(self) -> Any: ...  # to publish: a state-dict copy, or an object-store ref
+    def weights(self, trained_only: bool = False) -> Any: ...  # see `Trainer.weights`
 
     def save_checkpoint(self, run_dir: Path, step: int, state: dict[str, Any],
                         groups: Sequence[Group]) -> Path: ...
@@ -346,16 +346,16 @@ class Trainer:
         return combined.values, counts
 
     # ---- the rest of TrainerHandle ------------------------------------------------------
-    def weights(self) -> dict[str, torch.Tensor]:
-        """A copy of the current weights (the engine must not see later in-place updates), in
+    def weights(self, trained_only: bool = False) -> dict[str, torch.Tensor]:
+        """A copy of the current weights (no later in-place update reaches it) in
         ``publish_dtype`` (bf16 training publishes bf16: the engine's dtype), on the trainer's
-        device (the engine's ``load_state_dict`` copies them onto its own). A LoRA policy
-        publishes its merged weights (`reroll.lora.engine_state_dict`)."""
+        device (the engine copies them onto its own). A LoRA policy's are merged
+        (`reroll.lora.engine_state_dict`); ``trained_only``: the targeted modules' alone."""
         from reroll.lora import engine_state_dict, is_lora
 
         dt = self.publish_dtype
         if is_lora(self.model):
-            return engine_state_dict(self.model, dtype=dt, copy=True)
+            return engine_state_dict(self.model, dtype=dt, copy=True, adapted_only=trained_only)
         return {k: (v.detach().to(dt, copy=True) if dt is not None and v.is_floating_point()
                     else v.detach().clone()) for k, v in self.model.state_dict().items()}
 
