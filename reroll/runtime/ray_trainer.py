@@ -33,6 +33,10 @@ class TrainerActor:
         from reroll import build
 
         build.prepare_process(cfg)
+        if cfg.runtime.pin_cores:  # the core after the engine replicas'
+            from reroll.runtime.cores import pin
+
+            pin(max(1, cfg.runtime.engine_workers), max(1, cfg.runtime.engine_workers))
         torch.manual_seed(cfg.train.seed)
         # `model.device`: resolved in the driver, or here where the actor reserved GPUs
         self.device = actor_device(cfg.model.device, cfg.runtime.trainer_gpus)

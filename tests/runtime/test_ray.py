@@ -367,3 +367,32 @@ def test_lora_ray_run_equals_local_run_bitwise(ray_session, tmp_path):
     rows = {kind: read_metrics(out) for kind, out in runs.items()}
     assert all(r["grad_norm"] > 0 for r in rows["ray"])
     assert [r["reward/mean"] for r in rows["ray"]] == [r["reward/mean"] for r in rows["local"]]
+
+
+def test_pinned_cores_place_each_side_on_its_own_core_and_the_run_is_unchanged(ray_run,
+                                                                                tmp_path):
+    """runtime.pin_cores: the engine actor on the first allowed core, the trainer actor on
+    the second, and the run ends with the same weights as unpinned."""
+    from reroll.runtime import ray as rr
+    from reroll.runtime import train
+
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs two cores")
+    seen, real = {}, rr.components
+
+    def spy(cfg, init_dir, ckpt, tok, task):
+        parts = real(cfg, init_dir, ckpt, tok, task)
+        seen["trainer"] = parts.trainer.placement()
+        seen["engines"] = parts.engine_core.placement()
+        return parts
+
+    rr.components = spy
+    try:
+        train(equiv_cfg(tmp_path, "runtime.kind=ray", "train.steps=3", "runtime.pin_cores=true"),
+              progress=False)
+    finally:
+        rr.components = real
+    assert [e["cores"] for e in seen["engines"]] == [[allowed[0]]]
+    assert seen["trainer"]["cores"] == [allowed[1]]
+    assert_bitwise_equal(final_weights(ray_run[0]), final_weights(tmp_path))
