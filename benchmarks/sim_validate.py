@@ -2,20 +2,24 @@
 
 1. Calibrate: two short synchronous runs (16 and 4 groups of 8 a step, rollouts recorded),
    and `reroll.sim.calibrate.fit` on their metrics (decode cost per step and per token,
-   training cost per token, the rest of a step as weight-sync time).
-2. Predict, with that cost model and the response lengths recorded by the 16-group run, the
-   throughput of the variants below, each also run for real, and compare.
+   training cost per step and per token, the rest of a step inside them); one asynchronous
+   run with partial rollouts (4 groups, max_staleness 1) and `fit_resume` on all three (the
+   engine's time per resumed request).
+2. Predict, with that cost model and the response lengths recorded by the 16-group run (by
+   the task's own synchronous run for the long-tail task), the throughput of the variants
+   below, each also run for real, and compare.
 
 The model is not SFT-warm-started (timing only; the responses are the untrained policy's).
-Each side takes one core (runtime.threads = 1): the synchronous run leaves one core idle and
-an asynchronous one gives generation and training a core each, which the simulator models as
-one generation and one training device. Throughput (samples/s) is measured over the steps
-after the first ``--skip`` (warm-up) from the wall times in metrics.jsonl, and predicted over
-the same steps.
+Every run uses the Ray runtime with ``runtime.pin_cores``: the engine actor and the trainer
+actor are processes of their own, each pinned to a core of its own with one torch thread
+(runtime.threads = 1), which the simulator models as one generation and one training
+device; the driver (scheduling, scoring, logging) floats. Throughput (samples/s) is
+measured over the steps after the first ``--skip`` (warm-up) from the wall times in
+metrics.jsonl, and predicted over the same steps.
 
     .venv/bin/python benchmarks/sim_validate.py [--quick] [--steps N] [--out DIR]
 
-``--quick``: 20 steps a run (about 7 runs of under a minute each on a quiet machine).
+``--quick``: 20 steps a run (10 runs of about 30 s each on a quiet machine).
 Ends with ``max |predicted/measured - 1| = P%``.
 """
 
@@ -30,22 +34,29 @@ from pathlib import Path
 
 from reroll.config_checks import load_checked
 from reroll.runlog import read_metrics
-from reroll.sim.calibrate import fit
+from reroll.sim.calibrate import fit, fit_resume
 from reroll.sim.settings import SimRun, SimSettings
 from reroll.sim.simulate import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "arithmetic.toml"
 BASE = ["log_every=1", "eval.every=0", "ckpt_every=100000", "record_every=1",
-        "runtime.threads=1", "reward.workers=0"]
+        "runtime.threads=1", "reward.workers=0", "runtime.kind=ray", "runtime.pin_cores=true"]
+# the long-tail task (`reroll.tasks.longtail`): responses of 1 to 32 tokens
+LONGTAIL = ["task.name=longtail", "task.args.n_train=4000", "task.args.n_test=100",
+            "task.args.max_count=31", "model.max_position=64", "rollout.max_new_tokens=32"]
 VARIANTS = {
     "sync": [],
     "async 1": ["runtime.max_staleness=1"],
     "async 2": ["runtime.max_staleness=2"],
+    "async 4": ["runtime.max_staleness=4"],
     "async 2 no partial": ["runtime.max_staleness=2", "runtime.partial_rollouts=false"],
     "async 1 overprovision 2": ["runtime.max_staleness=1", "runtime.overprovision=2.0"],
+    "longtail sync": LONGTAIL,
+    "longtail async 2": [*LONGTAIL, "runtime.max_staleness=2"],
 }
-CALIBRATION = {"cal 16x8": [], "cal 4x8": ["rollout.batch_groups=4"]}
+CALIBRATION = {"cal 16x8": [], "cal 4x8": ["rollout.batch_groups=4"],
+               "cal 4x8 async 1": ["rollout.batch_groups=4", "runtime.max_staleness=1"]}
 
 
 def train(out: Path, name: str, overrides: list[str], steps: int) -> Path:
@@ -95,13 +106,17 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     prompt = _prompt_tokens(train(out, "cal 16x8", CALIBRATION["cal 16x8"], steps))
     cal = [train(out, k, v, steps) for k, v in CALIBRATION.items()]
-    cost = fit(cal, prompt_tokens=prompt, skip=a.skip)
+    cost = fit(cal[:2], prompt_tokens=prompt, skip=a.skip)
+    resume = fit_resume(cal, skip=a.skip)
+    cost["resume_row_s"] = resume["resume_row_s"]
     print("cost model:", json.dumps({k: float(f"{v:.4g}") for k, v in cost.items()}))
+    print(f"engine time per generated token {resume['engine_token_s']:.3g} s (for reference)")
     rows = []
     for name, ov in VARIANTS.items():
         d = cal[0] if name == "sync" else train(out, name, ov, steps)
+        lengths = train(out, "longtail sync", LONGTAIL, steps) if "longtail" in name else cal[0]
         m = measured(d, a.skip)
-        p = predicted(ov, cost, cal[0], steps, a.skip)
+        p = predicted(ov, cost, lengths, steps, a.skip)
         rows.append((name, m, p))
     print("\n| variant | measured samples/s | predicted | predicted/measured | "
           "sim gen idle | sim train idle |\n|---|---|---|---|---|---|")

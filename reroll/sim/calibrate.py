@@ -16,6 +16,13 @@ a step decodes length/max times with the batch's rows:
   recording the rollouts, publishing the weights), which grows with the batch too; the
   weight update is inside it, so ``sync_s`` is 0.
 
+A run with partial rollouts interrupts the rows running at each weight update and resumes
+them, prefilling their prompt and prefix again; a synchronous run never does, so its fit
+says nothing of that cost. `fit_resume` measures it on the engine's own busy time
+(time/generate_s, its prefill and decode) of runs with and without resumes: least squares
+of ``generate_s = a * tokens generated + resume_row_s * requests resumed`` per step (the
+counters are cumulative, so per step is the difference of two rows).
+
 Knows metrics rows and the cost model's fields, nothing else.
 """
 
@@ -55,3 +62,23 @@ def fit(run_dirs: list[str | Path], *, prompt_tokens: int, skip: int = 1) -> dic
     return {"decode_base_s": base, "decode_row_s": row, "decode_ctx_s": 0.0,
             "prefill_token_s": 0.0, "train_step_s": step,
             "train_token_s": token, "sync_s": 0.0, "prompt_tokens": prompt_tokens}
+
+
+def fit_resume(run_dirs: list[str | Path], *, skip: int = 1) -> dict[str, float]:
+    """``resume_row_s`` (engine time per resumed request, its prefill of prompt and prefix
+    included) and ``engine_token_s`` (engine time per generated token, for the report)
+    from runs' metrics, at least one with partial rollouts; refuses runs that resumed
+    nothing."""
+    x, y = [], []
+    for d in run_dirs:
+        rows = [r for r in read_metrics(d) if "time/generate_s" in r]
+        for prev, r in list(zip(rows, rows[1:]))[max(0, skip - 1):]:
+            x.append([r["pipeline/tokens_generated"] - prev["pipeline/tokens_generated"],
+                      r.get("engine/requests_resumed", 0) - prev.get("engine/requests_resumed",
+                                                                        0)])
+            y.append(r["time/generate_s"])
+    if not any(res for _, res in x):
+        raise ValueError(f"no request was resumed in the runs {run_dirs}: fitting the resume "
+                         f"cost needs one with partial rollouts and max_staleness > 0")
+    (tok, res), *_ = np.linalg.lstsq(np.array(x, dtype=float), np.array(y), rcond=None)
+    return {"resume_row_s": max(0.0, float(res)), "engine_token_s": float(tok)}

@@ -8,7 +8,7 @@ events, engines or the scheduler.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from reroll.config import ConfigError
@@ -109,19 +109,41 @@ class SimRun:
     overprovision: float = 1.0
     partial_rollouts: bool = True
     slots: int = 256  # the engine's KV slots, as `reroll.build.engine_slots` sizes them
+    duet_horizon: int = 0  # DUET's abort horizon (control.duet_horizon; 0: no abort)
+    duet_q: float = 1.0  # DUET's keep probability past the horizon (control.duet_q)
+    pruner: str = "none"  # control.pruner (ARRoL: "arrol"), built as the run builds it
+    pruner_args: dict = field(default_factory=dict)  # control.pruner_args
 
     @classmethod
     def from_config(cls, cfg) -> SimRun:
         """From a checked `reroll.config.RunConfig` (its rollout and runtime tables)."""
         from reroll.build import engine_slots
 
+        c = cfg.control
         return cls(slots=engine_slots(cfg), batch_groups=cfg.rollout.batch_groups,
                    group_size=cfg.rollout.group_size,
                    max_new_tokens=cfg.rollout.max_new_tokens,
                    max_staleness=cfg.runtime.max_staleness,
                    overprovision=cfg.runtime.overprovision,
-                   partial_rollouts=cfg.runtime.partial_rollouts)
+                   partial_rollouts=cfg.runtime.partial_rollouts,
+                   duet_horizon=c.duet_horizon if c.duet_abort else 0, duet_q=c.duet_q,
+                   pruner=c.pruner, pruner_args=dict(c.pruner_args))
+
+    def build_pruner(self):
+        """The run's pruner (`reroll.control.pruners.PRUNERS`), or None."""
+        if self.pruner == "none":
+            return None
+        from reroll.control.pruners import PRUNERS
+
+        return PRUNERS.get(self.pruner)(self.group_size, self.max_new_tokens, **self.pruner_args)
+
+    @property
+    def generated_size(self) -> int:
+        """Members generated per group: the pruner's size, else group_size."""
+        p = self.build_pruner()
+        return p.size if p is not None else self.group_size
 
     @property
     def batch(self) -> int:
-        return self.batch_groups * self.group_size
+        """Samples a step trains on (pruned members included, as the loop counts them)."""
+        return self.batch_groups * self.generated_size

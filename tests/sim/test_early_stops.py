@@ -1,0 +1,87 @@
+"""Early stops in the simulator, against schedules computed by hand: DUET's abort at its
+horizon (the real `MarkerGate` and keep draw) and ARRoL's pruning at its checkpoint (the
+real pruner's group size and rule, the engine's `GroupGate`). Every time is the cost
+model's; no timing is measured."""
+
+from __future__ import annotations
+
+import pytest
+
+from reroll.config_checks import load_checked
+from reroll.control.scheduler import request_seed
+from reroll.methods.duet import keep_draw
+from reroll.sim.settings import SimRun, SimSettings
+from reroll.sim.simulate import Simulation, simulate
+
+# one decode step costs 1 s whatever the batch; a training step 5 s; nothing else costs
+UNIT = dict(decode_base_s=1.0, decode_row_s=0.0, prefill_token_s=0.0, train_token_s=0.0,
+            train_step_s=5.0, prompt_tokens=1)
+
+
+def test_duet_stops_every_sample_not_kept_at_its_horizon():
+    # q tiny: no draw is kept, so every 10-token sample stops at 4 tokens: 4 + 5 a step
+    run = SimRun(batch_groups=2, group_size=1, max_new_tokens=10, duet_horizon=4, duet_q=1e-9)
+    r = simulate(run, SimSettings(steps=3, **UNIT))
+    assert r["step_ends_s"] == [9.0, 18.0, 27.0]
+    assert r["early_stops"] == {"duet_aborted": 6}
+    assert r["mean_response_tokens"] == 4.0
+
+
+def test_duet_keeps_a_sample_when_its_draw_is_below_q():
+    # synchronous, two samples a step (groups admitted in order 0, 1, 2, ...): a step takes
+    # 10 decode steps if one of its samples is kept, else 4, then 5 s of training
+    q = 0.5
+    kept = [keep_draw(request_seed(0, seq, 0)) < q for seq in range(6)]
+    assert 0 < sum(kept) < 6  # the draws of seed 0 give both outcomes
+    want, t = [], 0.0
+    for step in range(3):
+        t += (10 if kept[2 * step] or kept[2 * step + 1] else 4) + 5
+        want.append(t)
+    run = SimRun(batch_groups=2, group_size=1, max_new_tokens=10, duet_horizon=4, duet_q=q)
+    r = simulate(run, SimSettings(steps=3, **UNIT))
+    assert r["step_ends_s"] == want
+    assert r["early_stops"].get("duet_aborted", 0) == 6 - sum(kept)
+
+
+def arrol_run(**kw) -> SimRun:
+    # group_size 2 over-provisioned 2x: 4 members generated, 2 kept at 3 tokens
+    return SimRun(batch_groups=1, group_size=2, max_new_tokens=10, pruner="arrol",
+                  pruner_args={"overprovision": 2.0, "at": 3}, **kw)
+
+
+def test_arrol_prunes_to_the_survivors_at_its_checkpoint():
+    # decode step: 1 s + 1 s a row. 3 steps with 4 rows (15 s), the 2 survivors 7 more
+    # steps with 2 rows (21 s), then 5 s of training: 41 s a step (50 s without pruning)
+    run = arrol_run()
+    assert run.generated_size == 4 and run.batch == 4
+    s = SimSettings(steps=2, **{**UNIT, "decode_row_s": 1.0})
+    r = simulate(run, s)
+    assert r["step_ends_s"] == [41.0, 82.0]
+    assert r["early_stops"] == {"pruned": 4}
+    assert r["mean_response_tokens"] == (2 * 10 + 2 * 3) / 4  # pruned ones keep 3 tokens
+
+
+def test_arrol_member_that_ends_before_the_checkpoint_survives(monkeypatch):
+    # lengths 2, 10, 10, 10: steps 1-2 with 4 rows (10 s), step 3 with 3 rows (4 s), then
+    # the gate keeps the finished member and one of the three: 7 steps with 1 row (14 s)
+    sim = Simulation(arrol_run(), SimSettings(steps=1, **{**UNIT, "decode_row_s": 1.0}))
+    monkeypatch.setattr(sim.lengths, "group", lambda rng, size: [(1, 2)] + [(1, 10)] * 3)
+    r = sim.run_all()
+    assert r["step_ends_s"] == [10.0 + 4.0 + 14.0 + 5.0]
+    assert r["early_stops"] == {"pruned": 2}
+    assert r["mean_response_tokens"] == (2 + 10 + 3 + 3) / 4
+
+
+def test_the_runs_early_stop_settings_come_from_its_config():
+    cfg = load_checked(None, ["control.duet_abort=true", "control.duet_horizon=3",
+                              "control.duet_q=0.25", "rollout.max_new_tokens=8"])
+    run = SimRun.from_config(cfg)
+    assert (run.duet_horizon, run.duet_q, run.pruner) == (3, 0.25, "none")
+    off = SimRun.from_config(load_checked(None, []))
+    assert (off.duet_horizon, off.pruner) == (0, "none")
+
+
+def test_a_bad_pruner_setting_is_refused_by_the_real_pruner():
+    with pytest.raises(ValueError, match="at .* must be below rollout.max_new_tokens"):
+        simulate(SimRun(batch_groups=1, group_size=2, max_new_tokens=4, pruner="arrol",
+                        pruner_args={"at": 4}), SimSettings(steps=1, **UNIT))
