@@ -1,8 +1,10 @@
 """`reroll sim` against measured runs of the main job (configs/arithmetic.toml) on this machine.
 
-1. Calibrate: two short synchronous runs (16 and 4 groups of 8 a step, rollouts recorded),
-   and `reroll.sim.calibrate.fit` on their metrics (decode cost per step and per token,
-   training cost per step and per token, the rest of a step inside them); one asynchronous
+1. Calibrate: three short synchronous runs (16 and 4 groups of 8 a step with 6-token
+   responses, 4 groups with 12-token ones; rollouts recorded), and
+   `reroll.sim.calibrate.fit` on their metrics (decode cost per step and per token, a
+   fixed cost per sample, training cost per step and per token, the rest of a step inside
+   them); one asynchronous
    run with partial rollouts (4 groups, max_staleness 1) and `fit_resume` on all three (the
    engine's time per resumed request).
 2. Predict, with that cost model and the response lengths recorded by the 16-group run (by
@@ -19,7 +21,7 @@ metrics.jsonl, and predicted over the same steps.
 
     .venv/bin/python benchmarks/sim_validate.py [--quick] [--steps N] [--out DIR]
 
-``--quick``: 20 steps a run (10 runs of about 30 s each on a quiet machine).
+``--quick``: 20 steps a run (11 runs of about 30 s each on a quiet machine).
 Ends with ``max |predicted/measured - 1| = P%``.
 """
 
@@ -55,7 +57,10 @@ VARIANTS = {
     "longtail sync": LONGTAIL,
     "longtail async 2": [*LONGTAIL, "runtime.max_staleness=2"],
 }
+# synchronous runs of two batch sizes and two response lengths (the untrained policy
+# writes to max_new_tokens), then one that resumes requests (partial rollouts)
 CALIBRATION = {"cal 16x8": [], "cal 4x8": ["rollout.batch_groups=4"],
+               "cal 4x8 long": ["rollout.batch_groups=4", "rollout.max_new_tokens=12"],
                "cal 4x8 async 1": ["rollout.batch_groups=4", "runtime.max_staleness=1"]}
 
 
@@ -86,7 +91,13 @@ def predicted(overrides: list[str], cost: dict, lengths: Path, steps: int, skip:
     t0 = ends[skip - 1] if skip else 0.0
     return {"samples_per_s": run.batch * (len(ends) - skip) / (ends[-1] - t0),
             "gen_idle": r["gen_idle"], "train_idle": r["train_idle"],
-            "staleness": r["staleness"]}
+            "staleness": r["staleness"], "resumed_per_step": r["resumed"] / len(ends)}
+
+
+def resumed_per_step(run_dir: Path) -> float:
+    """Requests the engine resumed per step (partial rollouts), over the whole run."""
+    rows = read_metrics(run_dir)
+    return rows[-1].get("engine/requests_resumed", 0.0) / len(rows)
 
 
 def main() -> None:
@@ -106,7 +117,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     prompt = _prompt_tokens(train(out, "cal 16x8", CALIBRATION["cal 16x8"], steps))
     cal = [train(out, k, v, steps) for k, v in CALIBRATION.items()]
-    cost = fit(cal[:2], prompt_tokens=prompt, skip=a.skip)
+    cost = fit(cal[:3], prompt_tokens=prompt, skip=a.skip)
     resume = fit_resume(cal, skip=a.skip)
     cost["resume_row_s"] = resume["resume_row_s"]
     print("cost model:", json.dumps({k: float(f"{v:.4g}") for k, v in cost.items()}))
@@ -117,16 +128,18 @@ def main() -> None:
         lengths = train(out, "longtail sync", LONGTAIL, steps) if "longtail" in name else cal[0]
         m = measured(d, a.skip)
         p = predicted(ov, cost, lengths, steps, a.skip)
-        rows.append((name, m, p))
+        rows.append((name, m, p, d))
     print("\n| variant | measured samples/s | predicted | predicted/measured | "
-          "sim gen idle | sim train idle |\n|---|---|---|---|---|---|")
-    for name, m, p in rows:
+          "sim gen idle | sim train idle | resumed a step, measured / sim |"
+          "\n|---|---|---|---|---|---|---|")
+    for name, m, p, d in rows:
         print(f"| {name} | {m:.1f} | {p['samples_per_s']:.1f} | "
-              f"{p['samples_per_s'] / m:.3f} | {p['gen_idle']:.2f} | {p['train_idle']:.2f} |")
+              f"{p['samples_per_s'] / m:.3f} | {p['gen_idle']:.2f} | {p['train_idle']:.2f} | "
+              f"{resumed_per_step(d):.0f} / {p['resumed_per_step']:.0f} |")
     sync_m, sync_p = rows[0][1], rows[0][2]["samples_per_s"]
     print("\nspeed-up over sync, measured / predicted: " + ", ".join(
-        f"{n} {m / sync_m:.2f} / {p['samples_per_s'] / sync_p:.2f}" for n, m, p in rows[1:]))
-    worst = max(abs(p["samples_per_s"] / m - 1) for _, m, p in rows)
+        f"{n} {m / sync_m:.2f} / {p['samples_per_s'] / sync_p:.2f}" for n, m, p, _ in rows[1:]))
+    worst = max(abs(p["samples_per_s"] / m - 1) for _, m, p, _ in rows)
     print(f"max |predicted/measured - 1| = {100 * worst:.1f}%")
 
 

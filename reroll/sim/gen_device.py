@@ -23,6 +23,7 @@ class Row:
     prefill: int  # tokens to prefill before its next decode step (0: cached)
     resumed: bool = False  # interrupted by a weight update, not yet decoding again
     check: int = 0  # tokens to generate until its checkpoint (0: none ahead)
+    fresh: bool = True  # admitted, not yet decoded: pays row_s
 
 
 class GenDevice:
@@ -36,6 +37,7 @@ class GenDevice:
         self.busy_s = 0.0  # decoding and prefilling
         self.sync_s = 0.0  # stopped for weight updates
         self.tokens = 0
+        self.resumed = 0  # rows interrupted and resumed by weight updates
         self.arrived: list[Row] = []  # rows the last chunk brought to their checkpoint
 
     @property
@@ -48,7 +50,8 @@ class GenDevice:
     # ---- cost model ----------------------------------------------------------------------
     def _prefill_s(self) -> float:
         return (self.s.prefill_token_s * sum(r.prefill for r in self.rows)
-                + self.s.resume_row_s * sum(r.resumed for r in self.rows))
+                + self.s.resume_row_s * sum(r.resumed for r in self.rows)
+                + self.s.row_s * sum(r.fresh for r in self.rows))
 
     def elapsed(self, j: int) -> float:
         """Time of the current batch's first ``j`` decode steps (with its pending prefill)."""
@@ -104,7 +107,7 @@ class GenDevice:
         self.busy_s += dt
         self.arrived = []
         for r in self.rows:
-            r.ctx, r.left, r.prefill, r.resumed = r.ctx + k, r.left - k, 0, False
+            r.ctx, r.left, r.prefill, r.resumed, r.fresh = r.ctx + k, r.left - k, 0, False, False
             self.tokens += k
             if r.check:
                 r.check = max(0, r.check - k)
@@ -133,3 +136,4 @@ class GenDevice:
         if reprefill:
             for r in self.rows:
                 r.prefill, r.resumed = r.ctx, True
+            self.resumed += len(self.rows)

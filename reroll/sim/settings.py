@@ -44,6 +44,9 @@ class SimSettings:
     """Cost of one decode step per token of context summed over the rows (attention reads)."""
     prefill_token_s: float = 1e-5
     """Prefill cost per prompt (or resumed prefix) token."""
+    row_s: float = 0.0
+    """Fixed cost of each sample the device admits, whatever its length (submitting it,
+    scheduling it, handing it to scoring), added to the step that admits it."""
     resume_row_s: float = 0.0
     """Fixed cost of interrupting and resuming one running row at a weight update with
     partial rollouts (aborting, requeueing, scheduling it again), beside its prefill."""

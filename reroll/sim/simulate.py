@@ -259,6 +259,7 @@ class Simulation:
             "mean_response_tokens": self.tokens / self.samples,
             "counters": {k: v for k, v in self.sched.counters().items() if k != "order"},
             "batch": self.batch,
+            "resumed": sum(d.resumed for d in self.devices),
             "early_stops": dict(self.stops),
         }
 
