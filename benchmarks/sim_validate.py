@@ -3,8 +3,8 @@
 1. Calibrate: three short synchronous runs (16 and 4 groups of 8 a step with 6-token
    responses, 4 groups with 12-token ones; rollouts recorded), and
    `reroll.sim.calibrate.fit` on their metrics (decode cost per step and per token, a
-   fixed cost per sample, training cost per step and per token, the rest of a step inside
-   them); one asynchronous
+   fixed cost per sample, training cost per step and per token, the loop's own work per
+   step as a stop of both sides); one asynchronous
    run with partial rollouts (4 groups, max_staleness 1) and `fit_resume` on all three (the
    engine's time per resumed request).
 2. Predict, with that cost model and the response lengths recorded by the 16-group run (by
@@ -15,7 +15,8 @@ The model is not SFT-warm-started (timing only; the responses are the untrained 
 Every run uses the Ray runtime with ``runtime.pin_cores``: the engine actor and the trainer
 actor are processes of their own, each pinned to a core of its own with one torch thread
 (runtime.threads = 1), which the simulator models as one generation and one training
-device; the driver (scheduling, scoring, logging) floats. Throughput (samples/s) is
+device; the driver (stepping the engine, scoring, the loop's logging) shares the engine's
+core. Throughput (samples/s) is
 measured over the steps after the first ``--skip`` (warm-up) from the wall times in
 metrics.jsonl, and predicted over the same steps.
 
@@ -45,8 +46,8 @@ CONFIG = ROOT / "configs" / "arithmetic.toml"
 BASE = ["log_every=1", "eval.every=0", "ckpt_every=100000", "record_every=1",
         "runtime.threads=1", "reward.workers=0", "runtime.kind=ray", "runtime.pin_cores=true"]
 # the long-tail task (`reroll.tasks.longtail`): responses of 1 to 32 tokens
-LONGTAIL = ["task.name=longtail", "task.args.n_train=4000", "task.args.n_test=100",
-            "task.args.max_count=31", "model.max_position=64", "rollout.max_new_tokens=32"]
+LONGTAIL = ["task.name=longtail", "task.args={n_train=4000, n_test=100, max_count=31}",
+            "model.max_position=64", "rollout.max_new_tokens=32"]
 VARIANTS = {
     "sync": [],
     "async 1": ["runtime.max_staleness=1"],

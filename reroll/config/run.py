@@ -76,7 +76,8 @@ class RuntimeConfig:
     """Ray runtime on one machine: pin engine replica i to the i-th core the run may use
     and the trainer actor to the core after the replicas (`reroll.runtime.cores`), so the
     two sides never share a core (with runtime.threads = 1 each, as a run with a device a
-    side would have). Needs engine_workers + 1 cores, refused at start otherwise."""
+    side would have); the driver, which steps the engines and scores, shares replica 0's
+    core until the run ends. Needs engine_workers + 1 cores, refused at start otherwise."""
     keep_freed_memory: bool = True
     """glibc: keep freed heap memory in the processes that run models (the run's own, Ray's
     trainer and engine actors) instead of handing it back to the OS and faulting it in

@@ -1,7 +1,8 @@
 """`runtime.pin_cores`: which core each actor of the Ray runtime is pinned to, and the
 pinning itself (os.sched_setaffinity in the actor's own process). Engine replica i takes the
 i-th of the cores its process may use, the trainer actor the one after the replicas, so the
-two sides never share a core; the driver keeps every core. Knows no Ray and no model.
+two sides never share a core; the driver, whose work is generation's (it steps the engines
+and scores), shares replica 0's core for the run (`pin_driver`). Knows no Ray and no model.
 """
 
 from __future__ import annotations
@@ -25,3 +26,20 @@ def pin(slot: int, workers: int) -> int:
     core = pinned_core(slot, os.sched_getaffinity(0), workers)
     os.sched_setaffinity(0, {core})
     return core
+
+
+def _set_threads(cores: set[int]) -> None:
+    """Every thread of this process to ``cores`` (an affinity is per thread on Linux)."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except (ProcessLookupError, PermissionError):  # a thread gone, or not ours
+            pass
+
+
+def pin_driver(workers: int):
+    """Pin every thread of this process (the driver) to engine replica 0's core; returns a
+    function that gives them back the cores they had."""
+    before = os.sched_getaffinity(0)
+    _set_threads({pinned_core(0, before, workers)})
+    return lambda: _set_threads(before)

@@ -263,6 +263,10 @@ def components(cfg: RunConfig, init_dir: Path, ckpt: Path | None, tok, task):
                          deterministic=cfg.runtime.deterministic, gpus=gpus,
                          pin_cores=cfg.runtime.pin_cores,
                          device=device if gpus > 0 else resolve_device(device))
+    if cfg.runtime.pin_cores:  # the driver steps the engines and scores: generation's core
+        from reroll.runtime.cores import pin_driver
+
+        trainer.on_close.append(pin_driver(workers))
     if cfg.runtime.scoring_workers > 0 and build_rollout.uses_verifiers(cfg):
         from reroll.runtime.ray_scoring import RayScoringPool
 

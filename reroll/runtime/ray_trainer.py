@@ -93,6 +93,7 @@ class RayTrainer:
                                f"checkpoint {ckpt}): {e}") from e
         self._policy = None
         self._policy_version = -1
+        self.on_close: list = []  # what the composition undoes when the run ends
 
     def _get(self, ref):
         try:
@@ -151,3 +152,5 @@ class RayTrainer:
 
     def close(self) -> None:
         ray.kill(self.actor, no_restart=True)
+        while self.on_close:
+            self.on_close.pop()()

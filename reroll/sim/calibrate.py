@@ -12,10 +12,11 @@ a step decodes length/max times with the batch's rows:
   response length alone would fold each batch's fixed costs into the per-decode-step
   one); prefill at the fixed prompt length, submission and scoring are row_s, and the
   context term is left 0 (not identifiable at short contexts);
-- the trainer's side: non-negative least squares of ``wall time - wait = train_step_s + train_token_s *
-  tokens`` (prompt + response): the update and the loop's own work per step (metrics,
-  recording the rollouts, publishing the weights), which grows with the batch too; the
-  weight update is inside it, so ``sync_s`` is 0.
+- the trainer's side: non-negative least squares of ``time/train_s = train_step_s +
+  train_token_s * tokens`` (prompt + response), the update itself;
+- the rest of a step, ``wall time - wait - time/train_s``, is the loop's own work
+  (publishing the weights, metrics, recording the rollouts), which runs in the process
+  that also drives generation: ``sync_s`` is its mean, a stop of both sides per update.
 
 A run with partial rollouts interrupts the rows running at each weight update and resumes
 them, prefilling their prompt and prefix again; a synchronous run never does, so its fit
@@ -60,7 +61,7 @@ def nnls(x: list[list[float]], y: list[float]) -> list[float]:
 def fit(run_dirs: list[str | Path], *, prompt_tokens: int, skip: int = 1) -> dict[str, float]:
     """Cost-model fields (`reroll.sim.settings.SimSettings`) from synchronous runs' metrics;
     the first ``skip`` steps of each run (warm-up) are left out."""
-    gen_x, gen_y, train_x, train_y = [], [], [], []
+    gen_x, gen_y, train_x, train_y, loop = [], [], [], [], []
     for d in run_dirs:
         rows = [r for r in read_metrics(d) if "time/train_s" in r]
         for prev, r in list(zip(rows, rows[1:]))[max(0, skip - 1):]:
@@ -68,14 +69,17 @@ def fit(run_dirs: list[str | Path], *, prompt_tokens: int, skip: int = 1) -> dic
             gen_x.append([r["length/max"], n * r["length/mean"], n])
             gen_y.append(r["time/wait_for_rollouts_s"])
             train_x.append([1.0, n * (prompt_tokens + r["length/mean"])])
-            train_y.append(r["time"] - prev["time"] - r["time/wait_for_rollouts_s"])
+            train_y.append(r["time/train_s"])
+            loop.append(r["time"] - prev["time"] - r["time/wait_for_rollouts_s"]
+                        - r["time/train_s"])
     if not gen_y:
         raise ValueError(f"no consecutive step rows in the metrics of {run_dirs}")
     base, row, sample = nnls(gen_x, gen_y)
     step, token = nnls(train_x, train_y)
     return {"decode_base_s": base, "decode_row_s": row, "row_s": sample, "decode_ctx_s": 0.0,
             "prefill_token_s": 0.0, "train_step_s": step,
-            "train_token_s": token, "sync_s": 0.0, "prompt_tokens": prompt_tokens}
+            "train_token_s": token, "sync_s": max(0.0, sum(loop) / len(loop)),
+            "prompt_tokens": prompt_tokens}
 
 
 def fit_resume(run_dirs: list[str | Path], *, skip: int = 1) -> dict[str, float]:

@@ -22,9 +22,10 @@ class SimSettings:
     A generation device runs continuous batching: each decode step emits one token for every
     running row and takes ``decode_base_s + decode_row_s * rows + decode_ctx_s * (sum of the
     rows' context lengths)``; a row admitted (or resumed after a weight update with partial
-    rollouts) first pays ``prefill_token_s`` per token of its prompt and prefix (and a resumed
-    one ``resume_row_s``), added to the step that admits it. Training a batch takes ``train_step_s + train_token_s * tokens /
-    train_devices`` (data parallel: tokens are prompt + response of every sample). Publishing
+    rollouts) first pays ``prefill_token_s`` per token of its prompt and prefix (a resumed one
+    ``resume_row_s`` more, an admitted one ``row_s`` more), added to the step that admits
+    it. Training a batch takes ``train_step_s + train_token_s * tokens / train_devices``
+    (data parallel: tokens are prompt + response of every sample). Publishing
     weights stops the trainer and every generation device for ``sync_s`` after the
     devices' current decode step."""
 

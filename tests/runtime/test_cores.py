@@ -7,7 +7,7 @@ import pytest
 
 from reroll.config import ConfigError
 from reroll.config_checks import load_checked
-from reroll.runtime.cores import pin, pinned_core
+from reroll.runtime.cores import pin, pin_driver, pinned_core
 
 
 def test_replicas_take_the_first_cores_and_the_trainer_the_next():
@@ -31,6 +31,34 @@ def test_pin_restricts_this_process_to_its_core():
         assert core == sorted(before)[1] and os.sched_getaffinity(0) == {core}
     finally:
         os.sched_setaffinity(0, before)
+
+
+def test_pin_driver_pins_every_thread_and_gives_them_back():
+    import threading
+
+    before = os.sched_getaffinity(0)
+    if len(before) < 2:
+        pytest.skip("needs two cores")
+    started, stop = threading.Event(), threading.Event()
+    seen = {}
+
+    def other():
+        started.set()
+        stop.wait()
+        seen["other"] = os.sched_getaffinity(0)  # this thread's own affinity
+
+    t = threading.Thread(target=other)
+    t.start()
+    started.wait()
+    undo = pin_driver(1)
+    try:
+        assert os.sched_getaffinity(0) == {sorted(before)[0]}  # engine replica 0's core
+    finally:
+        stop.set()
+        t.join()
+        undo()
+    assert seen["other"] == {sorted(before)[0]}  # a thread started before was pinned too
+    assert os.sched_getaffinity(0) == before
 
 
 def test_pin_cores_needs_the_ray_runtime():

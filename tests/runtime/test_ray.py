@@ -385,6 +385,7 @@ def test_pinned_cores_place_each_side_on_its_own_core_and_the_run_is_unchanged(r
         parts = real(cfg, init_dir, ckpt, tok, task)
         seen["trainer"] = parts.trainer.placement()
         seen["engines"] = parts.engine_core.placement()
+        seen["driver"] = sorted(os.sched_getaffinity(0))
         return parts
 
     rr.components = spy
@@ -395,4 +396,6 @@ def test_pinned_cores_place_each_side_on_its_own_core_and_the_run_is_unchanged(r
         rr.components = real
     assert [e["cores"] for e in seen["engines"]] == [[allowed[0]]]
     assert seen["trainer"]["cores"] == [allowed[1]]
+    assert seen["driver"] == [allowed[0]]  # the driver on the engine's core during the run
+    assert sorted(os.sched_getaffinity(0)) == allowed  # the driver's cores given back
     assert_bitwise_equal(final_weights(ray_run[0]), final_weights(tmp_path))
