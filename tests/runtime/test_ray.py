@@ -369,17 +369,15 @@ def test_lora_ray_run_equals_local_run_bitwise(ray_session, tmp_path):
     assert [r["reward/mean"] for r in rows["ray"]] == [r["reward/mean"] for r in rows["local"]]
 
 
-def test_pinned_cores_place_each_side_on_its_own_core_and_the_run_is_unchanged(ray_run,
-                                                                                tmp_path):
-    """runtime.pin_cores: the engine actor on the first allowed core, the trainer actor on
-    the second, and the run ends with the same weights as unpinned."""
+def test_pinned_cores_place_each_side_on_its_own_core_and_the_run_is_unchanged(ray_run, tmp_path):
+    """runtime.pin_cores: the engine actor (and the driver) on the first allowed core, the
+    trainer actor on the second; the run ends with the same weights as unpinned."""
     from reroll.runtime import ray as rr
     from reroll.runtime import train
 
-    allowed = sorted(os.sched_getaffinity(0))
+    allowed, seen, real = sorted(os.sched_getaffinity(0)), {}, rr.components
     if len(allowed) < 2:
         pytest.skip("needs two cores")
-    seen, real = {}, rr.components
 
     def spy(cfg, init_dir, ckpt, tok, task):
         parts = real(cfg, init_dir, ckpt, tok, task)

@@ -88,3 +88,15 @@ def test_the_simulator_imports_neither_torch_nor_matplotlib():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.split()
     assert out == ["False", "False"]
+
+
+def test_reroll_sim_takes_the_early_stops_from_the_config(tmp_path, capsys):
+    out = tmp_path / "s.json"
+    rc = main(["sim", "-", "rollout.batch_groups=2", "rollout.group_size=2",
+               "rollout.max_new_tokens=8", "control.duet_abort=true", "control.duet_horizon=2",
+               "control.duet_q=0.000001", "sim.steps=2", "sim.lengths=fixed", "--out", str(out),
+               "--no-png"])
+    assert rc == 0
+    r = json.loads(out.read_text())["results"]["run"]
+    assert r["early_stops"] == {"duet_aborted": 8}  # 2 steps x 4 samples, none kept
+    assert r["mean_response_tokens"] == 2.0
