@@ -4,9 +4,9 @@
    responses, 4 groups with 12-token ones; rollouts recorded), and
    `reroll.sim.calibrate.fit` on their metrics (decode cost per step and per token, a
    fixed cost per sample, training cost per step and per token, the loop's own work per
-   step as a stop of both sides); one asynchronous
-   run with partial rollouts (4 groups, max_staleness 1) and `fit_resume` on all three (the
-   engine's time per resumed request).
+   step as a stop of both sides); one asynchronous run with partial rollouts (16 groups,
+   max_staleness 1, 12-token responses) and `fit_resume` on all four (the engine's time
+   per resumed request).
 2. Predict, with that cost model and the response lengths recorded by the 16-group run (by
    the task's own synchronous run for the long-tail task), the throughput of the variants
    below, each also run for real, and compare.
@@ -59,10 +59,11 @@ VARIANTS = {
     "longtail async 2": [*LONGTAIL, "runtime.max_staleness=2"],
 }
 # synchronous runs of two batch sizes and two response lengths (the untrained policy
-# writes to max_new_tokens), then one that resumes requests (partial rollouts)
+# writes to max_new_tokens), then one that resumes many requests (partial rollouts, with
+# 12-token responses: none of the predicted variants)
 CALIBRATION = {"cal 16x8": [], "cal 4x8": ["rollout.batch_groups=4"],
                "cal 4x8 long": ["rollout.batch_groups=4", "rollout.max_new_tokens=12"],
-               "cal 4x8 async 1": ["rollout.batch_groups=4", "runtime.max_staleness=1"]}
+               "cal async 1 long": ["runtime.max_staleness=1", "rollout.max_new_tokens=12"]}
 
 
 def train(out: Path, name: str, overrides: list[str], steps: int) -> Path:

@@ -21,9 +21,11 @@ a step decodes length/max times with the batch's rows:
 A run with partial rollouts interrupts the rows running at each weight update and resumes
 them, prefilling their prompt and prefix again; a synchronous run never does, so its fit
 says nothing of that cost. `fit_resume` measures it on the engine's own busy time
-(time/generate_s, its prefill and decode) of runs with and without resumes: least squares
-of ``generate_s = a * tokens generated + resume_row_s * requests resumed`` per step (the
-counters are cumulative, so per step is the difference of two rows).
+(time/generate_s, its prefill and decode) of runs with and without resumes: non-negative
+least squares of ``generate_s = a * tokens generated + b * samples started +
+resume_row_s * requests resumed`` per step (the counters are cumulative, so per step is
+the difference of two rows; a resume comes with the admission of new groups after an
+update, whose own prefill the middle term takes).
 
 Knows metrics rows and the cost model's fields, nothing else.
 """
@@ -84,19 +86,21 @@ def fit(run_dirs: list[str | Path], *, prompt_tokens: int, skip: int = 1) -> dic
 
 def fit_resume(run_dirs: list[str | Path], *, skip: int = 1) -> dict[str, float]:
     """``resume_row_s`` (engine time per resumed request, its prefill of prompt and prefix
-    included) and ``engine_token_s`` (engine time per generated token, for the report)
-    from runs' metrics, at least one with partial rollouts; refuses runs that resumed
+    included), and for the report ``engine_token_s`` and ``engine_sample_s`` (engine time
+    per generated token and per sample started) from runs' metrics, at least one with partial rollouts; refuses runs that resumed
     nothing."""
     x, y = [], []
     for d in run_dirs:
         rows = [r for r in read_metrics(d) if "time/generate_s" in r]
         for prev, r in list(zip(rows, rows[1:]))[max(0, skip - 1):]:
+            size = r["pipeline/samples_in_batch"] / r["pipeline/groups_in_batch"]
             x.append([r["pipeline/tokens_generated"] - prev["pipeline/tokens_generated"],
+                      size * (r["pipeline/started"] - prev["pipeline/started"]),
                       r.get("engine/requests_resumed", 0) - prev.get("engine/requests_resumed",
                                                                         0)])
             y.append(r["time/generate_s"])
-    if not any(res for _, res in x):
+    if not any(res for *_, res in x):
         raise ValueError(f"no request was resumed in the runs {run_dirs}: fitting the resume "
                          f"cost needs one with partial rollouts and max_staleness > 0")
-    tok, res = nnls(x, y)
-    return {"resume_row_s": res, "engine_token_s": tok}
+    tok, start, res = nnls(x, y)
+    return {"resume_row_s": res, "engine_token_s": tok, "engine_sample_s": start}

@@ -47,21 +47,28 @@ def test_fit_separates_a_per_sample_cost_with_two_response_lengths(tmp_path):
 
 
 def test_fit_resume_from_engine_time(tmp_path):
-    # engine time = 1e-4 s a generated token + 2e-3 s a resumed request (cumulative counters)
-    rows, tok, res = [], 0, 0
-    for step, (dt, dr) in enumerate([(700, 0), (600, 100), (800, 0), (650, 120)]):
-        tok, res = tok + dt, res + dr
-        rows.append({"step": step + 1, "time/generate_s": 1e-4 * dt + 2e-3 * dr,
-                     "pipeline/tokens_generated": tok, "engine/requests_resumed": res})
-    write(tmp_path / "r", [{"step": 0, "time/generate_s": 0.0, "pipeline/tokens_generated": 0,
-                            "engine/requests_resumed": 0}] + rows)
+    # engine time = 1e-4 s a generated token + 5e-4 s a sample started (groups of 8) +
+    # 2e-3 s a resumed request; the counters are cumulative
+    rows, tok, started, res = [], 0, 0, 0
+    for step, (dt, dg, dr) in enumerate([(700, 16, 0), (600, 8, 100), (800, 16, 0),
+                                         (650, 4, 120)]):
+        tok, started, res = tok + dt, started + dg, res + dr
+        rows.append({"step": step + 1, "time/generate_s": 1e-4 * dt + 5e-4 * 8 * dg + 2e-3 * dr,
+                     "pipeline/tokens_generated": tok, "engine/requests_resumed": res,
+                     "pipeline/started": started, "pipeline/samples_in_batch": 128,
+                     "pipeline/groups_in_batch": 16})
+    write(tmp_path / "r", [{**rows[0], "step": 0, "pipeline/tokens_generated": 0,
+                            "engine/requests_resumed": 0, "pipeline/started": 0}] + rows)
     f = fit_resume([tmp_path / "r"], skip=0)
-    assert (f["engine_token_s"], f["resume_row_s"]) == pytest.approx((1e-4, 2e-3))
+    assert (f["engine_token_s"], f["engine_sample_s"], f["resume_row_s"]) == pytest.approx(
+        (1e-4, 5e-4, 2e-3))
 
 
 def test_fit_resume_refuses_runs_that_resumed_nothing(tmp_path):
     write(tmp_path / "s", [{"step": i, "time/generate_s": 0.1, "pipeline/tokens_generated": i,
-                            "engine/requests_resumed": 0} for i in range(3)])
+                            "engine/requests_resumed": 0, "pipeline/started": i,
+                            "pipeline/samples_in_batch": 8, "pipeline/groups_in_batch": 1}
+                           for i in range(3)])
     with pytest.raises(ValueError, match="no request was resumed"):
         fit_resume([tmp_path / "s"], skip=0)
 
