@@ -67,6 +67,12 @@ class SimSettings:
     """Standard deviation of log(length) of the lognormal."""
     prompt_tokens: int = 8
     """Prompt length of every sample (a recorded run's own lengths when lengths names one)."""
+    success_a: float = 1.0
+    """Success of a sample, for the allocators (control.allocator) that size groups by it:
+    each prompt's success rate is drawn from Beta(success_a, success_b) (its own seed), and
+    each of its samples is correct with that probability."""
+    success_b: float = 1.0
+    """See success_a."""
     steps: int = 50
     """Training steps simulated."""
     seed: int = 0
@@ -90,6 +96,9 @@ class SimSettings:
         if s.gen_devices < 1 or s.train_devices < 1 or s.max_rows < 0 or s.steps < 1:
             raise ConfigError("sim: gen_devices, train_devices and steps must be >= 1, "
                               "max_rows >= 0")
+        if s.success_a <= 0 or s.success_b <= 0:
+            raise ConfigError(f"sim: success_a and success_b must be > 0, got "
+                              f"{s.success_a}, {s.success_b}")
         return s
 
     def to_dict(self) -> dict:
@@ -117,6 +126,8 @@ class SimRun:
     duet_q: float = 1.0  # DUET's keep probability past the horizon (control.duet_q)
     pruner: str = "none"  # control.pruner (ARRoL: "arrol"), built as the run builds it
     pruner_args: dict = field(default_factory=dict)  # control.pruner_args
+    allocator: str = "fixed"  # control.allocator (samples per prompt), as the run builds it
+    allocator_args: dict = field(default_factory=dict)  # control.allocator_args
 
     @classmethod
     def from_config(cls, cfg) -> SimRun:
@@ -131,7 +142,15 @@ class SimRun:
                    overprovision=cfg.runtime.overprovision,
                    partial_rollouts=cfg.runtime.partial_rollouts,
                    duet_horizon=c.duet_horizon if c.duet_abort else 0, duet_q=c.duet_q,
-                   pruner=c.pruner, pruner_args=dict(c.pruner_args))
+                   pruner=c.pruner, pruner_args=dict(c.pruner_args),
+                   allocator=c.allocator, allocator_args=dict(c.allocator_args))
+
+    def build_allocator(self):
+        """The run's allocator (`reroll.control.allocators.ALLOCATORS`), sized as the run
+        sizes it (the pruner's generated members)."""
+        from reroll.control.allocators import ALLOCATORS
+
+        return ALLOCATORS.get(self.allocator)(self.generated_size, **self.allocator_args)
 
     def build_pruner(self):
         """The run's pruner (`reroll.control.pruners.PRUNERS`), or None."""

@@ -18,7 +18,10 @@ members as they reach the checkpoint or finish before it and decides the survivo
 quality head's predictions are not simulated: the gate decides with its warm-up rule
 (seeded draws, `random_survivors`), i.e. survivors as a head would pick them if its
 predictions said nothing of length; members that finished before the checkpoint survive,
-as in the engine. Knows no engine, model or thread.
+as in the engine. Adaptive group sizes (``run.allocator``): the run's allocator plans each
+group and adds rounds through `Scheduler.grow`, as the workflows do, from simulated
+successes (each prompt's success rate drawn from Beta(success_a, success_b)). Knows no
+engine, model or thread.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from collections import Counter
 from reroll.control.controller import Controller
 from reroll.control.prompts import PromptStream
 from reroll.control.scheduler import Scheduler, request_seed
-from reroll.rollout import Example, Group, new_group
+from reroll.rollout import Example, Group, grow_group, new_group
 from reroll.sampling_params import SamplingParams
 from reroll.sim.gen_device import GenDevice, Row
 from reroll.sim.lengths import Lengths
@@ -52,10 +55,16 @@ class Simulation:
 
             gate = MarkerGate([-1], grace=0, horizon=run.duet_horizon, q=run.duet_q)
         self.batch = run.batch
-        self.sched = Scheduler(prompts, self._start_group, group_size=run.generated_size,
+
+        def start(*a, **kw):  # the group starter the scheduler calls, with .extend
+            return self._start_group(*a, **kw)
+
+        start.extend = self._extend_group
+        ctl = Controller(run.build_allocator(), gate=gate, pruner=run.build_pruner())
+        self.sched = Scheduler(prompts, start, group_size=run.generated_size,
                                batch_groups=run.batch_groups, max_staleness=run.max_staleness,
-                               overprovision=run.overprovision,
-                               controller=Controller(gate=gate, pruner=run.build_pruner()))
+                               overprovision=run.overprovision, controller=ctl)
+        self.success: dict[str, float] = {}  # prompt -> its success rate
         self.gates: dict = {}  # undecided pruned groups' `GroupGate`s
         self.stops: Counter[str] = Counter()  # samples stopped early, by rule
         self.events: list[tuple[float, int, str, object]] = []
@@ -76,14 +85,26 @@ class Simulation:
 
     # ---- what the scheduler calls ----------------------------------------------------------
     def _start_group(self, ex, seq, version, size, max_size=0, max_new_tokens=None):
-        pairs = self.lengths.group(self.rng, size)
-        g = new_group(ex, size, [0] * pairs[0][0], SamplingParams(), version, max_size)
-        for r in g.rollouts:
+        g = new_group(ex, size, [0], SamplingParams(), version, max_size)
+        self.left[g.group_id] = 0
+        self._run_members(g, g.rollouts, seq)
+        return g
+
+    def _extend_group(self, g, n, seq, group_round, prompt=None, control=None):
+        """The allocator's next round of ``g``: ``n`` more members, run like the first."""
+        self._run_members(g, grow_group(g, n, [0], g.rollouts[0].sampling, -1, group_round),
+                          seq)
+
+    def _run_members(self, g, members, seq) -> None:
+        """Seeds, the controller's per-sample rules, lengths; the members' rows go to the
+        least loaded device."""
+        pairs = self.lengths.group(self.rng, len(members))
+        for r in members:
             r.sampling.seed = request_seed(self.s.seed, seq, r.index_in_group)
-        self.sched.controller.prepare(g.rollouts)  # DUET's rule and the pruner's, if any
+        self.sched.controller.prepare(members)  # DUET's rule and the pruner's, if any
         d = min(range(len(self.devices)), key=lambda i: self.devices[i].load)
         rows = []
-        for r, (p, n) in zip(g.rollouts, pairs):
+        for r, (p, n) in zip(members, pairs):
             stop, prune = r.sampling.stop_rule, r.sampling.prune
             if stop is not None and 0 < stop.horizon < n and not stop.keep:
                 n, r.control["sim_stop"] = stop.horizon, "duet"  # aborted at the horizon
@@ -92,14 +113,13 @@ class Simulation:
                 from reroll.engine.quality import GroupGate
 
                 self.gates[g.group_id] = GroupGate(prune)
-            r.prompt_len = p
+            r.tokens, r.prompt_len = [0] * p, p
             r.control["sim_len"] = n
             check = prune.at if prune is not None and n > prune.at else 0
             rows.append(Row(key=(g, r), ctx=p, left=n, prefill=p, check=check))
-        self.left[g.group_id] = size
+        self.left[g.group_id] += len(members)
         self.devices[d].add(rows)
         self._touched.add(d)
-        return g
 
     # ---- the run -----------------------------------------------------------------------
     def run_all(self) -> dict:
@@ -179,7 +199,7 @@ class Simulation:
         n = row.ctx - r.prompt_len  # generated: its length, or where it was stopped
         r.tokens += [0] * n
         r.loss_mask = [False] * r.prompt_len + [True] * n
-        r.finish, r.reward = "stop", 1.0
+        r.finish, r.reward = "stop", float(self.rng.random() < self._success(r.prompt_id))
         if row.left > 0:
             r.finish = "pruned"
             self.stops["pruned"] += 1
@@ -187,19 +207,32 @@ class Simulation:
             r.finish = "pruned"
             self.stops["duet_aborted"] += 1
         self.left[g.group_id] -= 1
-        if self.left[g.group_id] == 0:
-            self.sched.close(g)
+        if self.left[g.group_id] == 0 and not (self.sched.controller.adaptive
+                                               and self.sched.grow(g)):
+            self.sched.close(g)  # complete: the allocator added no round
+
+    def _success(self, prompt_id: str) -> float:
+        """The prompt's success rate: Beta(success_a, success_b), seeded by the prompt."""
+        if prompt_id not in self.success:
+            rng = random.Random(f"{self.s.seed}:{prompt_id}")
+            self.success[prompt_id] = rng.betavariate(self.s.success_a, self.s.success_b)
+        return self.success[prompt_id]
 
     def _take(self) -> None:
         """Rollouts.next_batch's loop: take ready groups until the step's samples are in."""
         if not self.waiting:
             return
-        n = self.batch
-        self.got += self.sched.take(n - sum(len(g.rollouts) for g in self.got),
-                                    self.trainer_version)
-        if sum(len(g.rollouts) for g in self.got) < n:
+        n, s = self.batch, self.sched
+        self.got += s.take(n - sum(len(g.rollouts) for g in self.got), self.trainer_version)
+        got = sum(len(g.rollouts) for g in self.got)
+        # adaptive groups reserve their largest size: the batch may be what fits
+        stuck = got < n and not s.running and not s.can_admit(self.engine_version)
+        if stuck and not self.got and s.ready:  # ready groups larger than the slots: one
+            self.got += s.take(max(len(g.rollouts) for g in s.ready), self.trainer_version)
+        if got < n and not (stuck and self.got):
             return
         batch, self.got, self.waiting = self.sched.batch_order(self.got), [], False
+        self.sched.controller.end_step(batch)  # as Rollouts.next_batch: the allocator's step
         for g in batch:
             self.lags[self.trainer_version - g.start_version] += 1
         tokens = sum(len(r.tokens) for g in batch for r in g.rollouts)

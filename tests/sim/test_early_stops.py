@@ -1,6 +1,7 @@
-"""Early stops in the simulator, against schedules computed by hand: DUET's abort at its
-horizon (the real `MarkerGate` and keep draw) and ARRoL's pruning at its checkpoint (the
-real pruner's group size and rule, the engine's `GroupGate`). Every time is the cost
+"""Early stops and adaptive groups in the simulator, against schedules computed by hand:
+DUET's abort at its horizon (the real `MarkerGate` and keep draw), ARRoL's pruning at its
+checkpoint (the real pruner's group size and rule, the engine's `GroupGate`) and an
+allocator's rounds (the real AR3PO stages, driven by simulated successes). Every time is the cost
 model's; no timing is measured."""
 
 from __future__ import annotations
@@ -85,3 +86,31 @@ def test_a_bad_pruner_setting_is_refused_by_the_real_pruner():
     with pytest.raises(ValueError, match="at .* must be below rollout.max_new_tokens"):
         simulate(SimRun(batch_groups=1, group_size=2, max_new_tokens=4, pruner="arrol",
                         pruner_args={"at": 4}), SimSettings(steps=1, **UNIT))
+
+
+def staged(success_a: float, success_b: float) -> dict:
+    # AR3PO's stages (the real allocator): 2 samples a stage, up to 3 while none is correct;
+    # 8 samples a step, so admission reserves 6 a group; every response 10 tokens
+    run = SimRun(batch_groups=2, group_size=4, max_new_tokens=10, allocator="ar3po_stages",
+                 allocator_args={"k": 2, "max_stages": 3})
+    return simulate(run, SimSettings(steps=3, success_a=success_a, success_b=success_b,
+                                     **UNIT))
+
+
+def test_adaptive_groups_never_correct_run_every_stage():
+    # success ~ 0: every group runs 3 stages of 10 s (6 samples). Version 0 has room for 8
+    # samples: one group, and then nothing more fits, so the batch is its 6 (as
+    # Rollouts.next_batch), trained 30-35. Version 1: 16 less 6 taken, one group, 65-70.
+    # Version 2: 24 less 12, two groups side by side, both done at 100: 12 samples, 100-105
+    r = staged(1e-6, 1e6)
+    assert r["step_ends_s"] == [35.0, 70.0, 105.0]
+    assert r["counters"]["consumed"] == 4 and r["samples_per_s"] * r["time_s"] == 24
+
+
+def test_adaptive_groups_always_correct_stop_after_one_stage():
+    # success ~ 1: 2 samples a group. Version 0 admits 8 samples' worth: groups at 0 and
+    # 10 (4 samples, done at 20: the batch); version 1's 16 less the 4 taken: groups at 25
+    # (two), 35, 45 -> 8 samples at 55, trained to 60; version 2 likewise from 60 to 95
+    r = staged(1e6, 1e-6)
+    assert r["step_ends_s"] == [25.0, 60.0, 95.0]
+    assert r["samples_per_s"] * r["time_s"] == 4 + 8 + 8
