@@ -65,6 +65,7 @@ class Simulation:
                                batch_groups=run.batch_groups, max_staleness=run.max_staleness,
                                overprovision=run.overprovision, controller=ctl)
         self.success: dict[str, float] = {}  # prompt -> its success rate
+        self.draws = random.Random(f"{s.seed}:success")  # apart: lengths draw as before
         self.gates: dict = {}  # undecided pruned groups' `GroupGate`s
         self.stops: Counter[str] = Counter()  # samples stopped early, by rule
         self.events: list[tuple[float, int, str, object]] = []
@@ -199,7 +200,7 @@ class Simulation:
         n = row.ctx - r.prompt_len  # generated: its length, or where it was stopped
         r.tokens += [0] * n
         r.loss_mask = [False] * r.prompt_len + [True] * n
-        r.finish, r.reward = "stop", float(self.rng.random() < self._success(r.prompt_id))
+        r.finish, r.reward = "stop", float(self.draws.random() < self._success(r.prompt_id))
         if row.left > 0:
             r.finish = "pruned"
             self.stops["pruned"] += 1
