@@ -61,6 +61,9 @@ class Simulation:
 
         start.extend = self._extend_group
         ctl = Controller(run.build_allocator(), gate=gate, pruner=run.build_pruner())
+        if ctl.adaptive and ctl.pruner is not None:  # as a run's config check refuses it
+            raise ValueError(f"sim: pruner {run.pruner!r} with the adaptive allocator "
+                             f"{run.allocator!r}: a pruned group is generated at one size")
         self.sched = Scheduler(prompts, start, group_size=run.generated_size,
                                batch_groups=run.batch_groups, max_staleness=run.max_staleness,
                                overprovision=run.overprovision, controller=ctl)

@@ -114,3 +114,8 @@ def test_adaptive_groups_always_correct_stop_after_one_stage():
     r = staged(1e6, 1e-6)
     assert r["step_ends_s"] == [25.0, 60.0, 95.0]
     assert r["samples_per_s"] * r["time_s"] == 4 + 8 + 8
+
+
+def test_a_pruner_with_an_adaptive_allocator_is_refused():
+    with pytest.raises(ValueError, match="pruner 'arrol' with the adaptive allocator"):
+        simulate(arrol_run(allocator="ar3po_stages"), SimSettings(steps=1, **UNIT))
