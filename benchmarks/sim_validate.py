@@ -1,21 +1,28 @@
 """`reroll sim` against measured runs of the main job (configs/arithmetic.toml) on this machine.
 
-1. Calibrate: two short synchronous runs (16 and 4 groups of 8 a step, rollouts recorded),
-   and `reroll.sim.calibrate.fit` on their metrics (decode cost per step and per token,
-   training cost per token, the rest of a step as weight-sync time).
-2. Predict, with that cost model and the response lengths recorded by the 16-group run, the
-   throughput of the variants below, each also run for real, and compare.
+1. Calibrate: three short synchronous runs (16 and 4 groups of 8 a step with 6-token
+   responses, 4 groups with 12-token ones; rollouts recorded), and
+   `reroll.sim.calibrate.fit` on their metrics (decode cost per step and per token, a
+   fixed cost per sample, training cost per step and per token, the loop's own work per
+   step as a stop of both sides); one asynchronous run with partial rollouts (16 groups,
+   max_staleness 1, 12-token responses) and `fit_resume` on all four (the engine's time
+   per resumed request).
+2. Predict, with that cost model and the response lengths recorded by the 16-group run (by
+   the task's own synchronous run for the long-tail task), the throughput of the variants
+   below, each also run for real, and compare.
 
 The model is not SFT-warm-started (timing only; the responses are the untrained policy's).
-Each side takes one core (runtime.threads = 1): the synchronous run leaves one core idle and
-an asynchronous one gives generation and training a core each, which the simulator models as
-one generation and one training device. Throughput (samples/s) is measured over the steps
-after the first ``--skip`` (warm-up) from the wall times in metrics.jsonl, and predicted over
-the same steps.
+Every run uses the Ray runtime with ``runtime.pin_cores``: the engine actor and the trainer
+actor are processes of their own, each pinned to a core of its own with one torch thread
+(runtime.threads = 1), which the simulator models as one generation and one training
+device; the driver (stepping the engine, scoring, the loop's logging) shares the engine's
+core. Throughput (samples/s) is
+measured over the steps after the first ``--skip`` (warm-up) from the wall times in
+metrics.jsonl, and predicted over the same steps.
 
     .venv/bin/python benchmarks/sim_validate.py [--quick] [--steps N] [--out DIR]
 
-``--quick``: 20 steps a run (about 7 runs of under a minute each on a quiet machine).
+``--quick``: 20 steps a run (11 runs of about 30 s each on a quiet machine).
 Ends with ``max |predicted/measured - 1| = P%``.
 """
 
@@ -30,22 +37,33 @@ from pathlib import Path
 
 from reroll.config_checks import load_checked
 from reroll.runlog import read_metrics
-from reroll.sim.calibrate import fit
+from reroll.sim.calibrate import fit, fit_resume
 from reroll.sim.settings import SimRun, SimSettings
 from reroll.sim.simulate import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "arithmetic.toml"
 BASE = ["log_every=1", "eval.every=0", "ckpt_every=100000", "record_every=1",
-        "runtime.threads=1", "reward.workers=0"]
+        "runtime.threads=1", "reward.workers=0", "runtime.kind=ray", "runtime.pin_cores=true"]
+# the long-tail task (`reroll.tasks.longtail`): responses of 1 to 32 tokens
+LONGTAIL = ["task.name=longtail", "task.args={n_train=4000, n_test=100, max_count=31}",
+            "model.max_position=64", "rollout.max_new_tokens=32"]
 VARIANTS = {
     "sync": [],
     "async 1": ["runtime.max_staleness=1"],
     "async 2": ["runtime.max_staleness=2"],
+    "async 4": ["runtime.max_staleness=4"],
     "async 2 no partial": ["runtime.max_staleness=2", "runtime.partial_rollouts=false"],
     "async 1 overprovision 2": ["runtime.max_staleness=1", "runtime.overprovision=2.0"],
+    "longtail sync": LONGTAIL,
+    "longtail async 2": [*LONGTAIL, "runtime.max_staleness=2"],
 }
-CALIBRATION = {"cal 16x8": [], "cal 4x8": ["rollout.batch_groups=4"]}
+# synchronous runs of two batch sizes and two response lengths (the untrained policy
+# writes to max_new_tokens), then one that resumes many requests (partial rollouts, with
+# 12-token responses: none of the predicted variants)
+CALIBRATION = {"cal 16x8": [], "cal 4x8": ["rollout.batch_groups=4"],
+               "cal 4x8 long": ["rollout.batch_groups=4", "rollout.max_new_tokens=12"],
+               "cal async 1 long": ["runtime.max_staleness=1", "rollout.max_new_tokens=12"]}
 
 
 def train(out: Path, name: str, overrides: list[str], steps: int) -> Path:
@@ -75,7 +93,13 @@ def predicted(overrides: list[str], cost: dict, lengths: Path, steps: int, skip:
     t0 = ends[skip - 1] if skip else 0.0
     return {"samples_per_s": run.batch * (len(ends) - skip) / (ends[-1] - t0),
             "gen_idle": r["gen_idle"], "train_idle": r["train_idle"],
-            "staleness": r["staleness"]}
+            "staleness": r["staleness"], "resumed_per_step": r["resumed"] / len(ends)}
+
+
+def resumed_per_step(run_dir: Path) -> float:
+    """Requests the engine resumed per step (partial rollouts), over the whole run."""
+    rows = read_metrics(run_dir)
+    return rows[-1].get("engine/requests_resumed", 0.0) / len(rows)
 
 
 def main() -> None:
@@ -95,23 +119,29 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     prompt = _prompt_tokens(train(out, "cal 16x8", CALIBRATION["cal 16x8"], steps))
     cal = [train(out, k, v, steps) for k, v in CALIBRATION.items()]
-    cost = fit(cal, prompt_tokens=prompt, skip=a.skip)
+    cost = fit(cal[:3], prompt_tokens=prompt, skip=a.skip)
+    resume = fit_resume(cal, skip=a.skip)
+    cost["resume_row_s"] = resume["resume_row_s"]
     print("cost model:", json.dumps({k: float(f"{v:.4g}") for k, v in cost.items()}))
+    print(f"engine time per generated token {resume['engine_token_s']:.3g} s (for reference)")
     rows = []
     for name, ov in VARIANTS.items():
         d = cal[0] if name == "sync" else train(out, name, ov, steps)
+        lengths = train(out, "longtail sync", LONGTAIL, steps) if "longtail" in name else cal[0]
         m = measured(d, a.skip)
-        p = predicted(ov, cost, cal[0], steps, a.skip)
-        rows.append((name, m, p))
+        p = predicted(ov, cost, lengths, steps, a.skip)
+        rows.append((name, m, p, d))
     print("\n| variant | measured samples/s | predicted | predicted/measured | "
-          "sim gen idle | sim train idle |\n|---|---|---|---|---|---|")
-    for name, m, p in rows:
+          "sim gen idle | sim train idle | resumed a step, measured / sim |"
+          "\n|---|---|---|---|---|---|---|")
+    for name, m, p, d in rows:
         print(f"| {name} | {m:.1f} | {p['samples_per_s']:.1f} | "
-              f"{p['samples_per_s'] / m:.3f} | {p['gen_idle']:.2f} | {p['train_idle']:.2f} |")
+              f"{p['samples_per_s'] / m:.3f} | {p['gen_idle']:.2f} | {p['train_idle']:.2f} | "
+              f"{resumed_per_step(d):.0f} / {p['resumed_per_step']:.0f} |")
     sync_m, sync_p = rows[0][1], rows[0][2]["samples_per_s"]
     print("\nspeed-up over sync, measured / predicted: " + ", ".join(
-        f"{n} {m / sync_m:.2f} / {p['samples_per_s'] / sync_p:.2f}" for n, m, p in rows[1:]))
-    worst = max(abs(p["samples_per_s"] / m - 1) for _, m, p in rows)
+        f"{n} {m / sync_m:.2f} / {p['samples_per_s'] / sync_p:.2f}" for n, m, p, _ in rows[1:]))
+    worst = max(abs(p["samples_per_s"] / m - 1) for _, m, p, _ in rows)
     print(f"max |predicted/measured - 1| = {100 * worst:.1f}%")
 
 

@@ -208,6 +208,10 @@ def _combinations(cfg: RunConfig) -> None:
         raise ConfigError("runtime.scoring_workers places scoring actors on Ray: it needs "
                           f"runtime.kind = \"ray\" (got {rt.kind!r}); the local "
                           "runtime's scoring processes are reward.workers")
+    if rt.pin_cores and rt.kind != "ray":
+        raise ConfigError("runtime.pin_cores pins Ray's engine and trainer actors to cores of "
+                          f"their own: it needs runtime.kind = \"ray\" (got {rt.kind!r}); the "
+                          "local runtime's two sides are threads of one process")
     if rt.max_staleness == 0 and rt.overprovision > 1.0:
         raise ConfigError(
             f"runtime.overprovision = {rt.overprovision} with runtime.max_staleness = 0 would "

@@ -72,6 +72,12 @@ class RuntimeConfig:
     every core for each side in a synchronous run (max_staleness = 0: the sides take turns,
     so neither leaves a core idle), half of them each in an asynchronous one (both work at
     once; more would oversubscribe the cores)."""
+    pin_cores: bool = False
+    """Ray runtime on one machine: pin engine replica i to the i-th core the run may use
+    and the trainer actor to the core after the replicas (`reroll.runtime.cores`), so the
+    two sides never share a core (with runtime.threads = 1 each, as a run with a device a
+    side would have); the driver, which steps the engines and scores, shares replica 0's
+    core until the run ends. Needs engine_workers + 1 cores, refused at start otherwise."""
     keep_freed_memory: bool = True
     """glibc: keep freed heap memory in the processes that run models (the run's own, Ray's
     trainer and engine actors) instead of handing it back to the OS and faulting it in

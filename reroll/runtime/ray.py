@@ -57,7 +57,8 @@ def _as_ref(state_dict):
 class EngineActor:
     def __init__(self, model_dir: str, dtype: str, max_batch: int, threads: int,
                  engine_name: str, keep_memory: bool, version: int, state_dict=None,
-                 device: str = "cpu", deterministic: bool = False, gpus: float = 0.0):
+                 device: str = "cpu", deterministic: bool = False, gpus: float = 0.0,
+                 pin: tuple[int, int] | None = None):
         import torch
 
         from reroll.engine import ENGINES
@@ -65,6 +66,10 @@ class EngineActor:
         from reroll.models import load
 
         torch.set_num_threads(threads)
+        if pin is not None:  # runtime.pin_cores: (this replica's index, engine workers)
+            from reroll.runtime.cores import pin as pin_core
+
+            pin_core(*pin)
         if keep_memory:  # runtime.keep_freed_memory, in this actor's own process
             keep_freed_memory()
         if deterministic:  # runtime.deterministic, likewise
@@ -110,27 +115,31 @@ class RayEnginePool:
     def __init__(self, model_dir: str | Path, *, workers: int = 1, dtype: str = "float32",
                  max_batch: int = 64, threads: int = 1, version: int = 0, state_dict=None,
                  engine: str = "torch", keep_memory: bool = True, device: str = "cpu",
-                 deterministic: bool = False, gpus: float = 0.0):
+                 deterministic: bool = False, gpus: float = 0.0, pin_cores: bool = False):
         """``gpus``: GPUs each actor reserves (`runtime.engine_gpus`); ``device`` is then
-        resolved in the actor, among the GPUs Ray gives it."""
+        resolved in the actor, among the GPUs Ray gives it. ``pin_cores``: actor i is pinned
+        to core i (`runtime.pin_cores`, `reroll.runtime.cores`)."""
         init_ray(workers)
         self.args = (str(model_dir), dtype, max_batch, threads, engine, keep_memory)
         self.device, self.deterministic, self.gpus = str(device), deterministic, gpus
+        self.workers, self.pin_cores = workers, pin_cores
         self.version = version
         # the last full state dict published (None: the model directory's weights are the
         # base) and the latest one, which may hold some tensors only
         self._full = self._weights = _as_ref(state_dict) if state_dict is not None else None
-        self.actors = [self._spawn() for _ in range(workers)]
+        self.actors = [self._spawn(i) for i in range(workers)]
         self.inflight: list[dict[str, Rollout]] = [{} for _ in self.actors]
         self.turns: dict[str, tuple[int, int] | None] = {}  # sample id -> its call's turn
         self.requeued = 0
         self.restarts = 0
         self._stats: dict[str, float] = {}
 
-    def _spawn(self):
-        """A fresh actor holding the current weights: the last full ones, then the latest."""
+    def _spawn(self, i: int):
+        """A fresh actor (replica ``i``) holding the current weights: the last full ones, then
+        the latest."""
         actor = EngineActor.options(num_gpus=self.gpus).remote(
-            *self.args, self.version, self._full, self.device, self.deterministic, self.gpus)
+            *self.args, self.version, self._full, self.device, self.deterministic, self.gpus,
+            (i, self.workers) if self.pin_cores else None)
         if self._weights is not self._full:  # waited for: a refusal is raised here
             ray.get(actor.update_weights.remote(self._weights, self.version))
         return actor
@@ -228,7 +237,7 @@ class RayEnginePool:
         """Actor i died: start a new one with the current weights, re-queue its requests."""
         lost = list(self.inflight[i].values())
         self.restarts += 1
-        self.actors[i] = self._spawn()
+        self.actors[i] = self._spawn(i)
         self.inflight[i] = {}
         for r in lost:
             r.finish = "running"
@@ -267,7 +276,12 @@ def components(cfg: RunConfig, init_dir: Path, ckpt: Path | None, tok, task):
                          state_dict=trainer.weights(), engine=cfg.engine.name,
                          keep_memory=cfg.runtime.keep_freed_memory,
                          deterministic=cfg.runtime.deterministic, gpus=gpus,
+                         pin_cores=cfg.runtime.pin_cores,
                          device=device if gpus > 0 else resolve_device(device))
+    if cfg.runtime.pin_cores:  # the driver steps the engines and scores: generation's core
+        from reroll.runtime.cores import pin_driver
+
+        trainer.on_close.append(pin_driver(workers))
     if cfg.runtime.scoring_workers > 0 and build_rollout.uses_verifiers(cfg):
         from reroll.runtime.ray_scoring import RayScoringPool
 

@@ -104,8 +104,10 @@ def actor_device(name: str, reserved: float, key: str = "model.device") -> str:
 
 
 def placement(device: str) -> dict[str, Any]:
-    """Where this actor runs: its node, process, the GPU ids Ray gave it and its device."""
+    """Where this actor runs: its node, process, the cores it may use, the GPU ids Ray gave
+    it and its device."""
     ctx = ray.get_runtime_context()
     return {"node_id": ctx.get_node_id(), "pid": os.getpid(), "device": device,
+            "cores": sorted(os.sched_getaffinity(0)),
             "gpu_ids": [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])],
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}

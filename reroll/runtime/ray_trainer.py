@@ -33,6 +33,10 @@ class TrainerActor:
         from reroll import build
 
         build.prepare_process(cfg)
+        if cfg.runtime.pin_cores:  # the core after the engine replicas'
+            from reroll.runtime.cores import pin
+
+            pin(max(1, cfg.runtime.engine_workers), max(1, cfg.runtime.engine_workers))
         torch.manual_seed(cfg.train.seed)
         # `model.device`: resolved in the driver, or here where the actor reserved GPUs
         self.device = actor_device(cfg.model.device, cfg.runtime.trainer_gpus)
@@ -91,6 +95,7 @@ class RayTrainer:
                                f"checkpoint {ckpt}): {e}") from e
         self._policy = None
         self._policy_version = -1
+        self.on_close: list = []  # what the composition undoes when the run ends
 
     def _get(self, ref):
         try:
@@ -149,3 +154,5 @@ class RayTrainer:
 
     def close(self) -> None:
         ray.kill(self.actor, no_restart=True)
+        while self.on_close:
+            self.on_close.pop()()

@@ -62,7 +62,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 
 SUMMARY = ("samples_per_s", "tokens_per_s", "time_per_step_s", "gen_idle", "train_idle",
-           "staleness")
+           "staleness", "early_stops")
 
 
 def _round(v):

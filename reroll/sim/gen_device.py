@@ -2,8 +2,8 @@
 of decode steps at a time.
 
 Between two events nothing changes the batch but its rows' growth, so the device decodes a
-chunk of ``k`` steps in one event (until its first row finishes, or a known event of the run
-comes first) and the chunk's time is summed in closed form. The run cuts a chunk short when
+chunk of ``k`` steps in one event (until its first row finishes or reaches its checkpoint, a
+position where its owner decides about it, or a known event of the run comes first) and the chunk's time is summed in closed form. The run cuts a chunk short when
 an earlier event appears (a training step that will end sooner, a weight update). Knows the
 cost model and nothing of groups, versions or the scheduler: rows carry an opaque key.
 """
@@ -22,6 +22,8 @@ class Row:
     left: int  # tokens still to generate
     prefill: int  # tokens to prefill before its next decode step (0: cached)
     resumed: bool = False  # interrupted by a weight update, not yet decoding again
+    check: int = 0  # tokens to generate until its checkpoint (0: none ahead)
+    fresh: bool = True  # admitted, not yet decoded: pays row_s
 
 
 class GenDevice:
@@ -35,6 +37,8 @@ class GenDevice:
         self.busy_s = 0.0  # decoding and prefilling
         self.sync_s = 0.0  # stopped for weight updates
         self.tokens = 0
+        self.resumed = 0  # rows interrupted and resumed by weight updates
+        self.arrived: list[Row] = []  # rows the last chunk brought to their checkpoint
 
     @property
     def load(self) -> int:
@@ -46,7 +50,8 @@ class GenDevice:
     # ---- cost model ----------------------------------------------------------------------
     def _prefill_s(self) -> float:
         return (self.s.prefill_token_s * sum(r.prefill for r in self.rows)
-                + self.s.resume_row_s * sum(r.resumed for r in self.rows))
+                + self.s.resume_row_s * sum(r.resumed for r in self.rows)
+                + self.s.row_s * sum(r.fresh for r in self.rows))
 
     def elapsed(self, j: int) -> float:
         """Time of the current batch's first ``j`` decode steps (with its pending prefill)."""
@@ -78,7 +83,7 @@ class GenDevice:
         if not self.rows:
             self.chunk = None
             return None
-        k = min(r.left for r in self.rows)
+        k = min(min(r.left, r.check or r.left) for r in self.rows)
         if horizon is not None and self.t + self.elapsed(k) > horizon:
             k = self.steps_to(horizon, k)
         self.chunk = (self.t, k)
@@ -94,18 +99,34 @@ class GenDevice:
         return self.t + self.elapsed(k)
 
     def finish_chunk(self) -> list[Row]:
-        """Apply the chunk: every row gains its tokens; returns the rows that finished."""
+        """Apply the chunk: every row gains its tokens; returns the rows that finished (the
+        ones still running that reached their checkpoint go to ``arrived``)."""
         _, k = self.chunk
         dt = self.elapsed(k)
         self.t += dt
         self.busy_s += dt
+        self.arrived = []
         for r in self.rows:
-            r.ctx, r.left, r.prefill, r.resumed = r.ctx + k, r.left - k, 0, False
+            r.ctx, r.left, r.prefill, r.resumed, r.fresh = r.ctx + k, r.left - k, 0, False, False
             self.tokens += k
+            if r.check:
+                r.check = max(0, r.check - k)
+                if r.check == 0 and r.left > 0:
+                    self.arrived.append(r)
         done = [r for r in self.rows if r.left <= 0]
         self.rows = [r for r in self.rows if r.left > 0]
         self.chunk = None
         return done
+
+    def drop(self, which) -> list[Row]:
+        """Retire the rows (running or queued) whose key ``which(key)`` names, between
+        chunks; returns them."""
+        if self.chunk is not None:
+            raise RuntimeError("GenDevice.drop: rows are retired between chunks")
+        out = [r for r in self.rows + self.queue if which(r.key)]
+        self.rows = [r for r in self.rows if not which(r.key)]
+        self.queue = [r for r in self.queue if not which(r.key)]
+        return out
 
     def pause(self, until: float, *, reprefill: bool) -> None:
         """A weight update: stopped until ``until``; with partial rollouts every running
@@ -115,3 +136,4 @@ class GenDevice:
         if reprefill:
             for r in self.rows:
                 r.prefill, r.resumed = r.ctx, True
+            self.resumed += len(self.rows)

@@ -8,7 +8,7 @@ events, engines or the scheduler.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from reroll.config import ConfigError
@@ -22,9 +22,10 @@ class SimSettings:
     A generation device runs continuous batching: each decode step emits one token for every
     running row and takes ``decode_base_s + decode_row_s * rows + decode_ctx_s * (sum of the
     rows' context lengths)``; a row admitted (or resumed after a weight update with partial
-    rollouts) first pays ``prefill_token_s`` per token of its prompt and prefix (and a resumed
-    one ``resume_row_s``), added to the step that admits it. Training a batch takes ``train_step_s + train_token_s * tokens /
-    train_devices`` (data parallel: tokens are prompt + response of every sample). Publishing
+    rollouts) first pays ``prefill_token_s`` per token of its prompt and prefix (a resumed one
+    ``resume_row_s`` more, an admitted one ``row_s`` more), added to the step that admits
+    it. Training a batch takes ``train_step_s + train_token_s * tokens / train_devices``
+    (data parallel: tokens are prompt + response of every sample). Publishing
     weights stops the trainer and every generation device for ``sync_s`` after the
     devices' current decode step."""
 
@@ -44,6 +45,9 @@ class SimSettings:
     """Cost of one decode step per token of context summed over the rows (attention reads)."""
     prefill_token_s: float = 1e-5
     """Prefill cost per prompt (or resumed prefix) token."""
+    row_s: float = 0.0
+    """Fixed cost of each sample the device admits, whatever its length (submitting it,
+    scheduling it, handing it to scoring), added to the step that admits it."""
     resume_row_s: float = 0.0
     """Fixed cost of interrupting and resuming one running row at a weight update with
     partial rollouts (aborting, requeueing, scheduling it again), beside its prefill."""
@@ -63,6 +67,12 @@ class SimSettings:
     """Standard deviation of log(length) of the lognormal."""
     prompt_tokens: int = 8
     """Prompt length of every sample (a recorded run's own lengths when lengths names one)."""
+    success_a: float = 1.0
+    """Success of a sample, for the allocators (control.allocator) that size groups by it:
+    each prompt's success rate is drawn from Beta(success_a, success_b) (its own seed), and
+    each of its samples is correct with that probability."""
+    success_b: float = 1.0
+    """See success_a."""
     steps: int = 50
     """Training steps simulated."""
     seed: int = 0
@@ -86,6 +96,9 @@ class SimSettings:
         if s.gen_devices < 1 or s.train_devices < 1 or s.max_rows < 0 or s.steps < 1:
             raise ConfigError("sim: gen_devices, train_devices and steps must be >= 1, "
                               "max_rows >= 0")
+        if s.success_a <= 0 or s.success_b <= 0:
+            raise ConfigError(f"sim: success_a and success_b must be > 0, got "
+                              f"{s.success_a}, {s.success_b}")
         return s
 
     def to_dict(self) -> dict:
@@ -109,19 +122,51 @@ class SimRun:
     overprovision: float = 1.0
     partial_rollouts: bool = True
     slots: int = 256  # the engine's KV slots, as `reroll.build.engine_slots` sizes them
+    duet_horizon: int = 0  # DUET's abort horizon (control.duet_horizon; 0: no abort)
+    duet_q: float = 1.0  # DUET's keep probability past the horizon (control.duet_q)
+    pruner: str = "none"  # control.pruner (ARRoL: "arrol"), built as the run builds it
+    pruner_args: dict = field(default_factory=dict)  # control.pruner_args
+    allocator: str = "fixed"  # control.allocator (samples per prompt), as the run builds it
+    allocator_args: dict = field(default_factory=dict)  # control.allocator_args
 
     @classmethod
     def from_config(cls, cfg) -> SimRun:
         """From a checked `reroll.config.RunConfig` (its rollout and runtime tables)."""
         from reroll.build import engine_slots
 
+        c = cfg.control
         return cls(slots=engine_slots(cfg), batch_groups=cfg.rollout.batch_groups,
                    group_size=cfg.rollout.group_size,
                    max_new_tokens=cfg.rollout.max_new_tokens,
                    max_staleness=cfg.runtime.max_staleness,
                    overprovision=cfg.runtime.overprovision,
-                   partial_rollouts=cfg.runtime.partial_rollouts)
+                   partial_rollouts=cfg.runtime.partial_rollouts,
+                   duet_horizon=c.duet_horizon if c.duet_abort else 0, duet_q=c.duet_q,
+                   pruner=c.pruner, pruner_args=dict(c.pruner_args),
+                   allocator=c.allocator, allocator_args=dict(c.allocator_args))
+
+    def build_allocator(self):
+        """The run's allocator (`reroll.control.allocators.ALLOCATORS`), sized as the run
+        sizes it (the pruner's generated members)."""
+        from reroll.control.allocators import ALLOCATORS
+
+        return ALLOCATORS.get(self.allocator)(self.generated_size, **self.allocator_args)
+
+    def build_pruner(self):
+        """The run's pruner (`reroll.control.pruners.PRUNERS`), or None."""
+        if self.pruner == "none":
+            return None
+        from reroll.control.pruners import PRUNERS
+
+        return PRUNERS.get(self.pruner)(self.group_size, self.max_new_tokens, **self.pruner_args)
+
+    @property
+    def generated_size(self) -> int:
+        """Members generated per group: the pruner's size, else group_size."""
+        p = self.build_pruner()
+        return p.size if p is not None else self.group_size
 
     @property
     def batch(self) -> int:
-        return self.batch_groups * self.group_size
+        """Samples a step trains on (pruned members included, as the loop counts them)."""
+        return self.batch_groups * self.generated_size

@@ -6,7 +6,22 @@ Scheduler` itself (its admission is `reroll.control.staleness.capacity`, its han
 group finishes and after each weight update, take ready groups until a step's samples are
 there. Time comes from the cost model: generation devices (`reroll.sim.gen_device`), a
 training step of ``train_step_s + train_token_s * tokens / train_devices``, and a weight
-update that stops trainer and generation for ``sync_s``. Knows no engine, model or thread.
+update that stops trainer and generation for ``sync_s``.
+
+Early stops are the real rules too, on the simulated lengths. DUET (``run.duet_horizon``):
+the run's `reroll.methods.duet.MarkerGate` gives each sample its stop rule and keep draw
+(from its sampling seed, `reroll.control.scheduler.request_seed`); the answer marker is
+taken to end a response, so a sample longer than the horizon has not shown it there, and
+one not kept stops at the horizon. ARRoL (``run.pruner``): the run's pruner sizes the groups
+and hands out their `PruneRule`; the engine's `reroll.engine.quality.GroupGate` collects the
+members as they reach the checkpoint or finish before it and decides the survivors. The
+quality head's predictions are not simulated: the gate decides with its warm-up rule
+(seeded draws, `random_survivors`), i.e. survivors as a head would pick them if its
+predictions said nothing of length; members that finished before the checkpoint survive,
+as in the engine. Adaptive group sizes (``run.allocator``): the run's allocator plans each
+group and adds rounds through `Scheduler.grow`, as the workflows do, from simulated
+successes (each prompt's success rate drawn from Beta(success_a, success_b)). Knows no
+engine, model or thread.
 """
 
 from __future__ import annotations
@@ -17,8 +32,8 @@ from collections import Counter
 
 from reroll.control.controller import Controller
 from reroll.control.prompts import PromptStream
-from reroll.control.scheduler import Scheduler
-from reroll.rollout import Example, Group, new_group
+from reroll.control.scheduler import Scheduler, request_seed
+from reroll.rollout import Example, Group, grow_group, new_group
 from reroll.sampling_params import SamplingParams
 from reroll.sim.gen_device import GenDevice, Row
 from reroll.sim.lengths import Lengths
@@ -32,9 +47,30 @@ class Simulation:
         self.lengths = Lengths(s, run.max_new_tokens)
         self.devices = [GenDevice(s, run.slots) for _ in range(s.gen_devices)]
         prompts = PromptStream([Example(f"p{i}", "", "") for i in range(1024)], seed=s.seed)
-        self.sched = Scheduler(prompts, self._start_group, group_size=run.group_size,
+        # DUET's gate and the pruner, as the run builds them (`reroll.control.wiring`); the
+        # marker's id is never a simulated token, the simulation places it (module doc)
+        gate = None
+        if run.duet_horizon > 0:  # imported here: the methods' modules import torch
+            from reroll.methods.duet import MarkerGate
+
+            gate = MarkerGate([-1], grace=0, horizon=run.duet_horizon, q=run.duet_q)
+        self.batch = run.batch
+
+        def start(*a, **kw):  # the group starter the scheduler calls, with .extend
+            return self._start_group(*a, **kw)
+
+        start.extend = self._extend_group
+        ctl = Controller(run.build_allocator(), gate=gate, pruner=run.build_pruner())
+        if ctl.adaptive and ctl.pruner is not None:  # as a run's config check refuses it
+            raise ValueError(f"sim: pruner {run.pruner!r} with the adaptive allocator "
+                             f"{run.allocator!r}: a pruned group is generated at one size")
+        self.sched = Scheduler(prompts, start, group_size=run.generated_size,
                                batch_groups=run.batch_groups, max_staleness=run.max_staleness,
-                               overprovision=run.overprovision, controller=Controller())
+                               overprovision=run.overprovision, controller=ctl)
+        self.success: dict[str, float] = {}  # prompt -> its success rate
+        self.draws = random.Random(f"{s.seed}:success")  # apart: lengths draw as before
+        self.gates: dict = {}  # undecided pruned groups' `GroupGate`s
+        self.stops: Counter[str] = Counter()  # samples stopped early, by rule
         self.events: list[tuple[float, int, str, object]] = []
         self._seq = 0
         self.now = 0.0
@@ -53,18 +89,41 @@ class Simulation:
 
     # ---- what the scheduler calls ----------------------------------------------------------
     def _start_group(self, ex, seq, version, size, max_size=0, max_new_tokens=None):
-        pairs = self.lengths.group(self.rng, size)
-        g = new_group(ex, size, [0] * pairs[0][0], SamplingParams(), version, max_size)
+        g = new_group(ex, size, [0], SamplingParams(), version, max_size)
+        self.left[g.group_id] = 0
+        self._run_members(g, g.rollouts, seq)
+        return g
+
+    def _extend_group(self, g, n, seq, group_round, prompt=None, control=None):
+        """The allocator's next round of ``g``: ``n`` more members, run like the first."""
+        self._run_members(g, grow_group(g, n, [0], g.rollouts[0].sampling, -1, group_round),
+                          seq)
+
+    def _run_members(self, g, members, seq) -> None:
+        """Seeds, the controller's per-sample rules, lengths; the members' rows go to the
+        least loaded device."""
+        pairs = self.lengths.group(self.rng, len(members))
+        for r in members:
+            r.sampling.seed = request_seed(self.s.seed, seq, r.index_in_group)
+        self.sched.controller.prepare(members)  # DUET's rule and the pruner's, if any
         d = min(range(len(self.devices)), key=lambda i: self.devices[i].load)
         rows = []
-        for r, (p, n) in zip(g.rollouts, pairs):
-            r.prompt_len = p
+        for r, (p, n) in zip(members, pairs):
+            stop, prune = r.sampling.stop_rule, r.sampling.prune
+            if stop is not None and 0 < stop.horizon < n and not stop.keep:
+                n, r.control["sim_stop"] = stop.horizon, "duet"  # aborted at the horizon
+            if prune is not None and g.group_id not in self.gates:
+                # the engine's gate; imported here: its module holds the head (torch)
+                from reroll.engine.quality import GroupGate
+
+                self.gates[g.group_id] = GroupGate(prune)
+            r.tokens, r.prompt_len = [0] * p, p
             r.control["sim_len"] = n
-            rows.append(Row(key=(g, r), ctx=p, left=n, prefill=p))
-        self.left[g.group_id] = size
+            check = prune.at if prune is not None and n > prune.at else 0
+            rows.append(Row(key=(g, r), ctx=p, left=n, prefill=p, check=check))
+        self.left[g.group_id] += len(members)
         self.devices[d].add(rows)
         self._touched.add(d)
-        return g
 
     # ---- the run -----------------------------------------------------------------------
     def run_all(self) -> dict:
@@ -117,30 +176,67 @@ class Simulation:
 
     def _chunk_done(self, i: int) -> None:
         self.plans[i] = None
-        for row in self.devices[i].finish_chunk():
+        dev = self.devices[i]
+        done = dev.finish_chunk()
+        for row in done:  # a member of an undecided pruned group that ends first survives
             g, r = row.key
-            n = r.control["sim_len"]
-            r.tokens += [0] * n
-            r.loss_mask = [False] * r.prompt_len + [True] * n
-            r.finish, r.reward = "stop", 1.0
-            self.left[g.group_id] -= 1
-            if self.left[g.group_id] == 0:
-                self.sched.close(g)
+            if g.group_id in self.gates:
+                self.gates[g.group_id].arrive(r, 0.5, r.control["sim_len"],
+                                              self.engine_version, finished=True)
+        for row in dev.arrived:  # at the checkpoint (the prediction is not simulated)
+            g, r = row.key
+            self.gates[g.group_id].arrive(r, 0.5, r.sampling.prune.at, self.engine_version)
+        for gid in [k for k, gate in self.gates.items() if gate.ready]:
+            cut = self.gates.pop(gid).decide(False)
+            done += dev.drop(lambda key, gid=gid, cut=cut: key[0].group_id == gid
+                             and key[1].index_in_group in cut)
+        for row in done:
+            self._complete(row)
         self._admit()
         self._take()
         if self.updating and all(d.chunk is None for d in self.devices):
             self._push(self.now + self.s.sync_s, "synced")
 
+    def _complete(self, row: Row) -> None:
+        """A member finished (or retired by a rule): its tokens, and its group if complete."""
+        g, r = row.key
+        n = row.ctx - r.prompt_len  # generated: its length, or where it was stopped
+        r.tokens += [0] * n
+        r.loss_mask = [False] * r.prompt_len + [True] * n
+        r.finish, r.reward = "stop", float(self.draws.random() < self._success(r.prompt_id))
+        if row.left > 0:
+            r.finish = "pruned"
+            self.stops["pruned"] += 1
+        elif "sim_stop" in r.control:
+            r.finish = "pruned"
+            self.stops["duet_aborted"] += 1
+        self.left[g.group_id] -= 1
+        if self.left[g.group_id] == 0 and not (self.sched.controller.adaptive
+                                               and self.sched.grow(g)):
+            self.sched.close(g)  # complete: the allocator added no round
+
+    def _success(self, prompt_id: str) -> float:
+        """The prompt's success rate: Beta(success_a, success_b), seeded by the prompt."""
+        if prompt_id not in self.success:
+            rng = random.Random(f"{self.s.seed}:{prompt_id}")
+            self.success[prompt_id] = rng.betavariate(self.s.success_a, self.s.success_b)
+        return self.success[prompt_id]
+
     def _take(self) -> None:
         """Rollouts.next_batch's loop: take ready groups until the step's samples are in."""
         if not self.waiting:
             return
-        n = self.run.batch
-        self.got += self.sched.take(n - sum(len(g.rollouts) for g in self.got),
-                                    self.trainer_version)
-        if sum(len(g.rollouts) for g in self.got) < n:
+        n, s = self.batch, self.sched
+        self.got += s.take(n - sum(len(g.rollouts) for g in self.got), self.trainer_version)
+        got = sum(len(g.rollouts) for g in self.got)
+        # adaptive groups reserve their largest size: the batch may be what fits
+        stuck = got < n and not s.running and not s.can_admit(self.engine_version)
+        if stuck and not self.got and s.ready:  # ready groups larger than the slots: one
+            self.got += s.take(max(len(g.rollouts) for g in s.ready), self.trainer_version)
+        if got < n and not (stuck and self.got):
             return
         batch, self.got, self.waiting = self.sched.batch_order(self.got), [], False
+        self.sched.controller.end_step(batch)  # as Rollouts.next_batch: the allocator's step
         for g in batch:
             self.lags[self.trainer_version - g.start_version] += 1
         tokens = sum(len(r.tokens) for g in batch for r in g.rollouts)
@@ -199,6 +295,9 @@ class Simulation:
             "step_ends_s": self.step_ends,
             "mean_response_tokens": self.tokens / self.samples,
             "counters": {k: v for k, v in self.sched.counters().items() if k != "order"},
+            "batch": self.batch,
+            "resumed": sum(d.resumed for d in self.devices),
+            "early_stops": dict(self.stops),
         }
 
 

@@ -397,3 +397,33 @@ def test_lora_ray_run_equals_local_run_bitwise(ray_session, tmp_path):
     rows = {kind: read_metrics(out) for kind, out in runs.items()}
     assert all(r["grad_norm"] > 0 for r in rows["ray"])
     assert [r["reward/mean"] for r in rows["ray"]] == [r["reward/mean"] for r in rows["local"]]
+
+
+def test_pinned_cores_place_each_side_on_its_own_core_and_the_run_is_unchanged(ray_run, tmp_path):
+    """runtime.pin_cores: the engine actor (and the driver) on the first allowed core, the
+    trainer actor on the second; the run ends with the same weights as unpinned."""
+    from reroll.runtime import ray as rr
+    from reroll.runtime import train
+
+    allowed, seen, real = sorted(os.sched_getaffinity(0)), {}, rr.components
+    if len(allowed) < 2:
+        pytest.skip("needs two cores")
+
+    def spy(cfg, init_dir, ckpt, tok, task):
+        parts = real(cfg, init_dir, ckpt, tok, task)
+        seen["trainer"] = parts.trainer.placement()
+        seen["engines"] = parts.engine_core.placement()
+        seen["driver"] = sorted(os.sched_getaffinity(0))
+        return parts
+
+    rr.components = spy
+    try:
+        train(equiv_cfg(tmp_path, "runtime.kind=ray", "train.steps=3", "runtime.pin_cores=true"),
+              progress=False)
+    finally:
+        rr.components = real
+    assert [e["cores"] for e in seen["engines"]] == [[allowed[0]]]
+    assert seen["trainer"]["cores"] == [allowed[1]]
+    assert seen["driver"] == [allowed[0]]  # the driver on the engine's core during the run
+    assert sorted(os.sched_getaffinity(0)) == allowed  # the driver's cores given back
+    assert_bitwise_equal(final_weights(ray_run[0]), final_weights(tmp_path))

@@ -75,7 +75,8 @@ def test_fit_recovers_a_known_cost_model(tmp_path):
     assert f["decode_base_s"] == pytest.approx(0.01)
     assert f["decode_row_s"] == pytest.approx(0.001)
     assert f["train_token_s"] == pytest.approx(0.0002)
-    assert f["train_step_s"] == pytest.approx(0.05 + 0.003)  # the loop's time included
+    assert f["train_step_s"] == pytest.approx(0.05)
+    assert f["sync_s"] == pytest.approx(0.003)  # the loop's own time, a stop of both sides
 
 
 def test_the_simulator_imports_neither_torch_nor_matplotlib():
@@ -87,3 +88,15 @@ def test_the_simulator_imports_neither_torch_nor_matplotlib():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.split()
     assert out == ["False", "False"]
+
+
+def test_reroll_sim_takes_the_early_stops_from_the_config(tmp_path, capsys):
+    out = tmp_path / "s.json"
+    rc = main(["sim", "-", "rollout.batch_groups=2", "rollout.group_size=2",
+               "rollout.max_new_tokens=8", "control.duet_abort=true", "control.duet_horizon=2",
+               "control.duet_q=0.000001", "sim.steps=2", "sim.lengths=fixed", "--out", str(out),
+               "--no-png"])
+    assert rc == 0
+    r = json.loads(out.read_text())["results"]["run"]
+    assert r["early_stops"] == {"duet_aborted": 8}  # 2 steps x 4 samples, none kept
+    assert r["mean_response_tokens"] == 2.0

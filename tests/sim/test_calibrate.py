@@ -1,0 +1,83 @@
+"""The cost model's fit: non-negative least squares on hand-made data, the per-sample term
+(row_s) that separate response lengths identify, and the resume cost of partial rollouts
+from the engine's busy time."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reroll.sim.calibrate import fit, fit_resume, nnls
+from reroll.sim.gen_device import GenDevice, Row
+from reroll.sim.settings import SimSettings
+
+
+def test_nnls_by_hand():
+    x = [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]
+    assert nnls(x, [2.0, 3.0, 5.0]) == pytest.approx([2.0, 3.0])  # exact and >= 0
+    # y = (2, -1, 1) = 2 a - b needs b < 0. a alone: a = (2 + 1) / 2 = 1.5, squared error
+    # 0.25 + 1 + 0.25 = 1.5; b alone: b = (-1 + 1) / 2 = 0, error 6: the first
+    assert nnls(x, [2.0, -1.0, 1.0]) == pytest.approx([1.5, 0.0])
+    assert nnls(x, [-1.0, -1.0, -2.0]) == [0.0, 0.0]
+
+
+def write(d, rows):
+    d.mkdir()
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_fit_separates_a_per_sample_cost_with_two_response_lengths(tmp_path):
+    # wait = 0.01 s a decode step + 0.001 s a token + 0.004 s a sample; lengths 6 and 12
+    for name, n, mx in (("a", 32, 6), ("b", 8, 6), ("c", 8, 12)):
+        rows, t = [], 0.0
+        for step in range(4):
+            mean = mx - 0.5 * (step % 2)
+            wait = 0.01 * mx + 0.001 * n * mean + 0.004 * n
+            t += wait + 0.05
+            rows.append({"step": step + 1, "time": t, "pipeline/samples_in_batch": n,
+                         "length/mean": mean, "length/max": mx, "time/train_s": 0.05,
+                         "time/wait_for_rollouts_s": wait})
+        write(tmp_path / name, rows)
+    f = fit([tmp_path / k for k in "abc"], prompt_tokens=7, skip=0)
+    assert (f["decode_base_s"], f["decode_row_s"], f["row_s"]) == pytest.approx(
+        (0.01, 0.001, 0.004))
+    assert (f["train_step_s"], f["train_token_s"]) == pytest.approx((0.05, 0.0), abs=1e-12)
+    assert f["sync_s"] == pytest.approx(0.0, abs=1e-12)  # wall = wait + train exactly
+
+
+def test_fit_resume_from_engine_time(tmp_path):
+    # engine time = 1e-4 s a generated token + 5e-4 s a sample started (groups of 8) +
+    # 2e-3 s a resumed request; the counters are cumulative
+    rows, tok, started, res = [], 0, 0, 0
+    for step, (dt, dg, dr) in enumerate([(700, 16, 0), (600, 8, 100), (800, 16, 0),
+                                         (650, 4, 120)]):
+        tok, started, res = tok + dt, started + dg, res + dr
+        rows.append({"step": step + 1, "time/generate_s": 1e-4 * dt + 5e-4 * 8 * dg + 2e-3 * dr,
+                     "pipeline/tokens_generated": tok, "engine/requests_resumed": res,
+                     "pipeline/started": started, "pipeline/samples_in_batch": 128,
+                     "pipeline/groups_in_batch": 16})
+    write(tmp_path / "r", [{**rows[0], "step": 0, "pipeline/tokens_generated": 0,
+                            "engine/requests_resumed": 0, "pipeline/started": 0}] + rows)
+    f = fit_resume([tmp_path / "r"], skip=0)
+    assert (f["engine_token_s"], f["engine_sample_s"], f["resume_row_s"]) == pytest.approx(
+        (1e-4, 5e-4, 2e-3))
+
+
+def test_fit_resume_refuses_runs_that_resumed_nothing(tmp_path):
+    write(tmp_path / "s", [{"step": i, "time/generate_s": 0.1, "pipeline/tokens_generated": i,
+                            "engine/requests_resumed": 0, "pipeline/started": i,
+                            "pipeline/samples_in_batch": 8, "pipeline/groups_in_batch": 1}
+                           for i in range(3)])
+    with pytest.raises(ValueError, match="no request was resumed"):
+        fit_resume([tmp_path / "s"], skip=0)
+
+
+def test_row_s_is_paid_once_per_admitted_sample():
+    d = GenDevice(SimSettings(decode_base_s=1.0, decode_row_s=0.0, prefill_token_s=0.0,
+                              row_s=0.5))
+    d.add([Row("a", ctx=3, left=2, prefill=3), Row("b", ctx=3, left=4, prefill=3)])
+    assert d.plan(None) == pytest.approx(2 * 0.5 + 2 * 1.0)  # both admitted, 2 steps
+    d.finish_chunk()
+    d.add([Row("c", ctx=3, left=1, prefill=3)])
+    assert d.plan(None) - d.t == pytest.approx(0.5 + 1.0)  # only c is new
