@@ -237,7 +237,6 @@ def build_task(cfg: RunConfig, tok=None, model_path: Path | None = None):
     import warnings
 
     from reroll.build_rollout import encode_prompt
-    from reroll.config_checks import context_of
     from reroll.tasks import TASKS
     from reroll.tasks.base import check_prompt_lengths
 
@@ -260,6 +259,25 @@ def build_task(cfg: RunConfig, tok=None, model_path: Path | None = None):
                           f"({(context_of(cfg) or (0, 'its config.json'))[1]}) or lower rollout.max_new_tokens",
                           UserWarning, stacklevel=2)
     return task
+
+
+def context_of(cfg: RunConfig, model_dir: Path | None = None) -> tuple[int, str] | None:
+    """The context (tokens) of the model a command loads and what sets it: ``model_dir``'s
+    config.json when given (an evaluated checkpoint), else that of the model `init` or
+    `model.path` names (`model.*` does not apply to a model loaded from disk), else
+    `model.max_position` (the tiny model `[model]` builds). None when the model cannot be
+    found yet."""
+    if model_dir is None and not cfg.init and not cfg.model.path:
+        return cfg.model.max_position, "model.max_position"
+    if model_dir is None:
+        try:
+            model_dir = weights_dir(cfg.init or cfg.model.path)
+        except (FileNotFoundError, OSError):
+            return None
+    where = Path(model_dir) / "config.json"
+    if not where.is_file():
+        return None
+    return context_length(Path(model_dir)), f"max_position_embeddings in {where}"
 
 
 def context_length(model_path: Path) -> int:

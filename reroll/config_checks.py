@@ -332,27 +332,6 @@ def _schedule_end(cfg: RunConfig) -> None:
             f"with a schedule of its own")
 
 
-def context_of(cfg: RunConfig, model_dir: Path | None = None) -> tuple[int, str] | None:
-    """The context (tokens) of the model a command loads and what sets it: ``model_dir``'s
-    config.json when given (an evaluated checkpoint), else that of the model `init` or
-    `model.path` names (`model.*` does not apply to a model loaded from disk), else
-    `model.max_position` (the tiny model `[model]` builds). None when the model cannot be
-    found yet."""
-    from reroll.build import context_length, weights_dir
-
-    if model_dir is None and not cfg.init and not cfg.model.path:
-        return cfg.model.max_position, "model.max_position"
-    if model_dir is None:
-        try:
-            model_dir = weights_dir(cfg.init or cfg.model.path)
-        except (FileNotFoundError, OSError):
-            return None
-    where = Path(model_dir) / "config.json"
-    if not where.is_file():
-        return None
-    return context_length(Path(model_dir)), f"max_position_embeddings in {where}"
-
-
 def _generation_warnings(cfg: RunConfig, model_dir: Path | None = None) -> None:
     def warn(msg: str) -> None:
         warnings.warn(msg, UserWarning, stacklevel=4)
@@ -362,6 +341,8 @@ def _generation_warnings(cfg: RunConfig, model_dir: Path | None = None) -> None:
         warn(f"rollout.temperature = 0 samples greedily: the {r.group_size} samples of a "
              f"group are identical, so their advantages are 0 and nothing is learned; use a "
              f"temperature > 0 (1.0 keeps the policy's distribution)")
+    from reroll.build import context_of
+
     ctx = context_of(cfg, model_dir)
     if ctx is not None and r.max_new_tokens >= ctx[0]:
         warn(f"rollout.max_new_tokens = {r.max_new_tokens} is not below the model's context "

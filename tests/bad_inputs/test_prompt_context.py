@@ -71,7 +71,7 @@ def test_the_context_is_the_loaded_models_own_when_it_is_not_built_from_model(tm
     # model.path) and an evaluated checkpoint take the context from that model's config.json
     from types import SimpleNamespace
 
-    from reroll.config_checks import context_of
+    from reroll.build import context_of
 
     ckpt = tmp_path / "sft" / "model"
     ckpt.mkdir(parents=True)
