@@ -145,10 +145,11 @@ class TorchEngine(DecodeCore):
 
     def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
         """Load ``state_dict`` as policy ``version``: every tensor of the model, or some of
-        them (a LoRA publish after the first sends the targeted modules alone; the others
-        keep what they hold), and LoRA adapters the engine merges over the base weights it
-        keeps (`reroll.engine.lora_apply`). A name the model lacks, a wrong shape or an
-        adapter without its base is refused before anything is loaded."""
+        them (the others keep what they hold), and LoRA adapters (``m.lora_A``, ``m.lora_B``,
+        ``m.lora_scale``: a LoRA publish after the first sends these alone), which the engine
+        merges over the base weights it keeps (`reroll.engine.lora_apply`). A name the model
+        lacks, a wrong shape or an adapter without its base is refused before anything is
+        loaded."""
         for hook in self._hooks["weights"]:  # e.g. a quality head published with them
             state_dict = hook(state_dict)
         plain, adapters = lora_apply.split(state_dict)
