@@ -8,8 +8,10 @@ optimizer.pt and model/ on disk), the trainable parameters and seconds per RL st
 the publish, in one more subprocess holding both trainers so that the variants are timed
 alternately under the same load: the trainer's weights for the engine (`Trainer.weights`)
 and the engine's `update_weights`, the median of 7 each (``--repeats``), with the bytes
-each sends, for full fine-tuning, LoRA's first publish (every tensor, the targeted ones
-merged W + BA) and LoRA's later ones (``trained_only``: the targeted modules alone).
+each sends, for full fine-tuning and for LoRA's publishes: merged (the first, every tensor,
+the targeted ones W + (alpha/r) BA; later ones, ``trained_only``, the targeted modules
+alone) and in adapter form, what a run sends (the first, every tensor, the targeted ones as
+their frozen base plus A, B and scale; later ones, the adapters alone, merged by the engine).
 
     reroll import SmolLM2-135M-Instruct.Q4_1.gguf hf/smol
     python benchmarks/lora.py hf/smol [--steps 3] [--rank 16] [--targets all-linear]
@@ -86,21 +88,24 @@ def publish(a) -> None:
         trainers = {v: build.build_trainer(c, Path(a.model)) for v, c in cfgs.items()}
         engine = build.build_engine(trainers["full"].policy(), trainers["full"].tokenizer,
                                     cfgs["full"])
-        # (trainer, trained_only): a LoRA publish after the first sends the targeted alone
-        kinds = {"full": ("full", False), "lora_all": ("lora", False),
-                 "lora": ("lora", True)}
+        # (trainer, trained_only, adapters), in this order within a repeat: a plain full
+        # publish frees the engine's kept bases, "adapter_all" sends them again
+        kinds = {"full": ("full", False, False), "lora_all": ("lora", False, False),
+                 "lora": ("lora", True, False), "adapter_all": ("lora", False, True),
+                 "adapter": ("lora", True, True)}
         times: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds}
         sent: dict[str, int] = {}
         for i in range(a.repeats):
-            for k, (v, part) in kinds.items():
+            for k, (v, part, adapters) in kinds.items():
                 t0 = time.perf_counter()
-                weights = trainers[v].weights(trained_only=part)
+                weights = trainers[v].weights(trained_only=part, adapters=adapters)
                 t1 = time.perf_counter()
                 engine.update_weights(weights, i + 1)
                 times[k].append((t1 - t0, time.perf_counter() - t1))
                 sent[k] = sum(w.numel() * w.element_size() for w in weights.values())
                 del weights
-    out = {}
+            kept = engine.stats()["lora_base_bytes"]
+    out = {"engine_lora_base_mib": kept / MiB}
     for k, ts in times.items():  # the whole publish, then its two halves
         out[f"publish_{k}_s"] = statistics.median(w + u for w, u in ts)
         out[f"publish_{k}_min_s"] = min(w + u for w, u in ts)
@@ -137,9 +142,9 @@ def main() -> None:
     f, lo, p = res["full"], res["lora"], res["publish"]
     print(f"peak RSS: full {f['peak_rss_mib']:.0f} MiB, LoRA {lo['peak_rss_mib']:.0f} MiB; "
           f"optimiser state {f['optimizer_state_mib']:.1f} -> {lo['optimizer_state_mib']:.2f} "
-          f"MiB; publish {p['publish_full_s']:.3f} -> {p['publish_lora_s']:.3f} s "
-          f"({p['publish_full_mib']:.1f} -> {p['publish_lora_mib']:.1f} MiB; LoRA's first, "
-          f"every tensor: {p['publish_lora_all_s']:.3f} s); step "
+          f"MiB; publish {p['publish_full_s']:.3f} -> {p['publish_adapter_s']:.3f} s "
+          f"({p['publish_full_mib']:.1f} -> {p['publish_adapter_mib']:.1f} MiB; merged, "
+          f"targeted only: {p['publish_lora_s']:.3f} s, {p['publish_lora_mib']:.1f} MiB); step "
           f"{f['s_per_step']:.2f} -> {lo['s_per_step']:.2f} s")
 
 

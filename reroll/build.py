@@ -314,7 +314,8 @@ def build_engine(model, tok, cfg: RunConfig, version: int = 0, max_batch: int | 
     from reroll.lora import is_lora, plain_copy
 
     copy_to = (device or next(model.parameters()).device, getattr(torch, cfg.model.dtype))
-    # a LoRA policy: a plain copy holding the merged weights (the engine knows no adapters)
+    # a LoRA policy: a plain copy holding the merged weights (no adapter layers: the engine
+    # merges published adapters into its plain weights, `reroll.engine.lora_apply`)
     engine_model = (plain_copy(model, *copy_to, module_copy) if is_lora(model)
                     else module_copy(model, *copy_to))
     return ENGINES.get(name)(engine_model, tok, max_batch=max_batch or engine_slots(cfg),

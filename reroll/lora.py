@@ -10,6 +10,9 @@ path and its checkpoints handle it as any model, and only what differs lives her
   without touching the trainer's adapter (a model without adapters: its own state dict);
   with ``adapted_only``, the targeted modules' merged weights alone: the rest are the frozen
   base, which an engine that already holds them keeps (a publish after the first);
+- `adapter_state_dict`: the same weights in adapter form (each targeted module's A, B and
+  scale, with the frozen bases and the rest on a full publish), for an engine that merges
+  them itself with `merge_weight`, the trainer's own merge;
 - `plain_copy`: a copy of the policy without adapters, holding the merged weights (the
   engine's model);
 - `save_adapter` / `load_adapter`: a checkpoint's ``model/`` holds peft's adapter files
@@ -31,6 +34,8 @@ ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PREFIX = "base_model.model."  # how a PeftModel names the adapter's tensors in its files
 ADAPTER = "default"
+# an adapter publish's keys: the targeted module's name, then one of these
+LORA_A, LORA_B, LORA_SCALE = ".lora_A", ".lora_B", ".lora_scale"
 
 
 def is_lora(model: Any) -> bool:
@@ -88,11 +93,9 @@ def engine_state_dict(model, dtype=None, copy: bool = False,
     merged: dict[str, Any] = {}
     with torch.no_grad():
         for name, layer in lora_layers(model):
-            w, scale = layer.base_layer.weight, layer.scaling[ADAPTER]
-            b, a = layer.lora_B[ADAPTER].weight, layer.lora_A[ADAPTER].weight
-            merged[f"{name}.weight"] = (torch.addmm(w, a.T, b.T, alpha=scale)
-                                        if getattr(layer, "fan_in_fan_out", False)
-                                        else torch.addmm(w, b, a, alpha=scale))
+            a, b, scale = _factors(layer)
+            merged[f"{name}.weight"] = merge_weight(layer.base_layer.weight, a, b, scale,
+                                                    getattr(layer, "fan_in_fan_out", False))
     if adapted_only:
         return {k: v.to(dtype) if dtype is not None else v for k, v in merged.items()}
     sd = {}
@@ -107,6 +110,53 @@ def engine_state_dict(model, dtype=None, copy: bool = False,
             v = v.clone()
         sd[k] = v
     return sd
+
+
+def merge_weight(base, a, b, scale: float, fan_in_fan_out: bool):
+    """base + scale B A in one fresh tensor, in the dtype of its inputs: one ``addmm`` (one
+    pass over the output). ``fan_in_fan_out``: the layer stores its weight transposed
+    (transformers' Conv1D; peft sets it for exactly those layers), so Aᵀ Bᵀ. The trainer's
+    merge and the engine's (`reroll.engine.lora_apply`) both call this, so on the same device
+    and dtypes they give the same bits."""
+    import torch
+
+    return (torch.addmm(base, a.T, b.T, alpha=scale) if fan_in_fan_out
+            else torch.addmm(base, b, a, alpha=scale))
+
+
+def _factors(layer) -> tuple[Any, Any, float]:
+    return (layer.lora_A[ADAPTER].weight, layer.lora_B[ADAPTER].weight,
+            float(layer.scaling[ADAPTER]))
+
+
+def adapter_state_dict(model, dtype=None, adapter_only: bool = False) -> dict[str, Any]:
+    """The weights to publish in adapter form, copies of their own: each targeted module
+    ``m`` as ``m.lora_A``, ``m.lora_B`` and ``m.lora_scale`` (a 0-d float64 tensor holding
+    alpha / r exactly), and with ``adapter_only`` False every other tensor too, under the
+    plain model's keys, ``m.weight`` being the frozen base. The engine merges them itself
+    (`reroll.engine.lora_apply`). The adapter entries and the bases travel in the trainer's
+    own dtype, the rest in ``dtype``: the engine merges in that dtype and casts, as
+    `engine_state_dict` does, so it holds the same bits. A model without adapters: its whole
+    state dict (every tensor trains), copied and cast."""
+    import torch
+
+    out: dict[str, Any] = {}
+    bases = set()
+    with torch.no_grad():
+        for name, layer in lora_layers(model):
+            a, b, scale = _factors(layer)
+            out[name + LORA_A], out[name + LORA_B] = a.detach().clone(), b.detach().clone()
+            out[name + LORA_SCALE] = torch.tensor(scale, dtype=torch.float64)
+            bases.add(f"{name}.weight")
+    if adapter_only and is_lora(model):
+        return out
+    for k, v in model.state_dict().items():
+        if ".lora_" in k:
+            continue
+        k = k.replace(".base_layer.", ".")
+        cast = dtype is not None and v.is_floating_point() and k not in bases
+        out[k] = v.detach().to(dtype, copy=True) if cast else v.detach().clone()
+    return out
 
 
 def plain_copy(model, device, dtype, copy: Callable):

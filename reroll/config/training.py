@@ -296,9 +296,10 @@ class LoraConfig:
     """LoRA rank r (`reroll.lora`, through peft; `pip install 'reroll[lora]'`). 0: off, every
     weight trains. > 0: the base weights are frozen and each targeted linear map W learns a
     low-rank update B A (B: out x r, A: r x in), so the optimiser holds state for the
-    adapter only; the engine receives W + (alpha / r) B A at each publish (after the first,
-    for the targeted modules alone: the rest are frozen), checkpoints hold the adapter, and
-    `reroll export` writes the merged model. Applies to `reroll train` and `reroll sft`."""
+    adapter only; the engine holds W + (alpha / r) B A (the first publish sends every tensor,
+    later ones the adapters alone, which the engine merges; a server gets merged weights),
+    checkpoints hold the adapter, and `reroll export` writes the merged model. Applies to
+    `reroll train` and `reroll sft`."""
     alpha: float = ranged(16.0, "(0, inf)")
     """LoRA's alpha: the update is scaled by alpha / rank."""
     dropout: float = ranged(0.0, "[0, 1)")

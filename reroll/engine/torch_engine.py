@@ -37,6 +37,7 @@ import time
 import torch
 from torch import Tensor
 
+from reroll.engine import lora_apply
 from reroll.engine.core import DecodeCore
 from reroll.engine.kv_cache import decode_mask, prefill_mask
 from reroll.engine.plugins.branches import Branches
@@ -63,6 +64,7 @@ class TorchEngine(DecodeCore):
                          version=version, max_prefill_tokens=max_prefill_tokens,
                          admit_batch=admit_batch, plugins=PLUGINS)
         self.drafts, self.forks, self.branches, self.prune, self.redrafts = self.plugins
+        self.bases = lora_apply.Bases(model)  # LoRA publishes' base weights (none: off)
 
     # ---- public API (reroll.engine.base.Engine) ----------------------------------------
     def add(self, rollouts: list[Rollout],
@@ -143,25 +145,30 @@ class TorchEngine(DecodeCore):
 
     def update_weights(self, state_dict: dict[str, Tensor], version: int) -> None:
         """Load ``state_dict`` as policy ``version``: every tensor of the model, or some of
-        them (a LoRA publish after the first sends the targeted modules alone; the others
-        keep what they hold). A name the model lacks or a wrong shape is refused before
-        anything is loaded."""
+        them (the others keep what they hold), and LoRA adapters (``m.lora_A``, ``m.lora_B``,
+        ``m.lora_scale``: a LoRA publish after the first sends these alone), which the engine
+        merges over the base weights it keeps (`reroll.engine.lora_apply`). A name the model
+        lacks, a wrong shape or an adapter without its base is refused before anything is
+        loaded."""
         for hook in self._hooks["weights"]:  # e.g. a quality head published with them
             state_dict = hook(state_dict)
+        plain, adapters = lora_apply.split(state_dict)
         own = self.model.state_dict()
-        unknown = sorted(k for k in state_dict if k not in own)
-        wrong = sorted(k for k in state_dict if k in own and state_dict[k].shape != own[k].shape)
-        if unknown or wrong:
+        unknown = sorted(k for k in plain if k not in own)
+        wrong = sorted(k for k in plain if k in own and plain[k].shape != own[k].shape)
+        bad = self.bases.check(plain, adapters)
+        if unknown or wrong or bad:
             parts = [f"{what} {keys[:3]}{' ...' if len(keys) > 3 else ''}"
                      for what, keys in (("names the engine's model lacks", unknown),
-                                        ("wrong shapes", wrong)) if keys]
+                                        ("wrong shapes", wrong), ("LoRA adapters", bad)) if keys]
             raise ValueError(f"update_weights(version={version}): the state dict does not "
                              f"match the engine's model ({len(state_dict)} tensors; "
                              + "; ".join(parts) + "); nothing was loaded")
         for q in self.rows:
             q.flush(self.version)  # tokens sampled so far keep the old version
         with torch.no_grad():
-            self.model.load_state_dict(state_dict, strict=len(state_dict) == len(own))
+            self.model.load_state_dict(plain, strict=len(plain) == len(own))
+        self.bases.apply(plain, adapters)
         self.version = int(version)
 
     def stats(self) -> dict[str, float]:
@@ -171,6 +178,7 @@ class TorchEngine(DecodeCore):
         s["mean_occupancy"] = s["decode_rows"] / steps / self.max_batch
         s["running"], s["waiting"] = float(len(self.rows)), float(len(self.waiting))
         s["kv_cache_bytes"] = float(self.cache.nbytes())
+        s["lora_base_bytes"] = float(self.bases.nbytes())  # kept for adapter publishes
         s["version"] = float(self.version)
         return s
 

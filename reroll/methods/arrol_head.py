@@ -166,8 +166,9 @@ class ArrolTrainer:
         """The head as the engines take it (`reroll.engine.quality.head_tensors`)."""
         return head_tensors(self.head, self.warm)
 
-    def weights(self, trained_only: bool = False) -> dict[str, torch.Tensor]:
-        return {**self.inner.weights(trained_only), **self.head_weights()}
+    def weights(self, trained_only: bool = False,
+                adapters: bool = False) -> dict[str, torch.Tensor]:
+        return {**self.inner.weights(trained_only, adapters), **self.head_weights()}
 
     def save_checkpoint(self, run_dir: Path, step: int, state: dict[str, Any],
                         groups: list[Group]) -> Path:

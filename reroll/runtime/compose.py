@@ -38,19 +38,27 @@ class Components:
 
 
 class Transport:
-    """Moves the trainer's weights to the engines, by version. The first publish sends every
-    tensor; later ones, where the engine keeps what it holds (``partial``), only those
-    training changes (`TrainerHandle.weights`: a LoRA policy's targeted modules, merged),
-    so no engine ever starts from base weights it was not sent. A Transport lives as long
-    as its engine: a resumed run builds both afresh, and its first publish is full again."""
+    """Moves the trainer's weights to the engines, by version. Where the engine keeps what
+    it holds and merges LoRA adapters itself (``partial``), the first publish sends every
+    tensor, a LoRA policy's in adapter form (the targeted modules' frozen bases and their
+    adapters), and later ones only what training changes (`TrainerHandle.weights`: the
+    adapters, A, B and scale), so no engine ever starts from base weights it was not sent.
+    Otherwise (a server) every publish sends every tensor, merged. A Transport lives as
+    long as its engine: a resumed run builds both afresh, and its first publish is full
+    again."""
 
     def __init__(self, trainer: TrainerHandle, source: RolloutSource, partial: bool = True):
         self.trainer, self.source, self.partial = trainer, source, partial
         self.sent = False  # a full publish reached the engine
 
+    def weights(self) -> Any:
+        """What the next publish sends (see the class docstring)."""
+        if not self.partial:
+            return self.trainer.weights()
+        return self.trainer.weights(trained_only=self.sent, adapters=True)
+
     def publish(self, version: int) -> None:
-        self.source.publish(self.trainer.weights(trained_only=self.partial and self.sent),
-                            version)
+        self.source.publish(self.weights(), version)
         self.sent = True
 
 
@@ -113,7 +121,7 @@ def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_com
         def evaluator() -> dict[str, float]:
             return held_out(parts.trainer.policy())
 
-        # a server loads whole models: it gets every tensor at each publish
+        # a server loads whole merged models: it gets every tensor at each publish
         partial = not ENGINES.trait(cfg.engine.name, "remote", False)
         rd.commit()  # everything is built: from now on the directory holds this run
         return run_loop(build.cadence(cfg), trainer=parts.trainer, source=source,

@@ -77,13 +77,13 @@ class EngineActor:
 
             deterministic_kernels()
         model, tok = load(model_dir, dtype)
-        if state_dict is not None:
-            model.load_state_dict(state_dict)
         self.names = frozenset(model.state_dict())
         # `model.device`: resolved in the driver, or here where the actor reserved GPUs
         self.device = actor_device(device, gpus, "engine.device (else model.device)")
         model = model.to(self.device)
         self.engine = ENGINES.get(engine_name)(model, tok, max_batch=max_batch, version=version)
+        if state_dict is not None:  # merged, or in LoRA adapter form: the engine's own load
+            self.engine.update_weights(state_dict, version)
 
     def add(self, rollouts: list[Rollout], turns=None) -> None:
         self.engine.add(rollouts, turns)

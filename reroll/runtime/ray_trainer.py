@@ -50,19 +50,22 @@ class TrainerActor:
         return self.trainer.step(groups), self.trainer.version
 
     @ray.method(num_returns=2)
-    def weights(self, trained_only: bool = False):
+    def weights(self, trained_only: bool = False, adapters: bool = False):
         """(version, state dict): stored as returned, before any later update (no clone);
         the caller checks the small version, never fetching the weights. On the CPU (copied
         there from a GPU): the engine actors and the driver load them onto their own device,
         and none has to unpickle CUDA tensors. In the trainer's ``publish_dtype``, as the local
-        runtime publishes (bf16 training ships half the bytes); ``trained_only`` as
-        `Trainer.weights` takes it."""
-        from reroll.lora import engine_state_dict  # a LoRA policy's merged weights
+        runtime publishes (bf16 training ships half the bytes); ``trained_only`` and
+        ``adapters`` as `Trainer.weights` takes them."""
+        from reroll.lora import adapter_state_dict, engine_state_dict, is_lora
 
-        dt = self.trainer.publish_dtype
+        dt, model = self.trainer.publish_dtype, self.trainer.model
+        if adapters and is_lora(model):  # cast as `adapter_state_dict` chose
+            return self.trainer.version, {
+                k: v.to("cpu") for k, v in adapter_state_dict(
+                    model, dtype=dt, adapter_only=trained_only).items()}
         sd = {k: v.detach().to("cpu", dt if dt is not None and v.is_floating_point() else None)
-              for k, v in engine_state_dict(self.trainer.model,
-                                            adapted_only=trained_only).items()}
+              for k, v in engine_state_dict(model, adapted_only=trained_only).items()}
         return self.trainer.version, sd
 
     def save_checkpoint(self, run_dir: str, step: int, state: dict, groups: list[Group]) -> str:
@@ -114,9 +117,9 @@ class RayTrainer:
         metrics, self._version = self._get(self.actor.step.remote(list(groups)))
         return metrics
 
-    def weights(self, trained_only: bool = False) -> ray.ObjectRef:
+    def weights(self, trained_only: bool = False, adapters: bool = False) -> ray.ObjectRef:
         """A reference to the current weights in the object store (not fetched here)."""
-        version_ref, weights_ref = self.actor.weights.remote(trained_only)
+        version_ref, weights_ref = self.actor.weights.remote(trained_only, adapters)
         self._get(version_ref)  # raises the clear error if the actor is gone
         return weights_ref
 

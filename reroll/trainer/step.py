@@ -55,7 +55,7 @@ class TrainerHandle(Protocol):
 
     def step(self, groups: Sequence[Group]) -> dict[str, float]: ...
 
-    def weights(self, trained_only: bool = False) -> Any: ...  # see `Trainer.weights`
+    def weights(self, trained_only: bool = False, adapters: bool = False) -> Any: ...
 
     def save_checkpoint(self, run_dir: Path, step: int, state: dict[str, Any],
                         groups: Sequence[Group]) -> Path: ...
@@ -346,18 +346,18 @@ class Trainer:
         return combined.values, counts
 
     # ---- the rest of TrainerHandle ------------------------------------------------------
-    def weights(self, trained_only: bool = False) -> dict[str, torch.Tensor]:
+    def weights(self, trained_only: bool = False, adapters: bool = False) -> dict[str, Any]:
         """A copy of the current weights (no later in-place update reaches it) in
         ``publish_dtype`` (bf16 training publishes bf16: the engine's dtype), on the trainer's
         device (the engine copies them onto its own). A LoRA policy's are merged
-        (`reroll.lora.engine_state_dict`); ``trained_only``: the targeted modules' alone."""
-        from reroll.lora import engine_state_dict, is_lora
+        (`reroll.lora.engine_state_dict`), or with ``adapters`` in adapter form
+        (`reroll.lora.adapter_state_dict`); ``trained_only``: what training changes alone."""
+        from reroll import lora
 
-        dt = self.publish_dtype
-        if is_lora(self.model):
-            return engine_state_dict(self.model, dtype=dt, copy=True, adapted_only=trained_only)
-        return {k: (v.detach().to(dt, copy=True) if dt is not None and v.is_floating_point()
-                    else v.detach().clone()) for k, v in self.model.state_dict().items()}
+        dt, m = self.publish_dtype, self.model
+        if lora.is_lora(m) and not adapters:
+            return lora.engine_state_dict(m, dt, copy=True, adapted_only=trained_only)
+        return lora.adapter_state_dict(m, dt, adapter_only=trained_only)  # a plain model: all
 
     def save_checkpoint(self, run_dir: Path, step: int, state: dict[str, Any],
                         groups: Sequence[Group], extras: dict[str, Any] | None = None) -> Path:

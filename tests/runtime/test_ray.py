@@ -4,8 +4,6 @@ trainer as an actor behind the TrainerHandle: a Ray run ends with the same weigh
 run and as a stopped-and-resumed Ray run (bitwise), in-loop evaluation sees the trained
 weights, and a killed trainer actor stops the run with a clear error, checkpoints intact."""
 
-import os
-
 import pytest
 import torch
 
@@ -14,30 +12,7 @@ ray = pytest.importorskip("ray")
 from reroll.config_checks import load_checked  # noqa: E402
 from reroll.rollout import Example, SamplingParams, new_group  # noqa: E402
 
-pytestmark = pytest.mark.ray
-
-
-@pytest.fixture(scope="module")
-def ray_session(tmp_path_factory, device):
-    tmp = tmp_path_factory.mktemp("ray")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # as `init_ray` sets it
-    # on the CPU one logical GPU, so that GPU reservations are placed as on a GPU node: Ray
-    # hands out its id and sets CUDA_VISIBLE_DEVICES to it. Its id, 99, names no real device,
-    # so torch in the actors sees none even on a GPU host. On CUDA, the GPUs Ray finds.
-    gpus, visible = {}, os.environ.get("CUDA_VISIBLE_DEVICES")
-    if device.type == "cpu":
-        gpus, os.environ["CUDA_VISIBLE_DEVICES"] = {"num_gpus": 1}, "99"
-    try:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 _temp_dir=str(tmp), configure_logging=False, **gpus)
-    finally:  # the raylet took its environment; this process keeps the suite's
-        if visible is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = visible
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.ray  # `ray_session`: conftest.py
 
 
 def test_killed_engine_worker_requests_are_requeued(ray_session, tiny_dir, device):

@@ -1,9 +1,9 @@
-"""LoRA publishes after the first send the targeted modules' merged weights alone
-(`reroll.lora.engine_state_dict(adapted_only=True)`, `Trainer.weights(trained_only=True)`):
-the dict holds exactly those names, an engine updated by partial publishes holds what full
-publishes would have given it, bit for bit, a name the engine lacks is refused before
-anything loads, and a LoRA run publishing partially samples the same tokens as one
-publishing every tensor each time."""
+"""LoRA's partial publish of merged weights (`reroll.lora.engine_state_dict(adapted_only=True)`,
+`Trainer.weights(trained_only=True)`): the dict holds exactly the targeted modules' merged
+weights, an engine updated by partial publishes holds what full publishes would have given
+it, bit for bit, a name the engine lacks is refused before anything loads; and a LoRA run,
+which publishes adapters after the first (test_lora_adapter_publish.py), samples the same
+tokens as one publishing every merged tensor each time."""
 
 import pytest
 import torch
@@ -95,33 +95,35 @@ def test_an_unknown_or_misshapen_tensor_is_refused_and_nothing_loads(small_run, 
     assert all(torch.equal(after[k], before[k]) for k in before)  # nothing loaded
 
 
-def test_a_lora_run_publishing_partially_samples_as_one_publishing_everything(
+def test_a_lora_run_publishing_adapters_samples_as_one_publishing_everything(
         small_run, tmp_path, monkeypatch):
-    """The engine weights differ in no bit, so every sampled token and log-prob agrees."""
-    runs = {"partial": tmp_path / "partial", "full": tmp_path / "full"}
+    """A run's publishes after the first hold the adapters alone (A, B and scale of each
+    targeted module, `reroll.engine.lora_apply` merges them); the engine weights differ in
+    no bit from full merged publishes', so every sampled token and log-prob agrees."""
+    runs = {"adapters": tmp_path / "adapters", "full": tmp_path / "full"}
     sent: dict[str, list[int]] = {k: [] for k in runs}
-    publish, init = compose.Transport.publish, compose.Transport.__init__
+    weights, init = compose.Transport.weights, compose.Transport.__init__
     for kind, out in runs.items():
-        def spy(self, version, kind=kind):
-            w = self.trainer.weights(trained_only=self.partial and self.sent)
+        def spy(self, kind=kind):
+            w = weights(self)
             sent[kind].append(len(w))
-            publish(self, version)
+            return w
 
         with monkeypatch.context() as m:
-            m.setattr(compose.Transport, "publish", spy)
-            if kind == "full":  # the engine gets every tensor at every publish
+            m.setattr(compose.Transport, "weights", spy)
+            if kind == "full":  # the engine gets every merged tensor at every publish
                 m.setattr(compose.Transport, "__init__",
                           lambda self, t, s, partial=True: init(self, t, s, partial=False))
             train(small_run(out, *QV, "train.steps=3", "runtime.max_staleness=1"),
                   progress=False)
-    n_full = sent["full"][0]
+    n_full, n_adapter = sent["full"][0], 3 * len(TARGETED)  # lora_A, lora_B, lora_scale
     assert sent["full"] == [n_full] * 3
-    assert sent["partial"] == [n_full, len(TARGETED), len(TARGETED)]
+    assert sent["adapters"] == [n_full + n_adapter, n_adapter, n_adapter]
 
     def records(d):
         return [(s, [(r["tokens"], r["logprobs"]) for r in g["rollouts"]])
                 for s, g in read_rollouts(d)]
 
-    assert records(runs["partial"]) == records(runs["full"])
-    assert ([m["loss/policy"] for m in read_metrics(runs["partial"])]
+    assert records(runs["adapters"]) == records(runs["full"])
+    assert ([m["loss/policy"] for m in read_metrics(runs["adapters"])]
             == [m["loss/policy"] for m in read_metrics(runs["full"])])
