@@ -37,9 +37,10 @@ import time
 import torch
 from torch import Tensor
 
-from reroll.engine import lora_apply
 from reroll.engine.core import DecodeCore
 from reroll.engine.kv_cache import decode_mask, prefill_mask
+from reroll.engine.lora_apply import Bases
+from reroll.engine.lora_apply import split as split_adapters
 from reroll.engine.plugins.branches import Branches
 from reroll.engine.plugins.drafts import Drafts
 from reroll.engine.plugins.forks import Forks
@@ -64,7 +65,7 @@ class TorchEngine(DecodeCore):
                          version=version, max_prefill_tokens=max_prefill_tokens,
                          admit_batch=admit_batch, plugins=PLUGINS)
         self.drafts, self.forks, self.branches, self.prune, self.redrafts = self.plugins
-        self.bases = lora_apply.Bases(model)  # LoRA publishes' base weights (none: off)
+        self.bases = Bases(model)  # LoRA publishes' base weights (none: off)
 
     # ---- public API (reroll.engine.base.Engine) ----------------------------------------
     def add(self, rollouts: list[Rollout],
@@ -152,7 +153,7 @@ class TorchEngine(DecodeCore):
         loaded."""
         for hook in self._hooks["weights"]:  # e.g. a quality head published with them
             state_dict = hook(state_dict)
-        plain, adapters = lora_apply.split(state_dict)
+        plain, adapters = split_adapters(state_dict)
         own = self.model.state_dict()
         unknown = sorted(k for k in plain if k not in own)
         wrong = sorted(k for k in plain if k in own and plain[k].shape != own[k].shape)
