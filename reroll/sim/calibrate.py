@@ -15,8 +15,11 @@ a step decodes length/max times with the batch's rows:
 - the trainer's side: non-negative least squares of ``time/train_s = train_step_s +
   train_token_s * tokens`` (prompt + response), the update itself;
 - the rest of a step, ``wall time - wait - time/train_s``, is the loop's own work
-  (publishing the weights, metrics, recording the rollouts), which runs in the process
-  that also drives generation: ``sync_s`` is its mean, a stop of both sides per update.
+  (recording the rollouts, metrics, fetching and publishing the weights): ``loop_s`` is its
+  mean, time the trainer waits while generation goes on (`reroll.loop.run` records and
+  logs while the rollout pipeline keeps generating). The weight swap itself
+  (``sync_s``, a stop of both sides) is left 0: in a synchronous run it is part of the
+  next wait, which the generation terms take.
 
 A run with partial rollouts interrupts the rows running at each weight update and resumes
 them, prefilling their prompt and prefix again; a synchronous run never does, so its fit
@@ -80,7 +83,7 @@ def fit(run_dirs: list[str | Path], *, prompt_tokens: int, skip: int = 1) -> dic
     step, token = nnls(train_x, train_y)
     return {"decode_base_s": base, "decode_row_s": row, "row_s": sample, "decode_ctx_s": 0.0,
             "prefill_token_s": 0.0, "train_step_s": step,
-            "train_token_s": token, "sync_s": max(0.0, sum(loop) / len(loop)),
+            "train_token_s": token, "loop_s": max(0.0, sum(loop) / len(loop)), "sync_s": 0.0,
             "prompt_tokens": prompt_tokens}
 
 

@@ -5,8 +5,10 @@ Scheduler` itself (its admission is `reroll.control.staleness.capacity`, its han
 `staleness.can_take`), exactly as `reroll.control.rollouts.Rollouts` drives it: admit when a
 group finishes and after each weight update, take ready groups until a step's samples are
 there. Time comes from the cost model: generation devices (`reroll.sim.gen_device`), a
-training step of ``train_step_s + train_token_s * tokens / train_devices``, and a weight
-update that stops trainer and generation for ``sync_s``.
+training step of ``train_step_s + train_token_s * tokens / train_devices``, the loop's own
+work after it (``loop_s``: the trainer waits, generation goes on, as in `reroll.loop.run`,
+which records and logs while the rollout pipeline keeps generating), and a weight update
+that stops trainer and generation for ``sync_s``.
 
 Early stops are the real rules too, on the simulated lengths. DUET (``run.duet_horizon``):
 the run's `reroll.methods.duet.MarkerGate` gives each sample its stop rule and keep draw
@@ -82,6 +84,7 @@ class Simulation:
         self.updating = False  # weights being published: no new chunk starts
         self.step_ends: list[float] = []
         self.lags: Counter[int] = Counter()
+        self.per_step: list[dict] = []  # the schedule's counts of each step (`result`)
         self.train_s = 0.0
         self.samples = self.tokens = 0
         self.left: dict[str, int] = {}  # group -> members still generating
@@ -237,14 +240,19 @@ class Simulation:
             return
         batch, self.got, self.waiting = self.sched.batch_order(self.got), [], False
         self.sched.controller.end_step(batch)  # as Rollouts.next_batch: the allocator's step
+        lags: Counter[int] = Counter()
         for g in batch:
-            self.lags[self.trainer_version - g.start_version] += 1
+            lags[self.trainer_version - g.start_version] += 1
+        self.lags.update(lags)
+        self.per_step.append({"samples": sum(len(g.rollouts) for g in batch),
+                              "lags": dict(sorted(lags.items())), "resumed": 0})
         tokens = sum(len(r.tokens) for g in batch for r in g.rollouts)
         dt = self.s.train_step_s + self.s.train_token_s * tokens / self.s.train_devices
         self.train_s += dt
         self.samples += sum(len(g.rollouts) for g in batch)
         self.tokens += sum(r.n_sampled for g in batch for r in g.rollouts)
-        self.horizon = self.now + dt  # no chunk runs past the step's end
+        # the loop's own work follows (generation goes on); no chunk runs past the update
+        self.horizon = self.now + dt + self.s.loop_s
         for i in range(len(self.devices)):
             self._recut(i, self.horizon)
         self._push(self.horizon, "trained")
@@ -256,10 +264,12 @@ class Simulation:
             self._chunk_event(i, self.devices[i].cut(t))
 
     def _publish(self) -> None:
-        """The step is trained: the weights go out once every device has finished the
-        decode step under way; trainer and devices then stop for ``sync_s``."""
+        """The step is trained and the loop's work after it done: the weights go out once
+        every device has finished the decode step under way; trainer and devices then stop
+        for ``sync_s``."""
         self.trainer_version += 1
         self.step_ends.append(self.now)
+        self.per_step[-1]["started"] = self.sched.counters()["started"]  # as the loop logs it
         self.updating = True
         if all(d.chunk is None for d in self.devices):
             self._push(self.now + self.s.sync_s, "synced")
@@ -267,8 +277,10 @@ class Simulation:
     def _synced(self) -> None:
         self.engine_version = self.trainer_version
         self.updating, self.horizon, self.waiting = False, None, True
+        before = sum(d.resumed for d in self.devices)
         for dev in self.devices:
             dev.pause(self.now, reprefill=self.run.partial_rollouts)
+        self.per_step[-1]["resumed"] = sum(d.resumed for d in self.devices) - before
         self._admit()
         self._take()
 
@@ -298,6 +310,7 @@ class Simulation:
             "batch": self.batch,
             "resumed": sum(d.resumed for d in self.devices),
             "early_stops": dict(self.stops),
+            "per_step": self.per_step,
         }
 
 

@@ -43,7 +43,7 @@ def test_fit_separates_a_per_sample_cost_with_two_response_lengths(tmp_path):
     assert (f["decode_base_s"], f["decode_row_s"], f["row_s"]) == pytest.approx(
         (0.01, 0.001, 0.004))
     assert (f["train_step_s"], f["train_token_s"]) == pytest.approx((0.05, 0.0), abs=1e-12)
-    assert f["sync_s"] == pytest.approx(0.0, abs=1e-12)  # wall = wait + train exactly
+    assert f["loop_s"] == pytest.approx(0.0, abs=1e-12)  # wall = wait + train exactly
 
 
 def test_fit_resume_from_engine_time(tmp_path):
