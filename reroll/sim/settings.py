@@ -60,6 +60,10 @@ class SimSettings:
     """The loop's own work after each training step, before it publishes the weights
     (recording the batch, metrics, fetching the weights: `reroll.loop.run`): the trainer
     waits, generation goes on (the rollout pipeline runs in threads of its own)."""
+    loop_on_gen: bool = False
+    """The loop's own work (``loop_s``) runs on the first generation device's processor
+    (the driver pinned beside engine 0: `runtime.pin_cores` on a CPU machine): while both
+    have work, each goes at half speed."""
     sync_s: float = 0.0
     """Weight publication: trainer and generation devices stop this long per update."""
     lengths: str = "fixed"

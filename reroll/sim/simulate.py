@@ -82,6 +82,9 @@ class Simulation:
         self.waiting = True  # the trainer waits for a batch
         self.plans: dict[int, tuple | None] = {}  # device -> (device, chunk end, token)
         self.updating = False  # weights being published: no new chunk starts
+        self.loop_left: float | None = None  # the loop's work still to do after a step
+        self.loop_since = 0.0  # when loop_left was last brought up to date
+        self.loop_end: tuple | None = None  # its valid "looped" event
         self.step_ends: list[float] = []
         self.lags: Counter[int] = Counter()
         self.per_step: list[dict] = []  # the schedule's counts of each step (`result`)
@@ -139,13 +142,19 @@ class Simulation:
             t, _, kind, what = heapq.heappop(self.events)
             if kind == "gen" and self.plans.get(what[0]) != what:
                 continue  # a chunk that was cut or replanned
+            if kind == "looped" and what != self.loop_end:
+                continue  # the loop's end moved
+            self._loop_account(t)
             self.now = t
             if kind == "gen":
                 self._chunk_done(what[0])
             elif kind == "trained":
-                self._publish()
+                self._trained()
+            elif kind == "looped":
+                self._looped()
             elif kind == "synced":
                 self._synced()
+            self._loop_schedule()
         return self.result()
 
     def _push(self, t: float, kind: str, what: object = None) -> None:
@@ -251,8 +260,7 @@ class Simulation:
         self.train_s += dt
         self.samples += sum(len(g.rollouts) for g in batch)
         self.tokens += sum(r.n_sampled for g in batch for r in g.rollouts)
-        # the loop's own work follows (generation goes on); no chunk runs past the update
-        self.horizon = self.now + dt + self.s.loop_s
+        self.horizon = self.now + dt  # no chunk runs past the step's end
         for i in range(len(self.devices)):
             self._recut(i, self.horizon)
         self._push(self.horizon, "trained")
@@ -262,6 +270,54 @@ class Simulation:
         plan = self.plans.get(i)
         if plan is not None and plan[1] > t:
             self._chunk_event(i, self.devices[i].cut(t))
+
+    # ---- the loop's own work after a step ---------------------------------------------
+    def _trained(self) -> None:
+        """The step is trained: the loop's own work (``loop_s``) comes before the update;
+        generation goes on meanwhile, sharing its processor with it if ``loop_on_gen``."""
+        if self.s.loop_s <= 0:
+            self._publish()
+            return
+        self.loop_left, self.loop_since = self.s.loop_s, self.now
+        if self.s.loop_on_gen:
+            self.devices[0].set_share(2.0)
+            self._recut(0, self.now)  # the decode step under way ends at full speed
+
+    def _loop_rate(self) -> float:
+        """The loop's work done per second: half while it shares a busy processor."""
+        return 0.5 if self.s.loop_on_gen and self.plans.get(0) is not None else 1.0
+
+    def _loop_account(self, t: float) -> None:
+        """The loop's work done up to ``t`` at the rate since the last event."""
+        if self.loop_left is not None:
+            self.loop_left -= (t - self.loop_since) * self._loop_rate()
+            self.loop_since = t
+
+    def _loop_schedule(self) -> None:
+        """When the loop's work ends at the present rate: the update's time, the horizon
+        no chunk runs past (a device stopped at an earlier horizon plans again)."""
+        if self.loop_left is None:
+            return
+        for _ in range(2):  # a device that starts a chunk now changes the rate once
+            end = self.now + max(0.0, self.loop_left) / self._loop_rate()
+            self.horizon = end
+            for i in range(len(self.devices)):
+                self._recut(i, end)
+                if self.plans.get(i) is None and not self.updating:
+                    self._plan(i)
+        if self.loop_end is None or abs(self.loop_end[0] - end) > 1e-12:
+            self._seq += 1
+            self.loop_end = (end, self._seq)
+            self._push(end, "looped", self.loop_end)
+
+    def _looped(self) -> None:
+        self.loop_left = self.loop_end = None
+        if self.s.loop_on_gen:
+            self.devices[0].set_share(1.0)
+        self.horizon = self.now
+        for i in range(len(self.devices)):
+            self._recut(i, self.now)
+        self._publish()
 
     def _publish(self) -> None:
         """The step is trained and the loop's work after it done: the weights go out once
