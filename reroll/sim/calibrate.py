@@ -30,6 +30,10 @@ resume_row_s * requests resumed`` per step (the counters are cumulative, so per 
 the difference of two rows; a resume comes with the admission of new groups after an
 update, whose own prefill the middle term takes).
 
+On a shared machine a step now and then stalls for seconds (another process holds the
+core); such steps (more than twice their run's median for the same work) are left out of
+each term's fit: the mean-square fit would otherwise follow them.
+
 Knows metrics rows and the cost model's fields, nothing else.
 """
 
@@ -63,20 +67,36 @@ def nnls(x: list[list[float]], y: list[float]) -> list[float]:
     return best[1]
 
 
+def unstalled(ys: list[float], factor: float = 2.0) -> list[bool]:
+    """Which of one run's measurements of the same work to keep: those at most ``factor``
+    times the run's median (a step that took longer was stalled by other work on the
+    machine, which the cost model does not describe)."""
+    m = float(np.median(ys)) if ys else 0.0
+    return [y <= factor * m for y in ys]
+
+
 def fit(run_dirs: list[str | Path], *, prompt_tokens: int, skip: int = 1) -> dict[str, float]:
     """Cost-model fields (`reroll.sim.settings.SimSettings`) from synchronous runs' metrics;
-    the first ``skip`` steps of each run (warm-up) are left out."""
+    the first ``skip`` steps of each run (warm-up) are left out, and so is each term's
+    stalled steps (`unstalled`)."""
     gen_x, gen_y, train_x, train_y, loop = [], [], [], [], []
     for d in run_dirs:
         rows = [r for r in read_metrics(d) if "time/train_s" in r]
-        for prev, r in list(zip(rows, rows[1:]))[max(0, skip - 1):]:
+        pairs = list(zip(rows, rows[1:]))[max(0, skip - 1):]
+        waits = [r["time/wait_for_rollouts_s"] for _, r in pairs]
+        trains = [r["time/train_s"] for _, r in pairs]
+        loops = [r["time"] - p["time"] - w - t for (p, r), w, t in zip(pairs, waits, trains)]
+        for (_, r), w, t, lp, kw, kt, kl in zip(pairs, waits, trains, loops, unstalled(waits),
+                                               unstalled(trains), unstalled(loops)):
             n = r["pipeline/samples_in_batch"]
-            gen_x.append([r["length/max"], n * r["length/mean"], n])
-            gen_y.append(r["time/wait_for_rollouts_s"])
-            train_x.append([1.0, n * (prompt_tokens + r["length/mean"])])
-            train_y.append(r["time/train_s"])
-            loop.append(r["time"] - prev["time"] - r["time/wait_for_rollouts_s"]
-                        - r["time/train_s"])
+            if kw:
+                gen_x.append([r["length/max"], n * r["length/mean"], n])
+                gen_y.append(w)
+            if kt:
+                train_x.append([1.0, n * (prompt_tokens + r["length/mean"])])
+                train_y.append(t)
+            if kl:
+                loop.append(lp)
     if not gen_y:
         raise ValueError(f"no consecutive step rows in the metrics of {run_dirs}")
     base, row, sample = nnls(gen_x, gen_y)
