@@ -4,7 +4,7 @@
    responses, 4 groups with 12-token ones; rollouts recorded), and
    `reroll.sim.calibrate.fit` on their metrics (decode cost per step and per token, a
    fixed cost per sample, training cost per step and per token, the loop's own work per
-   step as a stop of both sides); one asynchronous run with partial rollouts (16 groups,
+   step, during which generation goes on on the core it shares with it); one asynchronous run with partial rollouts (16 groups,
    max_staleness 1, 12-token responses) and `fit_resume` on all four (the engine's time
    per resumed request).
 2. Predict, with that cost model and the response lengths recorded by the 16-group run (by
