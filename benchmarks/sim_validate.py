@@ -4,7 +4,7 @@
    responses, 4 groups with 12-token ones; rollouts recorded), and
    `reroll.sim.calibrate.fit` on their metrics (decode cost per step and per token, a
    fixed cost per sample, training cost per step and per token, the loop's own work per
-   step as a stop of both sides); one asynchronous run with partial rollouts (16 groups,
+   step, during which generation goes on on the core it shares with it); one asynchronous run with partial rollouts (16 groups,
    max_staleness 1, 12-token responses) and `fit_resume` on all four (the engine's time
    per resumed request).
 2. Predict, with that cost model and the response lengths recorded by the 16-group run (by
@@ -36,7 +36,7 @@ import sys
 from pathlib import Path
 
 from reroll.config_checks import load_checked
-from reroll.runlog import read_metrics
+from reroll.runlog import read_metrics, read_rollouts
 from reroll.sim.calibrate import fit, fit_resume
 from reroll.sim.settings import SimRun, SimSettings
 from reroll.sim.simulate import simulate
@@ -88,18 +88,36 @@ def measured(run_dir: Path, skip: int) -> float:
 def predicted(overrides: list[str], cost: dict, lengths: Path, steps: int, skip: int) -> dict:
     cfg = load_checked(str(CONFIG), [*BASE, *overrides])
     run = SimRun.from_config(cfg)
-    r = simulate(run, SimSettings(**cost, lengths=str(lengths), steps=steps))
+    # runtime.pin_cores puts the driver (the loop's own work) on the engine's core
+    r = simulate(run, SimSettings(**cost, lengths=str(lengths), steps=steps, loop_on_gen=True))
     ends = r["step_ends_s"]
     t0 = ends[skip - 1] if skip else 0.0
+    per = r["per_step"][skip:]
     return {"samples_per_s": run.batch * (len(ends) - skip) / (ends[-1] - t0),
             "gen_idle": r["gen_idle"], "train_idle": r["train_idle"],
-            "staleness": r["staleness"], "resumed_per_step": r["resumed"] / len(ends)}
+            "resumed_per_step": sum(p["resumed"] for p in per) / len(per),
+            "lag": _mean_lag([p["lags"] for p in per])}
 
 
-def resumed_per_step(run_dir: Path) -> float:
-    """Requests the engine resumed per step (partial rollouts), over the whole run."""
-    rows = read_metrics(run_dir)
-    return rows[-1].get("engine/requests_resumed", 0.0) / len(rows)
+def counts(run_dir: Path, skip: int) -> dict:
+    """The measured schedule after the first ``skip`` steps: requests resumed per step
+    (engine/requests_resumed is cumulative) and the mean lag of a trained group (trainer
+    version - start version, from the recorded rollouts)."""
+    rows = [r for r in read_metrics(run_dir) if "pipeline/samples_in_batch" in r]
+    res = [r.get("engine/requests_resumed", 0.0) for r in rows]
+    lags: dict[int, dict[int, int]] = {}
+    for step, g in read_rollouts(run_dir):
+        if step > skip:
+            lag = step - 1 - g["start_version"]
+            lags.setdefault(step, {}).setdefault(lag, 0)
+            lags[step][lag] += 1
+    return {"resumed_per_step": (res[-1] - res[skip - 1]) / (len(res) - skip),
+            "lag": _mean_lag(list(lags.values()))}
+
+
+def _mean_lag(hists: list[dict[int, int]]) -> float:
+    n = sum(c for h in hists for c in h.values())
+    return sum(k * c for h in hists for k, c in h.items()) / max(1, n)
 
 
 def main() -> None:
@@ -132,12 +150,14 @@ def main() -> None:
         p = predicted(ov, cost, lengths, steps, a.skip)
         rows.append((name, m, p, d))
     print("\n| variant | measured samples/s | predicted | predicted/measured | "
-          "sim gen idle | sim train idle | resumed a step, measured / sim |"
-          "\n|---|---|---|---|---|---|---|")
+          "sim gen idle | sim train idle | resumed a step, measured / sim | "
+          "mean lag, measured / sim |\n|---|---|---|---|---|---|---|---|")
     for name, m, p, d in rows:
+        c = counts(d, a.skip)
         print(f"| {name} | {m:.1f} | {p['samples_per_s']:.1f} | "
               f"{p['samples_per_s'] / m:.3f} | {p['gen_idle']:.2f} | {p['train_idle']:.2f} | "
-              f"{resumed_per_step(d):.0f} / {p['resumed_per_step']:.0f} |")
+              f"{c['resumed_per_step']:.1f} / {p['resumed_per_step']:.1f} | "
+              f"{c['lag']:.2f} / {p['lag']:.2f} |")
     sync_m, sync_p = rows[0][1], rows[0][2]["samples_per_s"]
     print("\nspeed-up over sync, measured / predicted: " + ", ".join(
         f"{n} {m / sync_m:.2f} / {p['samples_per_s'] / sync_p:.2f}" for n, m, p, _ in rows[1:]))

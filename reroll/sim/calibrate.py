@@ -15,8 +15,11 @@ a step decodes length/max times with the batch's rows:
 - the trainer's side: non-negative least squares of ``time/train_s = train_step_s +
   train_token_s * tokens`` (prompt + response), the update itself;
 - the rest of a step, ``wall time - wait - time/train_s``, is the loop's own work
-  (publishing the weights, metrics, recording the rollouts), which runs in the process
-  that also drives generation: ``sync_s`` is its mean, a stop of both sides per update.
+  (recording the rollouts, metrics, fetching and publishing the weights): ``loop_s`` is its
+  mean, time the trainer waits while generation goes on (`reroll.loop.run` records and
+  logs while the rollout pipeline keeps generating). The weight swap itself
+  (``sync_s``, a stop of both sides) is left 0: in a synchronous run it is part of the
+  next wait, which the generation terms take.
 
 A run with partial rollouts interrupts the rows running at each weight update and resumes
 them, prefilling their prompt and prefix again; a synchronous run never does, so its fit
@@ -26,6 +29,10 @@ least squares of ``generate_s = a * tokens generated + b * samples started +
 resume_row_s * requests resumed`` per step (the counters are cumulative, so per step is
 the difference of two rows; a resume comes with the admission of new groups after an
 update, whose own prefill the middle term takes).
+
+On a shared machine a step now and then stalls for seconds (another process holds the
+core); such steps (more than twice their run's median for the same work) are left out of
+each term's fit: the mean-square fit would otherwise follow them.
 
 Knows metrics rows and the cost model's fields, nothing else.
 """
@@ -60,27 +67,43 @@ def nnls(x: list[list[float]], y: list[float]) -> list[float]:
     return best[1]
 
 
+def unstalled(ys: list[float], factor: float = 2.0) -> list[bool]:
+    """Which of one run's measurements of the same work to keep: those at most ``factor``
+    times the run's median (a step that took longer was stalled by other work on the
+    machine, which the cost model does not describe)."""
+    m = float(np.median(ys)) if ys else 0.0
+    return [y <= factor * m for y in ys]
+
+
 def fit(run_dirs: list[str | Path], *, prompt_tokens: int, skip: int = 1) -> dict[str, float]:
     """Cost-model fields (`reroll.sim.settings.SimSettings`) from synchronous runs' metrics;
-    the first ``skip`` steps of each run (warm-up) are left out."""
+    the first ``skip`` steps of each run (warm-up) are left out, and so is each term's
+    stalled steps (`unstalled`)."""
     gen_x, gen_y, train_x, train_y, loop = [], [], [], [], []
     for d in run_dirs:
         rows = [r for r in read_metrics(d) if "time/train_s" in r]
-        for prev, r in list(zip(rows, rows[1:]))[max(0, skip - 1):]:
+        pairs = list(zip(rows, rows[1:]))[max(0, skip - 1):]
+        waits = [r["time/wait_for_rollouts_s"] for _, r in pairs]
+        trains = [r["time/train_s"] for _, r in pairs]
+        loops = [r["time"] - p["time"] - w - t for (p, r), w, t in zip(pairs, waits, trains)]
+        for (_, r), w, t, lp, kw, kt, kl in zip(pairs, waits, trains, loops, unstalled(waits),
+                                               unstalled(trains), unstalled(loops)):
             n = r["pipeline/samples_in_batch"]
-            gen_x.append([r["length/max"], n * r["length/mean"], n])
-            gen_y.append(r["time/wait_for_rollouts_s"])
-            train_x.append([1.0, n * (prompt_tokens + r["length/mean"])])
-            train_y.append(r["time/train_s"])
-            loop.append(r["time"] - prev["time"] - r["time/wait_for_rollouts_s"]
-                        - r["time/train_s"])
+            if kw:
+                gen_x.append([r["length/max"], n * r["length/mean"], n])
+                gen_y.append(w)
+            if kt:
+                train_x.append([1.0, n * (prompt_tokens + r["length/mean"])])
+                train_y.append(t)
+            if kl:
+                loop.append(lp)
     if not gen_y:
         raise ValueError(f"no consecutive step rows in the metrics of {run_dirs}")
     base, row, sample = nnls(gen_x, gen_y)
     step, token = nnls(train_x, train_y)
     return {"decode_base_s": base, "decode_row_s": row, "row_s": sample, "decode_ctx_s": 0.0,
             "prefill_token_s": 0.0, "train_step_s": step,
-            "train_token_s": token, "sync_s": max(0.0, sum(loop) / len(loop)),
+            "train_token_s": token, "loop_s": max(0.0, sum(loop) / len(loop)), "sync_s": 0.0,
             "prompt_tokens": prompt_tokens}
 
 

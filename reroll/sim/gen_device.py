@@ -39,6 +39,8 @@ class GenDevice:
         self.tokens = 0
         self.resumed = 0  # rows interrupted and resumed by weight updates
         self.arrived: list[Row] = []  # rows the last chunk brought to their checkpoint
+        self.share = 1.0  # wall time per unit of work (2: the core is shared half and half)
+        self._next_share: float | None = None  # applies when the running chunk ends
 
     @property
     def load(self) -> int:
@@ -46,6 +48,13 @@ class GenDevice:
 
     def add(self, rows: list[Row]) -> None:
         self.queue += rows
+
+    def set_share(self, share: float) -> None:
+        """Wall time per unit of work from the next chunk on (the running one keeps its)."""
+        if self.chunk is None:
+            self.share = share
+        else:
+            self._next_share = share
 
     # ---- cost model ----------------------------------------------------------------------
     def _prefill_s(self) -> float:
@@ -57,8 +66,8 @@ class GenDevice:
         """Time of the current batch's first ``j`` decode steps (with its pending prefill)."""
         s, n = self.s, len(self.rows)
         ctx = sum(r.ctx for r in self.rows)
-        return (self._prefill_s() + j * (s.decode_base_s + s.decode_row_s * n)
-                + s.decode_ctx_s * (j * ctx + n * j * (j - 1) / 2))
+        return self.share * (self._prefill_s() + j * (s.decode_base_s + s.decode_row_s * n)
+                             + s.decode_ctx_s * (j * ctx + n * j * (j - 1) / 2))
 
     def steps_to(self, t: float, most: int) -> int:
         """Decode steps of the current batch, from ``self.t``, until the one under way at
@@ -116,6 +125,8 @@ class GenDevice:
         done = [r for r in self.rows if r.left <= 0]
         self.rows = [r for r in self.rows if r.left > 0]
         self.chunk = None
+        if self._next_share is not None:
+            self.share, self._next_share = self._next_share, None
         return done
 
     def drop(self, which) -> list[Row]:

@@ -25,9 +25,10 @@ class SimSettings:
     rollouts) first pays ``prefill_token_s`` per token of its prompt and prefix (a resumed one
     ``resume_row_s`` more, an admitted one ``row_s`` more), added to the step that admits
     it. Training a batch takes ``train_step_s + train_token_s * tokens / train_devices``
-    (data parallel: tokens are prompt + response of every sample). Publishing
-    weights stops the trainer and every generation device for ``sync_s`` after the
-    devices' current decode step."""
+    (data parallel: tokens are prompt + response of every sample). After it the loop does
+    its own work for ``loop_s`` (the trainer waits, generation goes on under the old
+    weights); then publishing the weights stops the trainer and every generation device
+    for ``sync_s`` after the devices' current decode step."""
 
     gen_devices: int = 1
     """Generation devices (engine replicas); a group runs on the least loaded one."""
@@ -55,6 +56,14 @@ class SimSettings:
     """Fixed cost of one optimiser step."""
     train_token_s: float = 1e-4
     """Training cost (forward, backward, optimiser share) per token on one device."""
+    loop_s: float = 0.0
+    """The loop's own work after each training step, before it publishes the weights
+    (recording the batch, metrics, fetching the weights: `reroll.loop.run`): the trainer
+    waits, generation goes on (the rollout pipeline runs in threads of its own)."""
+    loop_on_gen: bool = False
+    """The loop's own work (``loop_s``) runs on the first generation device's processor
+    (the driver pinned beside engine 0: `runtime.pin_cores` on a CPU machine): while both
+    have work, each goes at half speed."""
     sync_s: float = 0.0
     """Weight publication: trainer and generation devices stop this long per update."""
     lengths: str = "fixed"

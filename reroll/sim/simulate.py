@@ -5,8 +5,10 @@ Scheduler` itself (its admission is `reroll.control.staleness.capacity`, its han
 `staleness.can_take`), exactly as `reroll.control.rollouts.Rollouts` drives it: admit when a
 group finishes and after each weight update, take ready groups until a step's samples are
 there. Time comes from the cost model: generation devices (`reroll.sim.gen_device`), a
-training step of ``train_step_s + train_token_s * tokens / train_devices``, and a weight
-update that stops trainer and generation for ``sync_s``.
+training step of ``train_step_s + train_token_s * tokens / train_devices``, the loop's own
+work after it (``loop_s``: the trainer waits, generation goes on, as in `reroll.loop.run`,
+which records and logs while the rollout pipeline keeps generating), and a weight update
+that stops trainer and generation for ``sync_s``.
 
 Early stops are the real rules too, on the simulated lengths. DUET (``run.duet_horizon``):
 the run's `reroll.methods.duet.MarkerGate` gives each sample its stop rule and keep draw
@@ -80,8 +82,12 @@ class Simulation:
         self.waiting = True  # the trainer waits for a batch
         self.plans: dict[int, tuple | None] = {}  # device -> (device, chunk end, token)
         self.updating = False  # weights being published: no new chunk starts
+        self.loop_left: float | None = None  # the loop's work still to do after a step
+        self.loop_since = 0.0  # when loop_left was last brought up to date
+        self.loop_end: tuple | None = None  # its valid "looped" event
         self.step_ends: list[float] = []
         self.lags: Counter[int] = Counter()
+        self.per_step: list[dict] = []  # the schedule's counts of each step (`result`)
         self.train_s = 0.0
         self.samples = self.tokens = 0
         self.left: dict[str, int] = {}  # group -> members still generating
@@ -136,13 +142,19 @@ class Simulation:
             t, _, kind, what = heapq.heappop(self.events)
             if kind == "gen" and self.plans.get(what[0]) != what:
                 continue  # a chunk that was cut or replanned
+            if kind == "looped" and what != self.loop_end:
+                continue  # the loop's end moved
+            self._loop_account(t)
             self.now = t
             if kind == "gen":
                 self._chunk_done(what[0])
             elif kind == "trained":
-                self._publish()
+                self._trained()
+            elif kind == "looped":
+                self._looped()
             elif kind == "synced":
                 self._synced()
+            self._loop_schedule()
         return self.result()
 
     def _push(self, t: float, kind: str, what: object = None) -> None:
@@ -237,8 +249,12 @@ class Simulation:
             return
         batch, self.got, self.waiting = self.sched.batch_order(self.got), [], False
         self.sched.controller.end_step(batch)  # as Rollouts.next_batch: the allocator's step
+        lags: Counter[int] = Counter()
         for g in batch:
-            self.lags[self.trainer_version - g.start_version] += 1
+            lags[self.trainer_version - g.start_version] += 1
+        self.lags.update(lags)
+        self.per_step.append({"samples": sum(len(g.rollouts) for g in batch),
+                              "lags": dict(sorted(lags.items())), "resumed": 0})
         tokens = sum(len(r.tokens) for g in batch for r in g.rollouts)
         dt = self.s.train_step_s + self.s.train_token_s * tokens / self.s.train_devices
         self.train_s += dt
@@ -255,11 +271,61 @@ class Simulation:
         if plan is not None and plan[1] > t:
             self._chunk_event(i, self.devices[i].cut(t))
 
+    # ---- the loop's own work after a step ---------------------------------------------
+    def _trained(self) -> None:
+        """The step is trained: the loop's own work (``loop_s``) comes before the update;
+        generation goes on meanwhile, sharing its processor with it if ``loop_on_gen``."""
+        if self.s.loop_s <= 0:
+            self._publish()
+            return
+        self.loop_left, self.loop_since = self.s.loop_s, self.now
+        if self.s.loop_on_gen:
+            self.devices[0].set_share(2.0)
+            self._recut(0, self.now)  # the decode step under way ends at full speed
+
+    def _loop_rate(self) -> float:
+        """The loop's work done per second: half while it shares a busy processor."""
+        return 0.5 if self.s.loop_on_gen and self.plans.get(0) is not None else 1.0
+
+    def _loop_account(self, t: float) -> None:
+        """The loop's work done up to ``t`` at the rate since the last event."""
+        if self.loop_left is not None:
+            self.loop_left -= (t - self.loop_since) * self._loop_rate()
+            self.loop_since = t
+
+    def _loop_schedule(self) -> None:
+        """When the loop's work ends at the present rate: the update's time, the horizon
+        no chunk runs past (a device stopped at an earlier horizon plans again)."""
+        if self.loop_left is None:
+            return
+        for _ in range(2):  # a device that starts a chunk now changes the rate once
+            end = self.now + max(0.0, self.loop_left) / self._loop_rate()
+            self.horizon = end
+            for i in range(len(self.devices)):
+                self._recut(i, end)
+                if self.plans.get(i) is None and not self.updating:
+                    self._plan(i)
+        if self.loop_end is None or abs(self.loop_end[0] - end) > 1e-12:
+            self._seq += 1
+            self.loop_end = (end, self._seq)
+            self._push(end, "looped", self.loop_end)
+
+    def _looped(self) -> None:
+        self.loop_left = self.loop_end = None
+        if self.s.loop_on_gen:
+            self.devices[0].set_share(1.0)
+        self.horizon = self.now
+        for i in range(len(self.devices)):
+            self._recut(i, self.now)
+        self._publish()
+
     def _publish(self) -> None:
-        """The step is trained: the weights go out once every device has finished the
-        decode step under way; trainer and devices then stop for ``sync_s``."""
+        """The step is trained and the loop's work after it done: the weights go out once
+        every device has finished the decode step under way; trainer and devices then stop
+        for ``sync_s``."""
         self.trainer_version += 1
         self.step_ends.append(self.now)
+        self.per_step[-1]["started"] = self.sched.counters()["started"]  # as the loop logs it
         self.updating = True
         if all(d.chunk is None for d in self.devices):
             self._push(self.now + self.s.sync_s, "synced")
@@ -267,8 +333,10 @@ class Simulation:
     def _synced(self) -> None:
         self.engine_version = self.trainer_version
         self.updating, self.horizon, self.waiting = False, None, True
+        before = sum(d.resumed for d in self.devices)
         for dev in self.devices:
             dev.pause(self.now, reprefill=self.run.partial_rollouts)
+        self.per_step[-1]["resumed"] = sum(d.resumed for d in self.devices) - before
         self._admit()
         self._take()
 
@@ -298,6 +366,7 @@ class Simulation:
             "batch": self.batch,
             "resumed": sum(d.resumed for d in self.devices),
             "early_stops": dict(self.stops),
+            "per_step": self.per_step,
         }
 
 

@@ -131,3 +131,36 @@ def test_the_rules_are_the_real_schedulers(monkeypatch):
     monkeypatch.setattr(scheduler_module, "capacity", lambda *a, **kw: 0)
     with pytest.raises(RuntimeError, match="stalled"):
         run(1, steps=1)
+
+
+def test_generation_goes_on_during_the_loops_own_work():
+    # async 1, training 9 s, 2 s of the loop's own work after each step (recording,
+    # metrics: reroll.loop.run does it while the pipeline generates), swap free. 4 rows
+    # done at 10; train 10-19, loop 19-21, swap at 21 admits 2 (decoding 21-31); train
+    # 21-30, loop 30-32: they finish at 31, before the swap at 32, so nothing is resumed.
+    # The same 2 s as a stop of both sides (sync_s) catches them at 30 with 9 tokens.
+    loop = run(1, steps=3, train_step_s=9.0, loop_s=2.0)
+    assert loop["step_ends_s"] == [21.0, 32.0, 43.0]
+    assert [p["resumed"] for p in loop["per_step"]] == [0, 0, 0]
+    assert [p["started"] for p in loop["per_step"]] == [4, 6, 8]
+    assert [p["lags"] for p in loop["per_step"]] == [{0: 2}, {1: 2}, {1: 2}]
+    stop = run(1, steps=3, train_step_s=9.0, sync_s=2.0)
+    # train 10-19, stop 19-21; train 21-30, stop 30-32 with the pair resumed (done at 33);
+    # the next pair is taken at 33, trained 33-42
+    assert stop["step_ends_s"] == [19.0, 30.0, 42.0]
+    assert [p["resumed"] for p in stop["per_step"]] == [0, 2, 0]
+
+
+def test_the_loops_work_shares_the_first_devices_processor():
+    # as above, with the loop's 2 s of work on the generation device's processor: while
+    # both have work each goes at half speed. Swap at 21 as before (the device was idle);
+    # at 30 the pair has 1 token left: 2 s at half speed (30-32), the loop does 1 s of its
+    # work meanwhile and the rest alone (32-33): swap at 33, nothing resumed
+    shared = run(1, steps=3, train_step_s=9.0, loop_s=2.0, loop_on_gen=True)
+    assert shared["step_ends_s"] == [21.0, 33.0, 45.0]
+    assert [p["resumed"] for p in shared["per_step"]] == [0, 0, 0]
+    # training 7 s: at 26 the pair has 3 tokens left (6 s at half speed); the loop's 2 s
+    # end at 30, the decode step under way ends then too: the pair is resumed with 9 tokens
+    short = run(1, steps=3, train_step_s=7.0, loop_s=2.0, loop_on_gen=True)
+    assert short["step_ends_s"] == [19.0, 30.0, 42.0]
+    assert [p["resumed"] for p in short["per_step"]] == [0, 2, 0]
