@@ -4,6 +4,8 @@ trainer as an actor behind the TrainerHandle: a Ray run ends with the same weigh
 run and as a stopped-and-resumed Ray run (bitwise), in-loop evaluation sees the trained
 weights, and a killed trainer actor stops the run with a clear error, checkpoints intact."""
 
+import os
+
 import pytest
 import torch
 

@@ -10,10 +10,10 @@ import torch
 
 pytest.importorskip("peft", reason="[lora] trains adapters through peft (reroll[lora])")
 
-from reroll import build, lora  # noqa: E402
+from test_lora_publish import QV, _train_adapter, _trainer  # noqa: E402  (same tiny trainer)
 
-QV = ["lora.rank=4", "lora.alpha=8", 'lora.target_modules=["q_proj","v_proj"]',
-      "model.num_layers=2"]
+from reroll import build  # noqa: E402
+
 MODULES = ["model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.v_proj",
            "model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.v_proj"]
 ADAPTER_KEYS = {m + s for m in MODULES for s in (".lora_A", ".lora_B", ".lora_scale")}
@@ -21,21 +21,6 @@ ADAPTER_KEYS = {m + s for m in MODULES for s in (".lora_A", ".lora_B", ".lora_sc
 # 128 x 128 and v_proj 64 x 128; rank 4: A is 4 x 128, B is 128 x 4 (q) or 64 x 4 (v)
 SHAPES = {"q_proj": ((4, 128), (128, 4)), "v_proj": ((4, 128), (64, 4))}
 BASE_BYTES = 2 * (128 * 128 + 64 * 128) * 4  # two layers' float32 q and v bases
-
-
-def _trainer(small_run, tmp_path, *extra):
-    cfg = small_run(tmp_path / "r", *extra)
-    torch.manual_seed(0)
-    return cfg, build.build_trainer(cfg, build.model_dir(cfg, tmp_path / "r"))
-
-
-def _train_adapter(trainer, seed):
-    """Stands for an optimiser step: new values for every adapter tensor."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for _, layer in lora.lora_layers(trainer.model):
-            for m in (layer.lora_A["default"], layer.lora_B["default"]):
-                m.weight.copy_(torch.randn(m.weight.shape, generator=g) * 0.1)
 
 
 def test_the_adapter_publish_holds_a_b_and_scale_alone(small_run, tmp_path):
