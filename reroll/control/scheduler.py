@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from reroll.control.controller import Controller
 from reroll.control.prompts import PromptStream
-from reroll.control.staleness import allowed_lag, can_take, capacity
+from reroll.control.staleness import allowed_lag, can_take, capacity, referenced_versions
 from reroll.errors import RewardError
 from reroll.rollout import Example, Group
 
@@ -258,6 +258,14 @@ class Scheduler:
         out = sorted(groups, key=lambda g: self.taken.get(g.group_id, 0))
         self.taken.clear()
         return out
+
+    def referenced_versions(self, version: int) -> set[int]:
+        """The versions the unconsumed groups (ready or running) may hold tokens of, at
+        trainer ``version`` (`staleness.referenced_versions`); the replay stage's groups are
+        not counted (a replayed sample's tokens are older than the admission bound)."""
+        return referenced_versions(
+            [{v for r in g.rollouts for v in r.sampled_versions} for g in self.ready],
+            [g.min_version for g in self.running.values()], version)
 
     # ---- checkpointing -----------------------------------------------------------------
     def snapshot(self) -> list[Group]:

@@ -53,7 +53,11 @@ class TrainerHandle(Protocol):
     @property
     def version(self) -> int: ...  # policy version: number of updates made
 
-    def step(self, groups: Sequence[Group]) -> dict[str, float]: ...
+    def step(self, groups: Sequence[Group], referenced: set[int] | None = None
+             ) -> dict[str, float]: ...
+    # ``referenced``: the policy versions the loop's unconsumed groups (buffered or in
+    # flight) still hold tokens of, or None where the caller cannot say
+    # (`reroll.trainer.snapshots` keeps a version's weights exactly while referenced)
 
     def weights(self) -> Any: ...  # to publish: a state-dict copy, or an object-store ref
 
@@ -183,7 +187,8 @@ class Trainer:
         return [run[torch.tensor(p, dtype=torch.long)] for p in plan_micro_batches(
             size, rows, tokens, units, cost)]
 
-    def step(self, groups: Sequence[Group]) -> dict[str, float]:
+    def step(self, groups: Sequence[Group], referenced: set[int] | None = None
+             ) -> dict[str, float]:
         o = self.options
         rollouts, rewards, comps, gidx = flatten(groups)
         batch = collate(rollouts, o.pad_id).to(self.device)
@@ -201,10 +206,12 @@ class Trainer:
         metrics: dict[str, float] = {}
         old = None  # (pi_train,v [N, T], where computed [N, T]) with snapshots
         if self.snapshots is not None:
-            self.snapshots.keep(self.version, self.model)
-            *old, m = self.snapshots.old_logprobs(batch, self.version, self._logprobs)
+            s, v = self.snapshots, self.version
+            s.keep(v, self.model, referenced, set(batch.versions[batch.mask > 0].tolist()))
+            *old, m = s.old_logprobs(batch, v, self._logprobs)
+            s.release(v, referenced)  # what only this batch needed
             record_old_logprobs(rollouts, *old)
-            metrics.update(m)
+            metrics.update(m, **s.metrics())
         extra: dict[str, torch.Tensor] = {}
         if kl_reward:
             pen = self.objective.kl_reward_penalty(prox, ref, batch.mask)  # [N, T]
