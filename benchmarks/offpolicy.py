@@ -70,8 +70,9 @@ PEAK = ("import json, resource, subprocess, sys; rc = subprocess.call(sys.argv[2
         "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss})); sys.exit(rc)")
 
 
-def parse(run: Path) -> dict:
-    """One run's summary (see the module docstring)."""
+def parse(run: Path, max_staleness: int = 0) -> dict:
+    """One run's summary (see the module docstring); the lag also after the ramp-up (steps
+    past ``max_staleness``, when the generator can first be that far ahead)."""
     rows = read_rows(run)
     steps = [r for r in rows if r["step"] > 0]
     evals = [(r["step"], r["eval/greedy_accuracy"]) for r in rows if "eval/greedy_accuracy" in r]
@@ -88,6 +89,8 @@ def parse(run: Path) -> dict:
         "ess_min": min(ess) if ess else math.nan,
         "dropped": statistics.fmean(r.get("is/dropped_frac", 0.0) for r in steps),
         "lag_mean": statistics.fmean(r.get("staleness/mean_lag", 0.0) for r in steps),
+        "lag_steady": statistics.fmean([r.get("staleness/mean_lag", 0.0) for r in steps
+                                        if r["step"] > max_staleness] or [math.nan]),
         "train_s_median": statistics.median(r["time/train_s"] for r in steps),
         "step_s_median": statistics.median(r["time/step_s"] for r in steps),
         "peak_rss_mb": peak_rss(run) / 1024,
@@ -114,7 +117,8 @@ def run_measured(out: Path, tag: str, args: list[str]) -> Path:
 
 def table(summary: dict) -> str:
     lines = ["| max_staleness | method | held-out acc: start -> final (best) | evals below "
-             "start | token ESS mean / min | truncated or masked | mean lag | train s/step | "
+             "start | token ESS mean / min | truncated or masked | mean lag (after ramp-up) | "
+             "train s/step | "
              "step s | peak RSS MB | snapshots held (MB) |",
              "|" + "---|" * 11]
     for k, methods in summary.items():
@@ -127,13 +131,41 @@ def table(summary: dict) -> str:
                 f"{mean_sd([r['ess_mean'] for r in rs])} / "
                 f"{min(r['ess_min'] for r in rs):.3f} | "
                 f"{mean_sd([r['dropped'] for r in rs], '.4f')} | "
-                f"{statistics.fmean(r['lag_mean'] for r in rs):.2f} | "
+                f"{statistics.fmean(r['lag_mean'] for r in rs):.2f} "
+                f"({statistics.fmean(r['lag_steady'] for r in rs):.2f}) | "
                 f"{mean_sd([r['train_s_median'] for r in rs])} | "
                 f"{mean_sd([r['step_s_median'] for r in rs])} | "
                 f"{mean_sd([r['peak_rss_mb'] for r in rs], '.0f')} | "
                 f"{max(r['snapshots_held'] for r in rs):.0f} "
                 f"({max(r['snapshot_mb'] for r in rs):.1f}) |")
     return "\n".join(lines)
+
+
+def mean_curves(summary: dict) -> str:
+    """Held-out accuracy at each evaluation, mean over seeds, one row per method."""
+    steps = sorted({s for ms in summary.values() for rs in ms.values() for r in rs
+                    for s, _ in r["evals"]})
+    lines = ["| max_staleness | method | " + " | ".join(f"step {s}" for s in steps) + " |",
+             "|" + "---|" * (len(steps) + 2)]
+    for k, methods in summary.items():
+        for name, rs in methods.items():
+            cells = []
+            for s in steps:
+                v = [a for r in rs for t, a in r["evals"] if t == s]
+                cells.append(f"{statistics.fmean(v):.3f}" if v else "-")
+            lines.append(f"| {k} | {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def cpu() -> str:
+    """The CPU's model name (Linux), else the machine type."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
 
 
 def curves(summary: dict) -> str:
@@ -171,7 +203,7 @@ def main() -> None:
                         f"eval.n_examples={a.eval_examples}", f"ckpt_every={a.steps}",
                         f"train.seed={seed}", f"runtime.max_staleness={k}", *BASE,
                         *[x.format(cap=k + 1) for x in METHODS[name]]]
-                rs.append(parse(run_measured(out, f"s{k}_{name}_seed{seed}", args)))
+                rs.append(parse(run_measured(out, f"s{k}_{name}_seed{seed}", args), k))
             summary[k][name] = rs
             print(table({k: {name: rs}}).splitlines()[-1], flush=True)
     try:
@@ -179,11 +211,11 @@ def main() -> None:
                                 capture_output=True, text=True).stdout.strip()
     except OSError:
         commit = "?"
-    head = (f"commit {commit}, {time.strftime('%Y-%m-%d')}, {platform.machine()}, "
+    head = (f"commit {commit}, {time.strftime('%Y-%m-%d')}, {cpu()}, "
             f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; seeds {a.seeds}, "
             f"{a.steps} steps, eval every {a.eval_every} on {a.eval_examples} examples; "
             f"{time.perf_counter() - t0:.0f} s")
-    text = f"{head}\n\n{table(summary)}\n\n{curves(summary)}\n"
+    text = f"{head}\n\n{table(summary)}\n\n{mean_curves(summary)}\n\n{curves(summary)}\n"
     (out / "results.md").write_text(text)
     (out / "results.json").write_text(json.dumps({str(k): v for k, v in summary.items()}))
     print(text)
