@@ -23,7 +23,7 @@ below differ (docs/algorithms.md describes each):
   cheap accuracy, PPO-EWMA's highest cheap ESS); both cost no forward pass.
 
 Per run: the held-out greedy accuracy curve, the share of evaluations after the start that
-fall below the start, the token ESS of the correction (``is/ess``: mean and minimum over
+fall below the start and their mean (the curve's height: how soon it rose), the token ESS of the correction (``is/ess``: mean and minimum over
 steps), the share of tokens the correction truncated or masked, the mean version lag, the
 median train and whole-step seconds per step, the run's peak resident memory (the largest
 process's ``ru_maxrss``, read by a wrapper process around ``reroll train``) and the most
@@ -85,6 +85,7 @@ def parse(run: Path, max_staleness: int = 0) -> dict:
         "final_acc": accs[-1] if accs else math.nan,
         "best_acc": max(accs) if accs else math.nan,
         "below_start": sum(a < start for a in later) / len(later) if later else math.nan,
+        "mean_after": statistics.fmean(later) if later else math.nan,
         "ess_mean": statistics.fmean(ess) if ess else math.nan,
         "ess_min": min(ess) if ess else math.nan,
         "dropped": statistics.fmean(r.get("is/dropped_frac", 0.0) for r in steps),
@@ -116,17 +117,18 @@ def run_measured(out: Path, tag: str, args: list[str]) -> Path:
 
 
 def table(summary: dict) -> str:
-    lines = ["| max_staleness | method | held-out acc: start -> final (best) | evals below "
-             "start | token ESS mean / min | truncated or masked | mean lag (after ramp-up) | "
+    lines = ["| max_staleness | method | held-out acc: start -> final (best) | mean of the "
+             "later evals | evals below start | token ESS mean / min | truncated or masked | mean lag (after ramp-up) | "
              "train s/step | "
              "step s | peak RSS MB | snapshots held (MB) |",
-             "|" + "---|" * 11]
+             "|" + "---|" * 12]
     for k, methods in summary.items():
         for name, rs in methods.items():
             lines.append(
                 f"| {k} | {name} | {mean_sd([r['start_acc'] for r in rs])} -> "
                 f"{mean_sd([r['final_acc'] for r in rs])} "
                 f"({mean_sd([r['best_acc'] for r in rs])}) | "
+                f"{mean_sd([r['mean_after'] for r in rs])} | "
                 f"{mean_sd([r['below_start'] for r in rs], '.2f')} | "
                 f"{mean_sd([r['ess_mean'] for r in rs])} / "
                 f"{min(r['ess_min'] for r in rs):.3f} | "
