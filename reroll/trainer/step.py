@@ -54,10 +54,7 @@ class TrainerHandle(Protocol):
     def version(self) -> int: ...  # policy version: number of updates made
 
     def step(self, groups: Sequence[Group], referenced: set[int] | None = None
-             ) -> dict[str, float]: ...
-    # ``referenced``: the policy versions the loop's unconsumed groups (buffered or in
-    # flight) still hold tokens of, or None where the caller cannot say
-    # (`reroll.trainer.snapshots` keeps a version's weights exactly while referenced)
+             ) -> dict[str, float]: ...  # referenced: `reroll.loop.BatchSource`'s versions
 
     def weights(self) -> Any: ...  # to publish: a state-dict copy, or an object-store ref
 
