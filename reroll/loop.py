@@ -35,6 +35,12 @@ class BatchSource(Protocol):
         it (data cursor, counters), consistent with each other."""
         ...
 
+    def referenced_versions(self, trainer_version: int) -> set[int] | None:
+        """The policy versions the unconsumed groups (buffered or in flight) may still hold
+        tokens of, after the last `next_batch` (None: unknown). The trainer keeps old
+        weights for exactly these (`reroll.trainer.snapshots`)."""
+        ...
+
     def stats(self) -> dict[str, Any]:
         """Monotone counters and times (engine, pipeline, score errors) for metrics."""
         ...
@@ -79,8 +85,9 @@ def run(cadence: Cadence, *, trainer: TrainerHandle, source: BatchSource,
         while step < c.steps:
             t0 = time.perf_counter()
             groups = source.next_batch(trainer.version)
+            refs = source.referenced_versions(trainer.version)
             t1 = time.perf_counter()
-            metrics = trainer.step(groups)
+            metrics = trainer.step(groups, refs)
             t2 = time.perf_counter()
             step += 1
             if c.record_every and step % c.record_every == 0:

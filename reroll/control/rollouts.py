@@ -88,6 +88,12 @@ class Rollouts:
                               "control": s.controller.state(),
                               "replay": s.replay.state() if s.replay is not None else {}}
 
+    def referenced_versions(self, trainer_version: int) -> set[int]:
+        """The policy versions unconsumed groups may still hold tokens of
+        (`Scheduler.referenced_versions`)."""
+        self._check()
+        return self.scheduler.referenced_versions(trainer_version)
+
     def stats(self) -> dict:
         s = self.scheduler
         return {"engine": self.engine.stats(),

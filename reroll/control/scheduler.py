@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from reroll.control.controller import Controller
 from reroll.control.prompts import PromptStream
-from reroll.control.staleness import allowed_lag, can_take, capacity
+from reroll.control.staleness import allowed_lag, can_take, capacity, referenced_versions
 from reroll.errors import RewardError
 from reroll.rollout import Example, Group
 
@@ -67,6 +67,7 @@ class Scheduler:
         self.max_errors = max_errors  # failed scores of one component in a row: then stop
         self._error_run: Counter[str] = Counter()  # the current run of failures, per component
         self._warned: set[str] = set()  # components (and "abandoned") already reported
+        self._versions: dict[str, set[int]] = {}  # ready group_id -> its tokens' versions
 
     # ---- admission -------------------------------------------------------------------
     def free_capacity(self, version: int) -> int:
@@ -258,6 +259,20 @@ class Scheduler:
         out = sorted(groups, key=lambda g: self.taken.get(g.group_id, 0))
         self.taken.clear()
         return out
+
+    def referenced_versions(self, version: int) -> set[int]:
+        """The versions the unconsumed groups (ready or running) may hold tokens of, at
+        trainer ``version`` (`staleness.referenced_versions`): a running group from its
+        start version on, a ready group its tokens' own (read once per group, then cached
+        while it waits). The replay stage's groups are not counted (a replayed sample's
+        tokens are older than the admission bound)."""
+        cache = {g.group_id: self._versions.get(g.group_id) for g in self.ready}
+        for g in self.ready:
+            if cache[g.group_id] is None:
+                cache[g.group_id] = {v for r in g.rollouts for v in r.sampled_versions}
+        self._versions = cache
+        return referenced_versions(list(cache.values()),
+                                   [g.start_version for g in self.running.values()], version)
 
     # ---- checkpointing -----------------------------------------------------------------
     def snapshot(self) -> list[Group]:

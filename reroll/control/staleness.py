@@ -73,3 +73,16 @@ def can_take(deadline: int, *, deadlines: list[int], slots_left: int, trainer_ve
             if slots_left - size + (d - trainer_version) * batch < due:
                 return False
     return True
+
+
+def referenced_versions(ready: list[set[int]], running_since: list[int], version: int
+                        ) -> set[int]:
+    """The policy versions unconsumed groups may hold tokens of, at trainer ``version``:
+    each ready group's sampled versions (``ready``: one set per group), and for each group
+    still in flight every version from the oldest it may carry (``running_since``: its
+    start version; -1 counts as 0) up to ``version`` (its records may lag the engine, and
+    it may still sample at any version up to the current one)."""
+    out = set().union(*ready) if ready else set()
+    for since in running_since:
+        out.update(range(max(since, 0), version + 1))
+    return out

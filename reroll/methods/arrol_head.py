@@ -135,7 +135,8 @@ class ArrolTrainer:
     def warm(self) -> bool:
         return self.seen >= self.warmup
 
-    def step(self, groups: list[Group]) -> dict[str, float]:
+    def step(self, groups: list[Group], referenced: set[int] | None = None
+             ) -> dict[str, float]:
         t0 = time.perf_counter()
         labelled = [r for g in groups for r in g.rollouts if r.finish != "pruned"
                     and not r.reused and "correct" in r.control.get("arrol", {})]
@@ -159,7 +160,7 @@ class ArrolTrainer:
                         "arrol/head_s": time.perf_counter() - t0})
         survivors = [replace(g, rollouts=[r for r in g.rollouts if r.finish != "pruned"])
                      for g in groups]
-        return {**self.inner.step(survivors), **metrics}
+        return {**self.inner.step(survivors, referenced), **metrics}
 
     # ---- the rest of TrainerHandle ------------------------------------------------------
     def head_weights(self) -> dict[str, torch.Tensor]:

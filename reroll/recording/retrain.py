@@ -193,6 +193,9 @@ class RecordedBatches:
     def snapshot(self) -> tuple[list, dict[str, Any]]:
         return [], {"replayed_step": self.step}
 
+    def referenced_versions(self, trainer_version: int) -> None:
+        return None  # unknown: what the recorded run held is not recorded
+
     def stats(self) -> dict[str, Any]:
         n = self.consumed
         return {"engine": {}, "counters": {"started": n, "consumed": n, "dropped": {}},

@@ -62,6 +62,12 @@ class RolloutSource:
     def snapshot(self) -> tuple[list[Group], dict]:
         return self._call(self.rollouts.snapshot())
 
+    def referenced_versions(self, trainer_version: int) -> set[int]:
+        return self._call(self._referenced(trainer_version))
+
+    async def _referenced(self, trainer_version: int) -> set[int]:
+        return self.rollouts.referenced_versions(trainer_version)
+
     def stats(self) -> dict:
         return self._call(self._stats())
 

@@ -46,8 +46,9 @@ class TrainerActor:
     def version(self) -> int:
         return self.trainer.version
 
-    def step(self, groups: list[Group]) -> tuple[dict[str, float], int]:
-        return self.trainer.step(groups), self.trainer.version
+    def step(self, groups: list[Group], referenced: set[int] | None = None
+             ) -> tuple[dict[str, float], int]:
+        return self.trainer.step(groups, referenced), self.trainer.version
 
     @ray.method(num_returns=2)
     def weights(self, trained_only: bool = False, adapters: bool = False):
@@ -113,8 +114,9 @@ class RayTrainer:
     def version(self) -> int:
         return self._version
 
-    def step(self, groups: Sequence[Group]) -> dict[str, float]:
-        metrics, self._version = self._get(self.actor.step.remote(list(groups)))
+    def step(self, groups: Sequence[Group], referenced: set[int] | None = None
+             ) -> dict[str, float]:
+        metrics, self._version = self._get(self.actor.step.remote(list(groups), referenced))
         return metrics
 
     def weights(self, trained_only: bool = False, adapters: bool = False) -> ray.ObjectRef:

@@ -78,7 +78,8 @@ class TrainerOptions:
     version's weights (`reroll.trainer.snapshots`); 0: none."""
     snapshot_lag: int = 0
     """The largest version lag a trained token can have (the admission bound: the run's
-    max_staleness, one more with overprovision): snapshots older than it are released."""
+    max_staleness, one more with overprovision): snapshots older than it are released even
+    when referenced, and without the loop's referenced set every newer one is kept."""
 
     @property
     def published_dtype(self) -> torch.dtype | None:

@@ -15,16 +15,22 @@ uses it as that token's pi_prox; tokens of the current version need none (their 
 the current weights).
 
 Which versions are kept (`VersionSnapshots`): a version's snapshot is taken when the trainer
-starts an update at it, and is released once no sample that can still reach the trainer may
-hold a token of it. The trainer cannot see the loop's buffers, so it counts references by
-the bound the admission rule proves (`reroll.control.staleness`): a group trained at version
-i started at version >= i - lag (``lag`` = runtime.max_staleness, one more with APRIL's
-overprovision), so after reaching version V only versions >= V - lag are referenced. At most
-``max_snapshots`` are kept (train.old_snapshots, counting the current version's): at the
-bound the oldest goes first, and a token whose version has no snapshot (evicted, older than
-the bound, or a replayed sample's) falls back to the update's pi_prox; the share of trained
-tokens that did is the metric ``offpol/snapshot_fallback_frac``. Memory: ``max_snapshots``
-copies of the weights on the trainer's device, plus one scratch model they are loaded into.
+starts an update at it, and is held exactly while the version is referenced: by a sample of
+the batch being trained, or by a group the loop still holds (ready in its buffer or in
+flight), which the loop passes with every update (`reroll.control.staleness.
+referenced_versions`). Versions below the admission bound (a group trained at version i
+started at version >= i - lag, ``lag`` = runtime.max_staleness, one more with APRIL's
+overprovision) are never needed again: such a group is dropped as stale. Without the loop's
+set (a trainer driven directly, a recorded run's replay) the bound alone decides: every
+version >= current - lag is referenced. The rule is the pure function `release_plan`.
+
+Memory: at most ``max_snapshots`` (train.old_snapshots, counting the current version's)
+copies of the weights on the trainer's device, plus one scratch model they are loaded into;
+held count and bytes are the metrics ``offpol/snapshots_held`` and ``offpol/snapshot_bytes``.
+At the bound, unreferenced versions are already gone; the oldest referenced ones go next
+(counted in ``offpol/snapshots_evicted``), and a token whose version has no snapshot
+(evicted, older than the bound, or a replayed sample's) falls back to the update's pi_prox;
+the share of trained tokens that did is the metric ``offpol/snapshot_fallback_frac``.
 
 Owns the store, its checkpoint state (``SNAPSHOT_FILE``) and the per-token merge. Must not
 know the objective, the optimiser or the loop.
@@ -58,18 +64,42 @@ class VersionSnapshots:
             p.requires_grad_(False)
         self.evicted = 0  # snapshots dropped at the bound while still referenced
 
-    def keep(self, version: int, model: torch.nn.Module) -> None:
-        """Snapshot ``model`` as ``version`` (the trainer's current one), release the versions
-        no sample can reference any more (< version - lag) and evict the oldest beyond the
-        bound."""
+    def needed(self, version: int, referenced: set[int] | None) -> set[int]:
+        """The versions to hold at trainer ``version``: the current one and those the loop
+        says are ``referenced`` (None: all within the admission bound), none below it."""
+        floor = version - self.lag
+        if referenced is None:
+            return set(range(max(floor, 0), version + 1))
+        return {v for v in referenced if floor <= v <= version} | {version}
+
+    def keep(self, version: int, model: torch.nn.Module, referenced: set[int] | None = None,
+             using: set[int] = frozenset()) -> None:
+        """Snapshot ``model`` as ``version`` (the trainer's current one), then hold what
+        `release_plan` keeps of the versions `needed` plus ``using`` (the batch's)."""
         if version not in self.weights:
             self.weights[version] = {k: v.detach().clone()
                                      for k, v in model.state_dict().items()}
-        for v in [v for v in self.weights if v < version - self.lag]:
+        self._apply(self.needed(version, referenced) | set(using))
+
+    def release(self, version: int, referenced: set[int] | None = None) -> None:
+        """After the update's old log-probs: drop the versions only its batch needed."""
+        self._apply(self.needed(version, referenced))
+
+    def _apply(self, needed: set[int]) -> None:
+        _, released, evicted = release_plan(self.weights, needed, self.max_snapshots)
+        for v in released + evicted:
             del self.weights[v]
-        while len(self.weights) > self.max_snapshots:
-            del self.weights[min(self.weights)]
-            self.evicted += 1
+        self.evicted += len(evicted)
+
+    def nbytes(self) -> int:
+        """Bytes of the held snapshots (the scratch model not counted)."""
+        return sum(t.numel() * t.element_size() for w in self.weights.values()
+                   for t in w.values())
+
+    def metrics(self) -> dict[str, float]:
+        return {"offpol/snapshots_held": float(len(self.weights)),
+                "offpol/snapshot_bytes": float(self.nbytes()),
+                "offpol/snapshots_evicted": float(self.evicted)}
 
     @torch.no_grad()
     def old_logprobs(self, batch: Batch, version: int,
@@ -93,9 +123,7 @@ class VersionSnapshots:
             has[rows] = has[rows] | sub
         n = max(int(m.sum()), 1)
         return old, has, {"offpol/snapshot_frac": float(has.sum()) / n,
-                          "offpol/snapshot_fallback_frac": float((stale & ~has).sum()) / n,
-                          "offpol/snapshots_kept": float(len(self.weights)),
-                          "offpol/snapshots_evicted": float(self.evicted)}
+                          "offpol/snapshot_fallback_frac": float((stale & ~has).sum()) / n}
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps: every kept version's weights (on the CPU), the eviction
@@ -112,9 +140,19 @@ class VersionSnapshots:
         self.evicted = int(state["evicted"])
         self.weights = {int(v): {k: t.to(dev) for k, t in w.items()}
                         for v, w in sorted(state["weights"].items())}
-        while len(self.weights) > self.max_snapshots:
-            del self.weights[min(self.weights)]
-            self.evicted += 1
+        self._apply(set(self.weights))  # a smaller bound on resume: the oldest go
+
+
+def release_plan(held, needed: set[int], cap: int) -> tuple[list[int], list[int], list[int]]:
+    """(keep, release, evict), each ascending, for the ``held`` snapshot versions: keep the
+    newest ``cap`` of those ``needed``; release every one not needed; evict the needed ones
+    beyond the cap (oldest first: their tokens fall back to the update's pi_prox)."""
+    if cap < 1:
+        raise ValueError(f"release_plan: cap must be >= 1, got {cap}")
+    held = sorted(held)
+    wanted = [v for v in held if v in needed]
+    keep = wanted[-cap:]
+    return keep, [v for v in held if v not in needed], wanted[:-cap] if len(wanted) > cap else []
 
 
 def record_old_logprobs(rollouts: list, old: torch.Tensor, has: torch.Tensor) -> None:

@@ -23,6 +23,7 @@ process); `reroll.runtime.ray.RayTrainer` is another (a proxy to a Trainer in a 
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -53,7 +54,7 @@ class TrainerHandle(Protocol):
     @property
     def version(self) -> int: ...  # policy version: number of updates made
 
-    def step(self, groups: Sequence[Group]) -> dict[str, float]: ...
+    def step(self, groups: Sequence[Group], refs: set[int] | None = None) -> dict[str, float]: ...
 
     def weights(self, trained_only: bool = False, adapters: bool = False) -> Any: ...
 
@@ -183,7 +184,7 @@ class Trainer:
         return [run[torch.tensor(p, dtype=torch.long)] for p in plan_micro_batches(
             size, rows, tokens, units, cost)]
 
-    def step(self, groups: Sequence[Group]) -> dict[str, float]:
+    def step(self, groups: Sequence[Group], referenced: set[int] | None = None) -> dict[str, float]:
         o = self.options
         rollouts, rewards, comps, gidx = flatten(groups)
         batch = collate(rollouts, o.pad_id).to(self.device)
@@ -201,10 +202,11 @@ class Trainer:
         metrics: dict[str, float] = {}
         old = None  # (pi_train,v [N, T], where computed [N, T]) with snapshots
         if self.snapshots is not None:
-            self.snapshots.keep(self.version, self.model)
-            *old, m = self.snapshots.old_logprobs(batch, self.version, self._logprobs)
-            record_old_logprobs(rollouts, *old)
-            metrics.update(m)
+            s, v = self.snapshots, self.version  # held: referenced + this batch's versions
+            s.keep(v, self.model, referenced, set(batch.versions[batch.mask > 0].tolist()))
+            *old, m = s.old_logprobs(batch, v, self._logprobs)
+            s.release(v, referenced), record_old_logprobs(rollouts, *old)
+            metrics.update(m, **s.metrics())
         extra: dict[str, torch.Tensor] = {}
         if kl_reward:
             pen = self.objective.kl_reward_penalty(prox, ref, batch.mask)  # [N, T]
@@ -272,8 +274,6 @@ class Trainer:
         return metrics
 
     def _snapshot(self) -> tuple[dict, dict]:
-        import copy
-
         return ({k: v.detach().clone() for k, v in self.model.state_dict().items()},
                 copy.deepcopy(self.opt.state_dict()))
 

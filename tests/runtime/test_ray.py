@@ -235,11 +235,11 @@ def test_killed_trainer_actor_stops_the_run_clearly_and_resume_loses_nothing(ray
 
     real_step, calls = RayTrainer.step, []
 
-    def step_then_die(self, groups):
+    def step_then_die(self, groups, referenced=None):
         calls.append(1)
         if len(calls) == 2:  # step 1 is trained and checkpointed; the actor dies before step 2
             self.kill()
-        return real_step(self, groups)
+        return real_step(self, groups, referenced)
 
     monkeypatch.setattr(RayTrainer, "step", step_then_die)
     with pytest.raises(RuntimeError, match=r"trainer actor died.*--resume.*last checkpoint"):
