@@ -94,5 +94,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"reroll serve: {name} ({path}) on {url}", flush=True)
     config = uvicorn.Config(app, log_level=args.log_level, access_log=False, lifespan="on",
                             timeout_keep_alive=30)
-    uvicorn.Server(config).run(sockets=[sock])
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])
+    # Ctrl-C or SIGTERM: uvicorn shuts down and raises the signal again, but asyncio's runner
+    # drops it when its task has already finished (then run() returns normally): a server
+    # that started and was told to exit was interrupted, whichever way the signal went
+    if server.started and server.should_exit:
+        raise KeyboardInterrupt
     return 0
