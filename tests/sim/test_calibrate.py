@@ -27,18 +27,25 @@ def write(d, rows):
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def test_fit_separates_a_per_sample_cost_with_two_response_lengths(tmp_path):
-    # wait = 0.01 s a decode step + 0.001 s a token + 0.004 s a sample; lengths 6 and 12
+def three_runs(tmp_path, steps, stall=None):
+    """Runs a (32 samples of up to 6 tokens), b (8 of 6) and c (8 of 12), their wait for
+    rollouts 0.01 s a decode step + 0.001 s a token + 0.004 s a sample (plus ``stall``:
+    {step index: extra seconds}), training 0.05 s a step."""
     for name, n, mx in (("a", 32, 6), ("b", 8, 6), ("c", 8, 12)):
         rows, t = [], 0.0
-        for step in range(4):
+        for step in range(steps):
             mean = mx - 0.5 * (step % 2)
-            wait = 0.01 * mx + 0.001 * n * mean + 0.004 * n
+            wait = 0.01 * mx + 0.001 * n * mean + 0.004 * n + (stall or {}).get(step, 0.0)
             t += wait + 0.05
             rows.append({"step": step + 1, "time": t, "pipeline/samples_in_batch": n,
                          "length/mean": mean, "length/max": mx, "time/train_s": 0.05,
                          "time/wait_for_rollouts_s": wait})
         write(tmp_path / name, rows)
+
+
+def test_fit_separates_a_per_sample_cost_with_two_response_lengths(tmp_path):
+    # wait = 0.01 s a decode step + 0.001 s a token + 0.004 s a sample; lengths 6 and 12
+    three_runs(tmp_path, steps=4)
     f = fit([tmp_path / k for k in "abc"], prompt_tokens=7, skip=0)
     assert (f["decode_base_s"], f["decode_row_s"], f["row_s"]) == pytest.approx(
         (0.01, 0.001, 0.004))
@@ -86,16 +93,7 @@ def test_row_s_is_paid_once_per_admitted_sample():
 def test_stalled_steps_are_left_out_of_the_fit(tmp_path):
     # as the first fit, with one step of each run stalled 3 s by other work: left out
     # (more than twice the run's median), the fit is exact again
-    for name, n, mx in (("a", 32, 6), ("b", 8, 6), ("c", 8, 12)):
-        rows, t = [], 0.0
-        for step in range(5):
-            mean = mx - 0.5 * (step % 2)
-            wait = 0.01 * mx + 0.001 * n * mean + 0.004 * n + (3.0 if step == 2 else 0.0)
-            t += wait + 0.05
-            rows.append({"step": step + 1, "time": t, "pipeline/samples_in_batch": n,
-                         "length/mean": mean, "length/max": mx, "time/train_s": 0.05,
-                         "time/wait_for_rollouts_s": wait})
-        write(tmp_path / name, rows)
+    three_runs(tmp_path, steps=5, stall={2: 3.0})
     f = fit([tmp_path / k for k in "abc"], prompt_tokens=7, skip=0)
     assert (f["decode_base_s"], f["decode_row_s"], f["row_s"]) == pytest.approx(
         (0.01, 0.001, 0.004))
