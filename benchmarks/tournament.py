@@ -81,6 +81,8 @@ ROWS: dict[str, list[str]] = {
     "stacked": ["preset=stacked"],
 }
 BASELINES = ("trl", "hand")
+TARGET = 0.37  # the SFT start is 31.5%; sync GRPO reached 37% near step 50 (about 10 minutes)
+QUICK_TARGET = 0.35
 QUICK = ("sync", "trl", "stacked")
 # the counters that say why a method pays or not (means over a run's logged steps)
 WHY = ("draft/acceptance_rate", "prune/pruned_frac", "pipeline/samples_in_batch",
@@ -104,25 +106,10 @@ def train_seconds(rows: list[dict]) -> float:
     return rows[-1]["time"] - rows[0]["time"] - sum(r.get("time/eval_s", 0.0) for r in rows[1:])
 
 
-def run_reroll(init: Path, name: str, seed: int, steps: int, every: int, cap_s: float | None,
-               out: Path) -> dict:
-    """One reroll row: trains until ``steps`` or until its training time passes ``cap_s``
-    (then interrupted with SIGINT: reroll checkpoints and exits 130), then evaluates the last
-    checkpoint. The curve is (step, training seconds, held-out accuracy, tokens generated)."""
-    run = out / f"{name}-seed{seed}"
-    cmd = [sys.executable, "-m", "reroll.cli", "train", str(CONFIG), f"out_dir={run}",
-           f"init={init}", f"train.steps={steps}", f"eval.every={every}", "log_every=1",
-           f"ckpt_every={steps}", "record_every=0", f"train.seed={seed}", *ROWS[name]]
-    log = open(out / f"{name}-seed{seed}.log", "w")
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    while proc.poll() is None:
-        time.sleep(2)
-        if cap_s is not None and train_seconds(read_rows(run / "metrics.jsonl")) >= cap_s:
-            proc.send_signal(signal.SIGINT)
-            proc.wait()
-    if proc.returncode not in (0, 130):
-        raise SystemExit(f"{name} seed {seed} failed (exit {proc.returncode}); see {log.name}")
-    rows = read_rows(run / "metrics.jsonl")
+def curve_of(rows: list[dict]) -> list[tuple]:
+    """(step, training seconds, held-out accuracy, tokens generated) at each evaluation."""
+    if not rows:
+        return []
     start, evals, tokens = rows[0]["time"], 0.0, 0
     curve = [(0, 0.0, rows[0]["eval/greedy_accuracy"], 0)]
     for r in rows[1:]:
@@ -131,13 +118,52 @@ def run_reroll(init: Path, name: str, seed: int, steps: int, every: int, cap_s: 
         if "eval/greedy_accuracy" in r:
             curve.append((r["step"], r["time"] - start - evals, r["eval/greedy_accuracy"],
                           tokens))
-    last = rows[-1]
+    return curve
+
+
+def limit_of(curve: list[tuple], target: float, cap_s: float | None, cap_x: float | None,
+             stop_at_target: bool) -> float | None:
+    """Training seconds at which a run stops: ``cap_s`` if given (a row capped at a multiple
+    of sync's time); else ``cap_x`` times its own time to ``target`` once it gets there
+    (sync); the time it reaches ``target`` when ``stop_at_target`` (the screen)."""
+    hit = reach(curve[1:], target)
+    if stop_at_target and hit is not None:
+        return hit[1]
+    if cap_s is not None:
+        return cap_s
+    return cap_x * hit[1] if cap_x is not None and hit is not None else None
+
+
+def run_reroll(init: Path, name: str, seed: int, steps: int, every: int, out: Path,
+               target: float, cap_s: float | None = None, cap_x: float | None = None,
+               stop_at_target: bool = False, extra: tuple[str, ...] = ()) -> dict:
+    """One reroll row: trains until ``steps`` or until ``limit_of`` says stop (a SIGINT:
+    reroll checkpoints and exits 130), then evaluates the last checkpoint unless that step
+    already was."""
+    run = out / f"{name}-seed{seed}"
+    cmd = [sys.executable, "-m", "reroll.cli", "train", str(CONFIG), f"out_dir={run}",
+           f"init={init}", f"train.steps={steps}", f"eval.every={every}", "log_every=1",
+           f"ckpt_every={steps}", "record_every=0", f"train.seed={seed}", *extra, *ROWS[name]]
+    log = open(out / f"{name}-seed{seed}.log", "w")
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    while proc.poll() is None:
+        time.sleep(2)
+        done = read_rows(run / "metrics.jsonl")
+        limit = limit_of(curve_of(done), target, cap_s, cap_x, stop_at_target)
+        if limit is not None and train_seconds(done) >= limit:
+            proc.send_signal(signal.SIGINT)
+            proc.wait()
+    if proc.returncode not in (0, 130):
+        raise SystemExit(f"{name} seed {seed} failed (exit {proc.returncode}); see {log.name}")
+    rows = read_rows(run / "metrics.jsonl")
+    curve, last = curve_of(rows), rows[-1]
     if curve[-1][0] != last["step"]:  # stopped between evaluations: evaluate where it stopped
         ckpt = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
         sh(["eval", str(CONFIG), "--checkpoint", str(ckpt), "--output", str(run / "final.json"),
-            f"init={init}"], stdout=subprocess.DEVNULL)
+            f"init={init}", *extra], stdout=subprocess.DEVNULL)
         acc = json.loads((run / "final.json").read_text())["eval/greedy_accuracy"]
-        curve.append((last["step"], train_seconds(rows), acc, tokens))
+        curve.append((last["step"], train_seconds(rows), acc, curve[-1][3] + sum(
+            r.get("pipeline/tokens_generated", 0) for r in rows if r["step"] > curve[-1][0])))
     split = {k: statistics.median(r[k] for r in rows[1:] if k in r) for k in
              ("time/step_s", "time/generate_s", "time/train_s", "time/wait_for_rollouts_s")
              if any(k in r for r in rows[1:])}
@@ -147,11 +173,11 @@ def run_reroll(init: Path, name: str, seed: int, steps: int, every: int, cap_s: 
 
 
 def run_baseline(name: str, init: Path, seed: int, steps: int, every: int,
-                 cap_s: float | None) -> dict:
+                 cap_s: float | None, extra: tuple[str, ...] = ()) -> dict:
     from reroll import build
     from reroll.config_checks import load_checked
 
-    cfg = load_checked(str(CONFIG), [f"init={init}"])
+    cfg = load_checked(str(CONFIG), [f"init={init}", *extra])
     model_dir = build.weights_dir(init)
     tok = build.load_tokenizer(model_dir)
     task = build.build_task(cfg)
@@ -246,13 +272,22 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=400, help="the most steps of any run")
-    ap.add_argument("--eval-every", type=int, default=10)
-    ap.add_argument("--target", type=float, default=0.45)
-    ap.add_argument("--cap", type=float, default=2.0, help="x sync's training time")
+    ap.add_argument("--eval-every", type=int, default=None, help="default 10 (--quick 5)")
+    ap.add_argument("--target", type=float, default=None,
+                    help="held-out greedy accuracy to reach; default 0.37 (--quick 0.35)")
+    ap.add_argument("--cap", type=float, default=2.0,
+                    help="every run stops at this multiple of sync's time to the target")
+    ap.add_argument("--screen", action="store_true",
+                    help="each reroll row stops when it reaches the target (time to it only)")
+    ap.add_argument("--eval-examples", type=int, default=None,
+                    help="held-out prompts per evaluation (default: the config's 200)")
     ap.add_argument("--results", type=Path, default=RESULTS)
     ap.add_argument("--table", action="store_true", help="print the table and stop")
     ap.add_argument("--commit", default=None, help="--table: rows of this commit")
     a = ap.parse_args()
+    a.target = a.target if a.target is not None else (QUICK_TARGET if a.quick else TARGET)
+    a.eval_every = a.eval_every or (5 if a.quick else 10)
+    extra = (f"eval.n_examples={a.eval_examples}",) if a.eval_examples else ()
     here = {"machine": machine.cpu(), "commit": commit()}
     if a.table:
         rows = read_rows(a.results)
@@ -278,12 +313,18 @@ def main() -> None:
         cap = None
         for name in names:
             t0 = time.perf_counter()
-            r = (run_baseline(name, init, seed, a.steps, a.eval_every, cap) if name in BASELINES
-                 else run_reroll(init, name, seed, a.steps, a.eval_every, cap, out))
+            if name in BASELINES:
+                r = run_baseline(name, init, seed, a.steps, a.eval_every, cap, extra)
+            else:  # sync runs to cap x its own time to the target, the rest to cap x that
+                r = run_reroll(init, name, seed, a.steps, a.eval_every, out, a.target,
+                               cap_s=cap, cap_x=a.cap if name == "sync" else None,
+                               stop_at_target=a.screen or (a.quick and name != "sync"),
+                               extra=extra)
             if name == "sync":
-                hit = reach(r["curve"], a.target)
+                hit = reach(r["curve"][1:], a.target)
                 cap = a.cap * (hit[1] if hit else r["curve"][-1][1])
             rec = {"row": name, "seed": seed, **here, "init": str(init), "target": a.target,
+                   "screen": a.screen, "quick": a.quick, "extra": list(extra),
                    "load": os.getloadavg()[0], **r}
             mine.append(rec)
             with open(a.results, "a") as f:
