@@ -26,8 +26,8 @@ from reroll.rollout import Rollout
 
 CORE_COUNTERS = ("tokens_generated", "decode_steps", "decode_rows", "prefill_forwards",
                  "prefill_tokens", "prefill_tokens_shared", "requests_added",
-                 "requests_finished", "requests_aborted", "requests_resumed", "time_prefill_s",
-                 "time_decode_s")
+                 "requests_finished", "requests_aborted", "requests_resumed", "resumed_tokens",
+                 "time_prefill_s", "time_decode_s")
 
 
 class DecodeCore:
@@ -105,11 +105,12 @@ class DecodeCore:
         self.top_p[sl] = torch.tensor([1.0 if g else p.top_p for p, g in zip(params, greedy)],
                                       dtype=self.top_p.dtype, **z)
         now = time.time()
-        for q, _ in entries:
+        for q, cached in entries:
             q.rollout.timings["engine_prefill"] = now
             if q.resume:  # prompt + kept prefix re-prefilled under the current weights
                 q.rollout.resume_count += 1
                 self.counts["requests_resumed"] += 1
+                self.counts["resumed_tokens"] += cached
             self.rows.append(q)
 
     def _sample_from(self, logits: Tensor, start: int, rows: Tensor | None,

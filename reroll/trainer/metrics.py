@@ -56,13 +56,14 @@ def tree_metrics(rollouts: Sequence) -> dict[str, float]:
 
 
 ENGINE_COUNTERS = ("failovers", "server_failures", "servers_alive", "weight_pushes",
-                   "requests_resumed", "draft_tokens_proposed", "draft_tokens_accepted",
-                   "fork_children", "fork_tokens_shared", "branch_children",
-                   "branch_spares_independent", "branch_pruned", "redraft_steps", "redraft_tokens_proposed",
-                   "redraft_tokens_accepted")
+                   "requests_resumed", "resumed_tokens", "draft_tokens_proposed",
+                   "draft_tokens_accepted", "fork_children", "fork_tokens_shared",
+                   "branch_children", "branch_spares_independent", "branch_pruned",
+                   "redraft_steps", "redraft_tokens_proposed", "redraft_tokens_accepted")
 """Engine counters logged as ``engine/<name>`` (cumulative) where the engine keeps them:
-failover and server health of `OpenAIEngine`, resumes, drafts (at admission and DAS's
-re-drafts in decode), forks and LATR branches."""
+failover and server health of `OpenAIEngine`, resumes (requests, and the prompt and prefix
+tokens they prefilled again), drafts (at admission and DAS's re-drafts in decode), forks and
+LATR branches."""
 
 
 def _engine_s(s: dict) -> float:

@@ -152,3 +152,21 @@ def test_aborting_a_request_that_never_ran_is_not_a_resume(lm):
     eng.generate(out)
     assert running.resume_count == 1 and queued.resume_count == 0
     assert running.response_len == queued.response_len == 4
+
+
+def test_resumed_tokens_count_the_prompt_and_prefix_each_resume_prefills_again(lm):
+    model, tok = lm
+    eng = TorchEngine(model, tok, max_batch=2)
+    a = make(tok, "abc", gid="a", temperature=1.0, max_new_tokens=9, seed=1)
+    b = make(tok, "12+34=", gid="b", temperature=1.0, max_new_tokens=9, seed=2)
+    eng.add([a, b])
+    eng.step()  # prefill token + one decode token each
+    eng.abort()
+    eng.add([a, b])
+    eng.step()  # both re-prefilled: prompt + 2 tokens each; then 2 more tokens each
+    eng.abort()
+    eng.add([a])
+    eng.step()  # a alone: prompt + 4 tokens
+    s = eng.stats()
+    assert s["requests_resumed"] == 3
+    assert s["resumed_tokens"] == (a.prompt_len + 2) + (b.prompt_len + 2) + (a.prompt_len + 4)
