@@ -38,6 +38,7 @@ class GenDevice:
         self.sync_s = 0.0  # stopped for weight updates
         self.tokens = 0
         self.resumed = 0  # rows interrupted and resumed by weight updates
+        self.resumed_tokens = 0  # their prompt and prefix tokens, prefilled again
         self.arrived: list[Row] = []  # rows the last chunk brought to their checkpoint
         self.share = 1.0  # wall time per unit of work (2: the core is shared half and half)
         self._next_share: float | None = None  # applies when the running chunk ends
@@ -60,6 +61,7 @@ class GenDevice:
     def _prefill_s(self) -> float:
         return (self.s.prefill_token_s * sum(r.prefill for r in self.rows)
                 + self.s.resume_row_s * sum(r.resumed for r in self.rows)
+                + self.s.resume_token_s * sum(r.prefill for r in self.rows if r.resumed)
                 + self.s.row_s * sum(r.fresh for r in self.rows))
 
     def elapsed(self, j: int) -> float:
@@ -148,3 +150,4 @@ class GenDevice:
             for r in self.rows:
                 r.prefill, r.resumed = r.ctx, True
             self.resumed += len(self.rows)
+            self.resumed_tokens += sum(r.ctx for r in self.rows)

@@ -23,8 +23,8 @@ class SimSettings:
     running row and takes ``decode_base_s + decode_row_s * rows + decode_ctx_s * (sum of the
     rows' context lengths)``; a row admitted (or resumed after a weight update with partial
     rollouts) first pays ``prefill_token_s`` per token of its prompt and prefix (a resumed one
-    ``resume_row_s`` more, an admitted one ``row_s`` more), added to the step that admits
-    it. Training a batch takes ``train_step_s + train_token_s * tokens / train_devices``
+    ``resume_row_s`` and ``resume_token_s`` per such token more, an admitted one ``row_s``
+    more), added to the step that admits it. Training a batch takes ``train_step_s + train_token_s * tokens / train_devices``
     (data parallel: tokens are prompt + response of every sample). After it the loop does
     its own work for ``loop_s`` (the trainer waits, generation goes on under the old
     weights); then publishing the weights stops the trainer and every generation device
@@ -52,6 +52,12 @@ class SimSettings:
     resume_row_s: float = 0.0
     """Fixed cost of interrupting and resuming one running row at a weight update with
     partial rollouts (aborting, requeueing, scheduling it again), beside its prefill."""
+    resume_token_s: float = 0.0
+    """Cost of a resumed row per token of its prompt and prefix, beside ``prefill_token_s``:
+    a resumed row re-enters the engine with its own prefix, prefilled on its own (an
+    admitted group's members share their prompt's prefill), and is handed back and forth
+    whole. The calibration fits it (`reroll.sim.calibrate.fit_resume`), with
+    ``prefill_token_s`` 0."""
     train_step_s: float = 0.0
     """Fixed cost of one optimiser step."""
     train_token_s: float = 1e-4

@@ -254,7 +254,8 @@ class Simulation:
             lags[self.trainer_version - g.start_version] += 1
         self.lags.update(lags)
         self.per_step.append({"samples": sum(len(g.rollouts) for g in batch),
-                              "lags": dict(sorted(lags.items())), "resumed": 0})
+                              "lags": dict(sorted(lags.items())), "resumed": 0,
+                              "resumed_tokens": 0})
         tokens = sum(len(r.tokens) for g in batch for r in g.rollouts)
         dt = self.s.train_step_s + self.s.train_token_s * tokens / self.s.train_devices
         self.train_s += dt
@@ -334,9 +335,11 @@ class Simulation:
         self.engine_version = self.trainer_version
         self.updating, self.horizon, self.waiting = False, None, True
         before = sum(d.resumed for d in self.devices)
+        tokens = sum(d.resumed_tokens for d in self.devices)
         for dev in self.devices:
             dev.pause(self.now, reprefill=self.run.partial_rollouts)
         self.per_step[-1]["resumed"] = sum(d.resumed for d in self.devices) - before
+        self.per_step[-1]["resumed_tokens"] = sum(d.resumed_tokens for d in self.devices) - tokens
         self._admit()
         self._take()
 

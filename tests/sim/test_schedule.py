@@ -91,6 +91,24 @@ def test_resume_cost_is_paid_once_per_interrupted_row():
     assert d.elapsed(1) == pytest.approx(1.0)
 
 
+def test_resume_token_cost_is_paid_on_each_resumed_rows_prompt_and_prefix():
+    s = SimSettings(decode_base_s=1.0, decode_row_s=0.0, prefill_token_s=0.0,
+                    resume_row_s=0.25, resume_token_s=0.01)
+    d = GenDevice(s)
+    # admitted with a 2-token prompt: its own prefill is not a resume's (0.01 not paid)
+    d.add([Row("a", ctx=2, left=5, prefill=2), Row("b", ctx=3, left=5, prefill=3)])
+    assert d.plan(None) == pytest.approx(5 * 1.0)
+    d.cut(2.5)  # a weight update during the third step
+    d.finish_chunk()
+    d.pause(d.t + 2.0, reprefill=True)
+    assert d.resumed == 2 and d.resumed_tokens == (2 + 3) + (3 + 3)
+    # a: prompt 2 + 3 tokens, b: 3 + 3; both resumed, then one step
+    assert d.elapsed(1) == pytest.approx(2 * 0.25 + 0.01 * (5 + 6) + 1.0)
+    d.plan(None)
+    d.finish_chunk()
+    assert d.elapsed(1) == pytest.approx(1.0)  # paid once
+
+
 def test_overprovision_starts_extra_and_carries_them_over():
     r = run(0, steps=4, overprovision=2.0)
     c = r["counters"]
