@@ -37,7 +37,7 @@ from pathlib import Path
 
 from reroll.config_checks import load_checked
 from reroll.runlog import read_metrics, read_rollouts
-from reroll.sim.calibrate import fit, fit_resume
+from reroll.sim.calibrate import fit, fit_resume, fit_resume_wall, resumed_tokens
 from reroll.sim.settings import SimRun, SimSettings
 from reroll.sim.simulate import simulate
 
@@ -63,13 +63,20 @@ VARIANTS = {
 # 12-token responses: none of the predicted variants)
 CALIBRATION = {"cal 16x8": [], "cal 4x8": ["rollout.batch_groups=4"],
                "cal 4x8 long": ["rollout.batch_groups=4", "rollout.max_new_tokens=12"],
-               "cal async 1 long": ["runtime.max_staleness=1", "rollout.max_new_tokens=12"]}
+               "cal async 1 long": ["runtime.max_staleness=1", "rollout.max_new_tokens=12"],
+               "cal async 1 long24": ["runtime.max_staleness=1", "rollout.max_new_tokens=24"]}
+SYNC_CAL = 3  # the synchronous ones come first; the rest resume (partial rollouts)
 
 
-def train(out: Path, name: str, overrides: list[str], steps: int) -> Path:
-    """One real run of the main job through `reroll train`, in its own process."""
+def train(out: Path, name: str, overrides: list[str], steps: int,
+          reuse: bool = False) -> Path | None:
+    """One real run of the main job through `reroll train`, in its own process; a run
+    whose metrics.jsonl is already in ``out`` is not run again. ``reuse``: none is run (None
+    where it is missing)."""
     d = out / name.replace(" ", "_")
     args = [str(CONFIG), *BASE, *overrides, f"train.steps={steps}", f"out_dir={d}"]
+    if reuse and not (d / "metrics.jsonl").exists():
+        return None
     if not (d / "metrics.jsonl").exists():
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         subprocess.run([sys.executable, "-m", "reroll.cli", "train", *args, "--no-progress"],
@@ -96,6 +103,7 @@ def predicted(overrides: list[str], cost: dict, lengths: Path, steps: int, skip:
     return {"samples_per_s": run.batch * (len(ends) - skip) / (ends[-1] - t0),
             "gen_idle": r["gen_idle"], "train_idle": r["train_idle"],
             "resumed_per_step": sum(p["resumed"] for p in per) / len(per),
+            "resumed_tokens_per_step": sum(p["resumed_tokens"] for p in per) / len(per),
             "lag": _mean_lag([p["lags"] for p in per])}
 
 
@@ -105,6 +113,7 @@ def counts(run_dir: Path, skip: int) -> dict:
     version - start version, from the recorded rollouts)."""
     rows = [r for r in read_metrics(run_dir) if "pipeline/samples_in_batch" in r]
     res = [r.get("engine/requests_resumed", 0.0) for r in rows]
+    toks = resumed_tokens(run_dir)
     lags: dict[int, dict[int, int]] = {}
     for step, g in read_rollouts(run_dir):
         if step > skip:
@@ -112,6 +121,7 @@ def counts(run_dir: Path, skip: int) -> dict:
             lags.setdefault(step, {}).setdefault(lag, 0)
             lags[step][lag] += 1
     return {"resumed_per_step": (res[-1] - res[skip - 1]) / (len(res) - skip),
+            "resumed_tokens_per_step": (toks[-1] - toks[skip - 1]) / (len(toks) - skip),
             "lag": _mean_lag(list(lags.values()))}
 
 
@@ -128,6 +138,9 @@ def main() -> None:
     ap.add_argument("--out", default="runs/sim_validate", help="run directories go here")
     ap.add_argument("--published", action="store_true",
                     help="only the published setups' predictions (no runs)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="run nothing: refit and predict from the run directories in --out "
+                         "(calibration runs missing there are left out, variants skipped)")
     a = ap.parse_args()
     if a.published:
         published()
@@ -135,28 +148,51 @@ def main() -> None:
     steps = a.steps or (20 if a.quick else 100)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    prompt = _prompt_tokens(train(out, "cal 16x8", CALIBRATION["cal 16x8"], steps))
-    cal = [train(out, k, v, steps) for k, v in CALIBRATION.items()]
-    cost = fit(cal[:3], prompt_tokens=prompt, skip=a.skip)
-    resume = fit_resume(cal, skip=a.skip)
-    cost["resume_row_s"] = resume["resume_row_s"]
+    cal = {k: train(out, k, v, steps, a.reuse) for k, v in CALIBRATION.items()}
+    cal = {k: d for k, d in cal.items() if d is not None}
+    prompt = _prompt_tokens(cal["cal 16x8"])
+    sync_cal = [d for k, d in cal.items() if k in list(CALIBRATION)[:SYNC_CAL]]
+    cost = fit(sync_cal, prompt_tokens=prompt, skip=a.skip)
+    engine = fit_resume(list(cal.values()), skip=a.skip)
+    print("engine's own time:", json.dumps({k: float(f"{v:.4g}") for k, v in engine.items()}))
+    walls = []
+    for k, d in cal.items():
+        if k in list(CALIBRATION)[:SYNC_CAL]:
+            continue
+        c = counts(d, a.skip)
+        p = predicted(CALIBRATION[k], {**cost, "resume_row_s": 0.0, "resume_token_s": 0.0},
+                      d, steps, a.skip)
+        batch = SimRun.from_config(load_checked(str(CONFIG), [*BASE, *CALIBRATION[k]])).batch
+        walls.append({"measured_s": batch / measured(d, a.skip),
+                      "simulated_s": batch / p["samples_per_s"], "resumed": c["resumed_per_step"],
+                      "resumed_tokens": c["resumed_tokens_per_step"]})
+        print(f"{k}: a step {walls[-1]['measured_s']:.4f} s measured, "
+              f"{walls[-1]['simulated_s']:.4f} s simulated without resume costs, "
+              f"{c['resumed_per_step']:.1f} requests and {c['resumed_tokens_per_step']:.0f} "
+              f"tokens resumed")
+    cost.update(fit_resume_wall(walls))
     print("cost model:", json.dumps({k: float(f"{v:.4g}") for k, v in cost.items()}))
-    print(f"engine time per generated token {resume['engine_token_s']:.3g} s (for reference)")
     rows = []
     for name, ov in VARIANTS.items():
-        d = cal[0] if name == "sync" else train(out, name, ov, steps)
-        lengths = train(out, "longtail sync", LONGTAIL, steps) if "longtail" in name else cal[0]
+        d = cal["cal 16x8"] if name == "sync" else train(out, name, ov, steps, a.reuse)
+        lengths = (train(out, "longtail sync", LONGTAIL, steps, a.reuse) if "longtail" in name
+                   else cal["cal 16x8"])
+        if d is None or lengths is None:
+            print(f"{name}: no run in {out}, left out")
+            continue
         m = measured(d, a.skip)
         p = predicted(ov, cost, lengths, steps, a.skip)
         rows.append((name, m, p, d))
     print("\n| variant | measured samples/s | predicted | predicted/measured | "
           "sim gen idle | sim train idle | resumed a step, measured / sim | "
-          "mean lag, measured / sim |\n|---|---|---|---|---|---|---|---|")
+          "resumed tokens a step, measured / sim | mean lag, measured / sim |"
+          "\n|---|---|---|---|---|---|---|---|---|")
     for name, m, p, d in rows:
         c = counts(d, a.skip)
         print(f"| {name} | {m:.1f} | {p['samples_per_s']:.1f} | "
               f"{p['samples_per_s'] / m:.3f} | {p['gen_idle']:.2f} | {p['train_idle']:.2f} | "
               f"{c['resumed_per_step']:.1f} / {p['resumed_per_step']:.1f} | "
+              f"{c['resumed_tokens_per_step']:.0f} / {p['resumed_tokens_per_step']:.0f} | "
               f"{c['lag']:.2f} / {p['lag']:.2f} |")
     sync_m, sync_p = rows[0][1], rows[0][2]["samples_per_s"]
     print("\nspeed-up over sync, measured / predicted: " + ", ".join(

@@ -23,18 +23,25 @@ a step decodes length/max times with the batch's rows:
 
 A run with partial rollouts interrupts the rows running at each weight update and resumes
 them, prefilling their prompt and prefix again; a synchronous run never does, so its fit
-says nothing of that cost. `fit_resume` measures it on the engine's own busy time
-(time/generate_s, its prefill and decode) of runs with and without resumes: non-negative
-least squares of ``generate_s = a * tokens generated + b * samples started +
-resume_row_s * requests resumed`` per step (the counters are cumulative, so per step is
-the difference of two rows; a resume comes with the admission of new groups after an
-update, whose own prefill the middle term takes).
+says nothing of that cost. `fit_resume` measures the engine's share on its own busy time
+(time/generate_s, its prefill and decode): non-negative least squares of ``generate_s =
+a * tokens generated + b * samples started + c * tokens resumed + d * requests resumed``
+per step (the counters are cumulative, so per step is the difference of two rows; a
+resume comes with the admission of new groups after an update, whose own prefill the
+second term takes). The engine's busy time is a fraction of a resume's cost in wall time
+(the driver aborts, copies and re-adds each request on the engine's core, and the engine
+waits for it), so the cost model's ``resume_token_s`` and ``resume_row_s`` come from
+`fit_resume_wall`: what the simulator misses, a step, on runs that resume, against their
+resumed tokens and requests. Resumed tokens a step are the engine's
+``engine/resumed_tokens`` where a run logged it, else estimated from its recorded
+rollouts (`resumed_tokens`).
 
 On a shared machine a step now and then stalls for seconds (another process holds the
 core); such steps (more than twice their run's median for the same work) are left out of
 each term's fit: the mean-square fit would otherwise follow them.
 
-Knows metrics rows and the cost model's fields, nothing else.
+Knows metrics rows, recorded rollouts' spans and the cost model's fields, nothing else (the
+simulated times `fit_resume_wall` takes come from its caller).
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ from pathlib import Path
 
 import numpy as np
 
-from reroll.runlog import read_metrics
+from reroll.runlog import read_metrics, read_rollouts
 
 
 def nnls(x: list[list[float]], y: list[float]) -> list[float]:
@@ -107,23 +114,60 @@ def fit(run_dirs: list[str | Path], *, prompt_tokens: int, skip: int = 1) -> dic
             "prompt_tokens": prompt_tokens}
 
 
+def resumed_tokens(run_dir: str | Path) -> list[float]:
+    """Prompt and prefix tokens the run's resumes prefilled again, cumulative, one value per
+    metrics row that has ``time/generate_s``: ``engine/resumed_tokens`` where the run logged
+    it, else ``engine/requests_resumed`` times the mean resumed prefix of the run's recorded
+    rollouts (a sampled span after a sample's first starts where a resume prefilled again:
+    its start is that resume's prompt and prefix)."""
+    rows = [r for r in read_metrics(run_dir) if "time/generate_s" in r]
+    if rows and all("engine/resumed_tokens" in r for r in rows):
+        return [float(r["engine/resumed_tokens"]) for r in rows]
+    starts = [s["start"] for _, g in read_rollouts(run_dir) for r in g["rollouts"]
+              for s in [x for x in r["spans"] if x["source"] != "prompt"][1:]]
+    mean = sum(starts) / len(starts) if starts else 0.0
+    return [mean * r.get("engine/requests_resumed", 0.0) for r in rows]
+
+
 def fit_resume(run_dirs: list[str | Path], *, skip: int = 1) -> dict[str, float]:
-    """``resume_row_s`` (engine time per resumed request, its prefill of prompt and prefix
-    included), and for the report ``engine_token_s`` and ``engine_sample_s`` (engine time
-    per generated token and per sample started) from runs' metrics, at least one with partial rollouts; refuses runs that resumed
-    nothing."""
+    """The engine's own time per resumed request and per resumed token
+    (``engine_resume_row_s``, ``engine_resume_token_s``: its prefill of prompt and prefix),
+    per generated token and per sample started (``engine_token_s``, ``engine_sample_s``),
+    from runs' metrics, at least one with partial rollouts; refuses runs that resumed
+    nothing. Requests and tokens separate only where resumed prefixes differ in length
+    between runs; otherwise the per-token term takes it (the first column)."""
     x, y = [], []
     for d in run_dirs:
         rows = [r for r in read_metrics(d) if "time/generate_s" in r]
-        for prev, r in list(zip(rows, rows[1:]))[max(0, skip - 1):]:
+        toks = resumed_tokens(d)
+        pairs = list(zip(rows, rows[1:], toks, toks[1:]))[max(0, skip - 1):]
+        for prev, r, t0, t1 in pairs:
             size = r["pipeline/samples_in_batch"] / r["pipeline/groups_in_batch"]
             x.append([r["pipeline/tokens_generated"] - prev["pipeline/tokens_generated"],
-                      size * (r["pipeline/started"] - prev["pipeline/started"]),
+                      size * (r["pipeline/started"] - prev["pipeline/started"]), t1 - t0,
                       r.get("engine/requests_resumed", 0) - prev.get("engine/requests_resumed",
                                                                         0)])
             y.append(r["time/generate_s"])
-    if not any(res for *_, res in x):
+    if not any(x_[3] for x_ in x):
         raise ValueError(f"no request was resumed in the runs {run_dirs}: fitting the resume "
                          f"cost needs one with partial rollouts and max_staleness > 0")
-    tok, start, res = nnls(x, y)
-    return {"resume_row_s": res, "engine_token_s": tok, "engine_sample_s": start}
+    tok, start, res_tok, res = nnls(x, y)
+    return {"engine_resume_row_s": res, "engine_resume_token_s": res_tok,
+            "engine_token_s": tok, "engine_sample_s": start}
+
+
+def fit_resume_wall(runs: list[dict[str, float]]) -> dict[str, float]:
+    """``resume_token_s`` and ``resume_row_s`` in wall time, from runs with partial rollouts
+    that the generation side holds back: for each, ``measured_s`` (its time a step),
+    ``simulated_s`` (the simulator's, on the same cost model with both resume costs 0),
+    ``resumed`` and ``resumed_tokens`` (measured, a step). Non-negative least squares of
+    ``measured_s - simulated_s = resume_token_s * resumed_tokens + resume_row_s * resumed``:
+    whatever a resume costs the generation side, on the engine (its prefill) or beside it
+    (the driver aborting, copying and re-adding the request, on the engine's core), and
+    whatever else the model misses on those runs. With one prefix length the two columns
+    are proportional and the per-token term takes it all."""
+    if not any(r["resumed"] for r in runs):
+        raise ValueError("fit_resume_wall: no run resumed a request")
+    tok, row = nnls([[r["resumed_tokens"], r["resumed"]] for r in runs],
+                    [r["measured_s"] - r["simulated_s"] for r in runs])
+    return {"resume_token_s": tok, "resume_row_s": row}

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from reroll.sim.calibrate import fit, fit_resume, nnls
+from reroll.sim.calibrate import fit, fit_resume, fit_resume_wall, nnls, resumed_tokens
 from reroll.sim.gen_device import GenDevice, Row
 from reroll.sim.settings import SimSettings
 
@@ -55,20 +55,55 @@ def test_fit_separates_a_per_sample_cost_with_two_response_lengths(tmp_path):
 
 def test_fit_resume_from_engine_time(tmp_path):
     # engine time = 1e-4 s a generated token + 5e-4 s a sample started (groups of 8) +
-    # 2e-3 s a resumed request; the counters are cumulative
-    rows, tok, started, res = [], 0, 0, 0
-    for step, (dt, dg, dr) in enumerate([(700, 16, 0), (600, 8, 100), (800, 16, 0),
-                                         (650, 4, 120)]):
-        tok, started, res = tok + dt, started + dg, res + dr
-        rows.append({"step": step + 1, "time/generate_s": 1e-4 * dt + 5e-4 * 8 * dg + 2e-3 * dr,
+    # 3e-5 s a resumed token + 2e-3 s a resumed request; the counters are cumulative
+    rows, tok, started, res, rtok = [], 0, 0, 0, 0
+    for step, (dt, dg, dr, dk) in enumerate([(700, 16, 0, 0), (600, 8, 100, 1000),
+                                             (800, 16, 0, 0), (650, 4, 120, 1800),
+                                             (500, 2, 50, 400)]):
+        tok, started, res, rtok = tok + dt, started + dg, res + dr, rtok + dk
+        rows.append({"step": step + 1,
+                     "time/generate_s": 1e-4 * dt + 5e-4 * 8 * dg + 3e-5 * dk + 2e-3 * dr,
                      "pipeline/tokens_generated": tok, "engine/requests_resumed": res,
+                     "engine/resumed_tokens": rtok,
                      "pipeline/started": started, "pipeline/samples_in_batch": 128,
                      "pipeline/groups_in_batch": 16})
     write(tmp_path / "r", [{**rows[0], "step": 0, "pipeline/tokens_generated": 0,
-                            "engine/requests_resumed": 0, "pipeline/started": 0}] + rows)
+                            "engine/requests_resumed": 0, "engine/resumed_tokens": 0,
+                            "pipeline/started": 0}] + rows)
     f = fit_resume([tmp_path / "r"], skip=0)
-    assert (f["engine_token_s"], f["engine_sample_s"], f["resume_row_s"]) == pytest.approx(
-        (1e-4, 5e-4, 2e-3))
+    assert (f["engine_token_s"], f["engine_sample_s"], f["engine_resume_token_s"],
+            f["engine_resume_row_s"]) == pytest.approx((1e-4, 5e-4, 3e-5, 2e-3))
+
+
+def test_resumed_tokens_from_the_counter_else_from_the_recorded_spans(tmp_path):
+    rows = [{"step": i, "time/generate_s": 0.1, "engine/requests_resumed": n}
+            for i, n in enumerate([0, 3, 5])]
+    write(tmp_path / "c", [{**r, "engine/resumed_tokens": 10 * i} for i, r in enumerate(rows)])
+    assert resumed_tokens(tmp_path / "c") == [0, 10, 20]  # the engine's own count
+    write(tmp_path / "s", rows)
+
+    def sample(*starts):  # a 7-token prompt, then sampled spans (a resume at each start)
+        return {"spans": [{"start": 0, "end": 7, "source": "prompt", "version": -1}]
+                + [{"start": a, "end": a + 1, "source": "sampled", "version": v}
+                   for v, a in enumerate((7,) + starts)]}
+
+    group = {"rollouts": [sample(9, 13), sample(11), sample()]}
+    (tmp_path / "s" / "rollouts.jsonl").write_text(json.dumps({"step": 1, "group": group}))
+    # resumes prefilled 9, 13 and 11 tokens again: 11 a resume, times the counter
+    assert resumed_tokens(tmp_path / "s") == pytest.approx([0, 33, 55])
+
+
+def test_fit_resume_wall_by_hand():
+    # what the simulator misses a step = 1e-4 s a resumed token + 5e-4 s a resumed request
+    runs = [{"measured_s": 0.30, "simulated_s": 0.15, "resumed": 100, "resumed_tokens": 1000},
+            {"measured_s": 0.235, "simulated_s": 0.10, "resumed": 50, "resumed_tokens": 1100}]
+    assert fit_resume_wall(runs) == pytest.approx({"resume_token_s": 1e-4,
+                                                   "resume_row_s": 5e-4})
+    # one prefix length: the columns are proportional, the per-token term takes it all
+    assert fit_resume_wall(runs[:1]) == pytest.approx({"resume_token_s": 1.5e-4,
+                                                       "resume_row_s": 0.0})
+    with pytest.raises(ValueError, match="no run resumed"):
+        fit_resume_wall([{**runs[0], "resumed": 0, "resumed_tokens": 0}])
 
 
 def test_fit_resume_refuses_runs_that_resumed_nothing(tmp_path):
