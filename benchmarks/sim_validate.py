@@ -4,9 +4,10 @@
    responses, 4 groups with 12-token ones; rollouts recorded), and
    `reroll.sim.calibrate.fit` on their metrics (decode cost per step and per token, a
    fixed cost per sample, training cost per step and per token, the loop's own work per
-   step, during which generation goes on on the core it shares with it); one asynchronous run with partial rollouts (16 groups,
-   max_staleness 1, 12-token responses) and `fit_resume` on all four (the engine's time
-   per resumed request).
+   step, during which generation goes on on the core it shares with it); two asynchronous
+   runs with partial rollouts (16 groups, max_staleness 1, 12- and 24-token responses),
+   each simulated without resume costs, and `fit_resume_wall` on what the simulation misses
+   a step against the tokens and requests resumed (`fit_resume`: the engine's own share).
 2. Predict, with that cost model and the response lengths recorded by the 16-group run (by
    the task's own synchronous run for the long-tail task), the throughput of the variants
    below, each also run for real, and compare.
@@ -22,7 +23,9 @@ metrics.jsonl, and predicted over the same steps.
 
     .venv/bin/python benchmarks/sim_validate.py [--quick] [--steps N] [--out DIR]
 
-``--quick``: 20 steps a run (11 runs of about 30 s each on a quiet machine).
+``--quick``: 20 steps a run (12 runs of about 30 s each on a quiet machine). A run whose
+metrics.jsonl is in ``--out`` is not run again; ``--reuse`` runs nothing, only refits and
+predicts.
 Ends with ``max |predicted/measured - 1| = P%``.
 """
 
@@ -150,6 +153,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     cal = {k: train(out, k, v, steps, a.reuse) for k, v in CALIBRATION.items()}
     cal = {k: d for k, d in cal.items() if d is not None}
+    if "cal 16x8" not in cal:
+        raise SystemExit(f"sim_validate --reuse: no cal_16x8 run (metrics.jsonl) in {out}: "
+                         f"nothing to calibrate on")
     prompt = _prompt_tokens(cal["cal 16x8"])
     sync_cal = [d for k, d in cal.items() if k in list(CALIBRATION)[:SYNC_CAL]]
     cost = fit(sync_cal, prompt_tokens=prompt, skip=a.skip)
