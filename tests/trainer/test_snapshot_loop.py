@@ -1,0 +1,110 @@
+"""The loop's referenced-versions call, pinned on real asynchronous runs: a spy on the
+scheduler records the groups the loop holds when it computes the set (ready groups, groups in
+flight, the replay stage's), a spy on the real trainer records what ``Trainer.step`` receives
+and holds after each update. Checked against hand computations: the set from the held groups,
+every version a later update trains was referenced at each step in between, the snapshots
+held are the needed ones under the cap (`release_plan`'s rule written out), and the
+``offpol/snapshots_held`` / ``offpol/snapshot_bytes`` metrics count them."""
+
+import pytest
+
+from reroll.control.scheduler import Scheduler
+from reroll.runtime import train
+from reroll.trainer.step import Trainer
+
+
+def versions_of(rollouts) -> set[int]:
+    """The versions the sampled (loss-masked) tokens of ``rollouts`` were generated at."""
+    return {v for r in rollouts for v, m in zip(r.versions, r.loss_mask) if m}
+
+
+def spy(monkeypatch):
+    """Record, per loop step, the held groups and the set the scheduler returned (``seen``),
+    and what the trainer got and kept (``steps``)."""
+    seen, steps = [], []
+    referenced, step = Scheduler.referenced_versions, Trainer.step
+
+    def scheduler_refs(self, version):
+        replay = self.replay
+        held = {"version": version,
+                "ready": [versions_of(g.rollouts) for g in self.ready],
+                "running": [g.start_version for g in self.running.values()],
+                "buffer": [versions_of(e["group"].rollouts) for e in replay.buffer.entries]
+                if replay is not None and replay.buffer is not None else []}
+        seen.append((held, referenced(self, version)))
+        return seen[-1][1]
+
+    def trainer_step(self, groups, referenced=None):
+        version = self.version
+        m = step(self, groups, referenced)
+        sd = self.model.state_dict().values()
+        steps.append({"version": version, "refs": referenced, "metrics": m,
+                      "trained": versions_of(r for g in groups for r in g.rollouts),
+                      "replayed": versions_of(r for g in groups for r in g.rollouts
+                                              if r.reused),
+                      "held": sorted(self.snapshots.weights),
+                      # one snapshot is a clone of every state-dict entry: the model's
+                      # parameter bytes, a tied embedding/head counted twice (cloned twice)
+                      "weight_bytes": sum(t.numel() * t.element_size() for t in sd)})
+        return m
+
+    monkeypatch.setattr(Scheduler, "referenced_versions", scheduler_refs)
+    monkeypatch.setattr(Trainer, "step", trainer_step)
+    return seen, steps
+
+
+def by_hand(held: dict, *, buffer: bool) -> set[int]:
+    """Ready groups: their tokens' versions; running groups: every version from their start
+    (-1: 0) to the trainer's; with ``buffer``, the replay buffer's groups' versions."""
+    out = set().union(*held["ready"], *(held["buffer"] if buffer else []))
+    for since in held["running"]:
+        out |= set(range(max(since, 0), held["version"] + 1))
+    return out
+
+
+def check_held(steps, *, lag: int, cap: int) -> None:
+    """The update at version i snapshots i, keeps the newest ``cap`` of the versions it
+    still had that are needed (the current one and the referenced ones within the lag) or
+    trained by its batch (the rest of those are evicted), and after its old log-probs drops
+    those only the batch needed."""
+    prev, evicted = [], 0
+    for s in steps:
+        i = s["version"]
+        needed = {v for v in s["refs"] if i - lag <= v <= i} | {i}
+        during = sorted((needed | s["trained"]) & (set(prev) | {i}))[-cap:]
+        evicted += len((needed | s["trained"]) & (set(prev) | {i})) - len(during)
+        assert s["held"] == [v for v in during if v in needed], (i, s["refs"], prev)
+        m = s["metrics"]
+        assert m["offpol/snapshots_held"] == len(s["held"])
+        assert m["offpol/snapshot_bytes"] == len(s["held"]) * s["weight_bytes"]
+        assert m["offpol/snapshots_evicted"] == evicted
+        prev = s["held"]
+
+
+def referenced_until_trained(steps, *, skip_replayed: bool = False) -> None:
+    """Every version v < j that the update at version j trains was referenced by every
+    update strictly between v and j (at v itself it is the current version)."""
+    refs = {s["version"]: s["refs"] for s in steps}
+    for s in steps:
+        j = s["version"]
+        trained = s["trained"] - (s["replayed"] if skip_replayed else set())
+        for v in trained:
+            assert all(v in refs[i] for i in range(v + 1, j)), (v, j, refs)
+
+
+@pytest.mark.parametrize("staleness,partial,cap", [(2, "true", 3), (3, "false", 2)])
+def test_the_loop_passes_the_versions_of_the_groups_it_holds(
+        tmp_path, small_run, monkeypatch, staleness, partial, cap):
+    seen, steps = spy(monkeypatch)
+    train(small_run(tmp_path / "run", "train.steps=6", f"runtime.max_staleness={staleness}",
+                    f"runtime.partial_rollouts={partial}", f"train.old_snapshots={cap}"),
+          progress=False)
+    assert [s["version"] for s in steps] == list(range(6)) and len(seen) == 6
+    for (held, got), s in zip(seen, steps):
+        assert held["version"] == s["version"] and got == s["refs"] == by_hand(held,
+                                                                                 buffer=False)
+    referenced_until_trained(steps)
+    check_held(steps, lag=staleness, cap=cap)
+    assert any(len(s["held"]) > 1 for s in steps)  # an older version was held at some step
+    if cap > staleness:  # room for every version a token can carry: none ever falls back
+        assert all(s["metrics"]["offpol/snapshot_fallback_frac"] == 0.0 for s in steps)
