@@ -38,10 +38,11 @@ def spy(monkeypatch):
         version = self.version
         m = step(self, groups, referenced)
         sd = self.model.state_dict().values()
-        steps.append({"version": version, "refs": referenced, "metrics": m,
-                      "trained": versions_of(r for g in groups for r in g.rollouts),
-                      "replayed": versions_of(r for g in groups for r in g.rollouts
-                                              if r.reused),
+        rollouts = [r for g in groups for r in g.rollouts if r.loss_exclusion is None]
+        tokens = [(v, r.reused) for r in rollouts  # the trained targets (position 0 never is)
+                  for v, m in zip(r.versions[1:], r.loss_mask[1:]) if m]
+        steps.append({"version": version, "refs": referenced, "metrics": m, "tokens": tokens,
+                      "trained": {v for v, _ in tokens},
                       "held": sorted(self.snapshots.weights),
                       # one snapshot is a clone of every state-dict entry: the model's
                       # parameter bytes, a tied embedding/head counted twice (cloned twice)
@@ -81,14 +82,13 @@ def check_held(steps, *, lag: int, cap: int) -> None:
         prev = s["held"]
 
 
-def referenced_until_trained(steps, *, skip_replayed: bool = False) -> None:
+def referenced_until_trained(steps) -> None:
     """Every version v < j that the update at version j trains was referenced by every
     update strictly between v and j (at v itself it is the current version)."""
     refs = {s["version"]: s["refs"] for s in steps}
     for s in steps:
         j = s["version"]
-        trained = s["trained"] - (s["replayed"] if skip_replayed else set())
-        for v in trained:
+        for v in s["trained"]:
             assert all(v in refs[i] for i in range(v + 1, j)), (v, j, refs)
 
 
@@ -108,3 +108,26 @@ def test_the_loop_passes_the_versions_of_the_groups_it_holds(
     assert any(len(s["held"]) > 1 for s in steps)  # an older version was held at some step
     if cap > staleness:  # room for every version a token can carry: none ever falls back
         assert all(s["metrics"]["offpol/snapshot_fallback_frac"] == 0.0 for s in steps)
+
+
+def test_the_replay_buffers_groups_are_referenced_until_replayed(tmp_path, small_run,
+                                                                  monkeypatch):
+    """Rollout replay holds consumed groups across steps and trains them again: their
+    versions are referenced while buffered, so a replayed token within the lag has its own
+    version's snapshot; one older than the lag falls back to the update's pi_prox."""
+    seen, steps = spy(monkeypatch)
+    train(small_run(tmp_path / "run", "train.steps=6", "runtime.max_staleness=2",
+                    "train.old_snapshots=3", "replay.buffer_size=8", "replay.fresh_fraction=0.5"),
+          progress=False)
+    for (held, got), s in zip(seen, steps):
+        assert got == s["refs"] == by_hand(held, buffer=True)
+    referenced_until_trained(steps)
+    check_held(steps, lag=2, cap=3)
+    replayed = [(s["version"], v) for s in steps for v, reused in s["tokens"] if reused]
+    assert any(v < j for j, v in replayed)  # stale replayed tokens were trained
+    for s in steps:  # the tokens older than the lag (replayed ones) fall back, no other
+        j, tokens = s["version"], s["tokens"]
+        old = sum(v < j - 2 for v, _ in tokens)
+        assert s["metrics"]["offpol/snapshot_fallback_frac"] == old / len(tokens)
+        assert s["metrics"]["offpol/snapshot_frac"] == sum(
+            j - 2 <= v < j for v, _ in tokens) / len(tokens)
