@@ -92,21 +92,24 @@ def referenced_until_trained(steps) -> None:
             assert all(v in refs[i] for i in range(v + 1, j)), (v, j, refs)
 
 
-@pytest.mark.parametrize("staleness,partial,cap", [(2, "true", 3), (3, "false", 2)])
+@pytest.mark.parametrize("staleness,partial,over,cap", [
+    (2, "true", 1.0, 3), (3, "false", 1.0, 2),
+    (1, "true", 1.5, 3)])  # APRIL: the extra groups carry over, their lag one more
 def test_the_loop_passes_the_versions_of_the_groups_it_holds(
-        tmp_path, small_run, monkeypatch, staleness, partial, cap):
+        tmp_path, small_run, monkeypatch, staleness, partial, over, cap):
     seen, steps = spy(monkeypatch)
     train(small_run(tmp_path / "run", "train.steps=6", f"runtime.max_staleness={staleness}",
-                    f"runtime.partial_rollouts={partial}", f"train.old_snapshots={cap}"),
-          progress=False)
+                    f"runtime.partial_rollouts={partial}", f"runtime.overprovision={over}",
+                    f"train.old_snapshots={cap}"), progress=False)
+    lag = staleness + (over > 1)
     assert [s["version"] for s in steps] == list(range(6)) and len(seen) == 6
     for (held, got), s in zip(seen, steps):
         assert held["version"] == s["version"] and got == s["refs"] == by_hand(held,
                                                                                  buffer=False)
     referenced_until_trained(steps)
-    check_held(steps, lag=staleness, cap=cap)
+    check_held(steps, lag=lag, cap=cap)
     assert any(len(s["held"]) > 1 for s in steps)  # an older version was held at some step
-    if cap > staleness:  # room for every version a token can carry: none ever falls back
+    if cap > lag:  # room for every version a token can carry: none ever falls back
         assert all(s["metrics"]["offpol/snapshot_fallback_frac"] == 0.0 for s in steps)
 
 
