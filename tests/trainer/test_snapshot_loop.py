@@ -40,7 +40,7 @@ def spy(monkeypatch):
         sd = self.model.state_dict().values()
         rollouts = [r for g in groups for r in g.rollouts if r.loss_exclusion is None]
         tokens = [(v, r.reused) for r in rollouts  # the trained targets (position 0 never is)
-                  for v, m in zip(r.versions[1:], r.loss_mask[1:]) if m]
+                  for v, sampled in zip(r.versions[1:], r.loss_mask[1:]) if sampled]
         steps.append({"version": version, "refs": referenced, "metrics": m, "tokens": tokens,
                       "trained": {v for v, _ in tokens},
                       "held": sorted(self.snapshots.weights),
