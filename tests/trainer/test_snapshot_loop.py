@@ -18,11 +18,12 @@ def versions_of(rollouts) -> set[int]:
     return {v for r in rollouts for v, m in zip(r.versions, r.loss_mask) if m}
 
 
-def spy(monkeypatch):
+def spy(monkeypatch, trainer=Trainer):
     """Record, per loop step, the held groups and the set the scheduler returned (``seen``),
-    and what the trainer got and kept (``steps``)."""
+    and what ``trainer.step`` got, returned and (a `Trainer` in this process) kept
+    (``steps``)."""
     seen, steps = [], []
-    referenced, step = Scheduler.referenced_versions, Trainer.step
+    referenced, step = Scheduler.referenced_versions, trainer.step
 
     def scheduler_refs(self, version):
         replay = self.replay
@@ -37,21 +38,25 @@ def spy(monkeypatch):
     def trainer_step(self, groups, referenced=None):
         version = self.version
         m = step(self, groups, referenced)
-        sd = self.model.state_dict().values()
         rollouts = [r for g in groups for r in g.rollouts if r.loss_exclusion is None]
         tokens = [(v, r.reused) for r in rollouts  # the trained targets (position 0 never is)
                   for v, sampled in zip(r.versions[1:], r.loss_mask[1:]) if sampled]
         steps.append({"version": version, "refs": referenced, "metrics": m, "tokens": tokens,
-                      "trained": {v for v, _ in tokens},
-                      "held": sorted(self.snapshots.weights),
-                      # one snapshot is a clone of every state-dict entry: the model's
-                      # parameter bytes, a tied embedding/head counted twice (cloned twice)
-                      "weight_bytes": sum(t.numel() * t.element_size() for t in sd)})
+                      "trained": {v for v, _ in tokens}})
+        if isinstance(self, Trainer):
+            # one snapshot is a clone of every state-dict entry: the model's parameter
+            # bytes, a tied embedding/head counted twice (cloned twice)
+            steps[-1].update(held=sorted(self.snapshots.weights), weight_bytes=state_bytes(
+                self.model))
         return m
 
     monkeypatch.setattr(Scheduler, "referenced_versions", scheduler_refs)
-    monkeypatch.setattr(Trainer, "step", trainer_step)
+    monkeypatch.setattr(trainer, "step", trainer_step)
     return seen, steps
+
+
+def state_bytes(model) -> int:
+    return sum(t.numel() * t.element_size() for t in model.state_dict().values())
 
 
 def by_hand(held: dict, *, buffer: bool) -> set[int]:
@@ -63,23 +68,25 @@ def by_hand(held: dict, *, buffer: bool) -> set[int]:
     return out
 
 
-def check_held(steps, *, lag: int, cap: int) -> None:
+def check_held(steps, *, lag: int, cap: int, weight_bytes: int | None = None) -> None:
     """The update at version i snapshots i, keeps the newest ``cap`` of the versions it
     still had that are needed (the current one and the referenced ones within the lag) or
     trained by its batch (the rest of those are evicted), and after its old log-probs drops
-    those only the batch needed."""
+    those only the batch needed. Checked against the trainer's store where the spy saw it,
+    and against the metrics (``weight_bytes``: one snapshot's, where the spy did not)."""
     prev, evicted = [], 0
     for s in steps:
         i = s["version"]
         needed = {v for v in s["refs"] if i - lag <= v <= i} | {i}
         during = sorted((needed | s["trained"]) & (set(prev) | {i}))[-cap:]
         evicted += len((needed | s["trained"]) & (set(prev) | {i})) - len(during)
-        assert s["held"] == [v for v in during if v in needed], (i, s["refs"], prev)
+        held = [v for v in during if v in needed]
+        assert s.get("held", held) == held, (i, s["refs"], prev)
         m = s["metrics"]
-        assert m["offpol/snapshots_held"] == len(s["held"])
-        assert m["offpol/snapshot_bytes"] == len(s["held"]) * s["weight_bytes"]
+        assert m["offpol/snapshots_held"] == len(held)
+        assert m["offpol/snapshot_bytes"] == len(held) * s.get("weight_bytes", weight_bytes)
         assert m["offpol/snapshots_evicted"] == evicted
-        prev = s["held"]
+        prev = held
 
 
 def referenced_until_trained(steps) -> None:
