@@ -260,11 +260,13 @@ class TrainConfig:
     and computes each stale token's pi_prox under the weights of the version that sampled
     it, so the correction sees only the engine/trainer mismatch and the clip only the
     staleness. A version's snapshot is held exactly while a group the loop still holds
-    (ready or in flight) or the batch being trained references it, and never below the
+    (ready or in flight), a sample the replay stage holds (replay.buffer_size's groups,
+    replay.reuse's answers) or the batch being trained references it, and never below the
     admission bound (runtime.max_staleness, one more with runtime.overprovision > 1); this
     is a hard cap on top: at it the unreferenced ones are already gone and the oldest
     referenced go next (offpol/snapshots_evicted), their tokens falling back to the
-    update's pi_prox, as a replayed sample's do, counted in offpol/snapshot_fallback_frac.
+    update's pi_prox, as a replayed sample's older than the bound do, counted in
+    offpol/snapshot_fallback_frac.
     max_staleness + 1 (+ 1) never evicts. Held count and bytes: offpol/snapshots_held,
     offpol/snapshot_bytes. The values are recorded per token (Rollout.old_logprobs). 0:
     off. Checkpointed (version_snapshots.pt)."""

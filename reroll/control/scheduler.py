@@ -264,14 +264,15 @@ class Scheduler:
         """The versions the unconsumed groups (ready or running) may hold tokens of, at
         trainer ``version`` (`staleness.referenced_versions`): a running group from its
         start version on, a ready group its tokens' own (read once per group, then cached
-        while it waits). The replay stage's groups are not counted (a replayed sample's
-        tokens are older than the admission bound)."""
+        while it waits), and the replay stage's held samples their own (`Replay.
+        held_versions`: trained again later; the trainer keeps none below the lag)."""
         cache = {g.group_id: self._versions.get(g.group_id) for g in self.ready}
         for g in self.ready:
             if cache[g.group_id] is None:
                 cache[g.group_id] = {v for r in g.rollouts for v in r.sampled_versions}
         self._versions = cache
-        return referenced_versions(list(cache.values()),
+        held = self.replay.held_versions() if self.replay is not None else []
+        return referenced_versions(list(cache.values()) + held,
                                    [g.start_version for g in self.running.values()], version)
 
     # ---- checkpointing -----------------------------------------------------------------

@@ -17,8 +17,9 @@ reuse (`ResponseBank`) and speculative drafts (`DraftPlanner`), as the pipeline 
 
 Replayed and reused samples are not "stale" for the admission rule (they were never
 admitted again); their off-policy weight is the objective's (`pi_prox / mu`, truncated by the
-configured correction). Knows nothing of
-engines, threads or the trainer.
+configured correction); the versions of the samples it holds are referenced for the trainer's
+per-version snapshots (`Replay.held_versions`). Knows nothing of engines, threads or the
+trainer.
 """
 
 from __future__ import annotations
@@ -41,6 +42,23 @@ class Replay:
         self.buffer, self.bank, self.replay_groups = buffer, bank, replay_groups
         self.is_success = is_success
         self.drafting = drafting
+        self._versions: dict[str, set[int]] = {}  # sample_id -> its tokens' versions
+
+    def held_versions(self) -> list[set[int]]:
+        """The versions the held samples were generated at, one set per sample: the
+        buffer's groups (trained again when drawn) and the bank's answers (injected into a
+        later group), each keeping its own. The loop references them (`reroll.control.
+        scheduler.Scheduler.referenced_versions`); read once per sample, then cached."""
+        held = [r for e in (self.buffer.entries if self.buffer is not None else [])
+                for r in e["group"].rollouts]
+        held += [r for rs in (self.bank.bank.values() if self.bank is not None else [])
+                 for r in rs]
+        cache = {r.sample_id: self._versions.get(r.sample_id) for r in held}
+        for r in held:
+            if cache[r.sample_id] is None:
+                cache[r.sample_id] = set(r.sampled_versions)
+        self._versions = cache
+        return list(cache.values())
 
     def prepare(self, rollouts: list[Rollout]) -> None:
         """Fresh samples get their drafts (speculative rollouts, `reroll.replay.drafts`)."""

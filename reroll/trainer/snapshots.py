@@ -17,20 +17,20 @@ the current weights).
 Which versions are kept (`VersionSnapshots`): a version's snapshot is taken when the trainer
 starts an update at it, and is held exactly while the version is referenced: by a sample of
 the batch being trained, or by a group the loop still holds (ready in its buffer or in
-flight), which the loop passes with every update (`reroll.control.staleness.
-referenced_versions`). Versions below the admission bound (a group trained at version i
-started at version >= i - lag, ``lag`` = runtime.max_staleness, one more with APRIL's
-overprovision) are never needed again: such a group is dropped as stale. Without the loop's
-set (a trainer driven directly, a recorded run's replay) the bound alone decides: every
-version >= current - lag is referenced. The rule is the pure function `release_plan`.
+flight) or a sample its replay stage holds (to be replayed or reused), which the loop passes
+with every update (`reroll.control.staleness.referenced_versions`). Versions below the
+admission bound (a group trained at version i started at version >= i - lag, ``lag`` =
+runtime.max_staleness, one more with APRIL's overprovision) are never needed again: such a
+group is dropped as stale. Without the loop's set (a trainer driven directly, a recorded
+run's replay) the bound alone decides: every version >= current - lag is referenced. The rule is the pure function `release_plan`.
 
 Memory: at most ``max_snapshots`` (train.old_snapshots, counting the current version's)
 copies of the weights on the trainer's device, plus one scratch model they are loaded into;
 held count and bytes are the metrics ``offpol/snapshots_held`` and ``offpol/snapshot_bytes``.
 At the bound, unreferenced versions are already gone; the oldest referenced ones go next
 (counted in ``offpol/snapshots_evicted``), and a token whose version has no snapshot
-(evicted, older than the bound, or a replayed sample's) falls back to the update's pi_prox;
-the share of trained tokens that did is the metric ``offpol/snapshot_fallback_frac``.
+(evicted, or older than the bound, as a replayed sample's may be) falls back to the update's
+pi_prox; the share of trained tokens that did is the metric ``offpol/snapshot_fallback_frac``.
 
 Owns the store, its checkpoint state (``SNAPSHOT_FILE``) and the per-token merge. Must not
 know the objective, the optimiser or the loop.

@@ -1,7 +1,8 @@
 """Snapshot reference counting: the release rule by hand (referenced versions + held + cap ->
-keep / release / evict), the versions the loop's unconsumed groups reference, a trainer that
-drops a version as soon as nothing references it (its bytes counted), and a checkpoint taken
-while a referenced version is held, resumed bitwise with that version still used."""
+keep / release / evict), the versions the loop's unconsumed groups (and the replay stage's held
+samples) reference, a trainer that drops a version as soon as nothing references it (its bytes
+counted), and a checkpoint taken while a referenced version is held, resumed bitwise with that
+version still used."""
 
 import copy
 import sys
@@ -14,6 +15,9 @@ from reroll.algo import build_objective
 from reroll.config import AlgoConfig
 from reroll.control.staleness import referenced_versions
 from reroll.models import load
+from reroll.replay.bank import ResponseBank
+from reroll.replay.buffer import ReplayBuffer
+from reroll.replay.stage import Replay
 from reroll.runlog import read_metrics
 from reroll.runtime import train
 from reroll.trainer.options import TrainerOptions
@@ -22,6 +26,8 @@ from reroll.trainer.step import Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "control"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "replay"))
+from test_buffer import group  # noqa: E402  (hand-made scored groups)
 from test_scheduler import finish, make  # noqa: E402  (workflows simulated by hand)
 from test_step import groups_of  # noqa: E402  (the same tiny groups as the step's tests)
 
@@ -63,6 +69,21 @@ def test_the_scheduler_references_what_its_unconsumed_groups_hold():
     # taken: only the two running groups (started at 0) remain; at version 2 they may hold
     # tokens of versions 0, 1 and 2
     assert s.referenced_versions(2) == {0, 1, 2}
+
+
+def test_the_replay_stages_held_samples_are_referenced_while_held():
+    s = make(n=8, group_size=2, batch_groups=1, max_staleness=2)
+    s.replay = Replay(buffer=ReplayBuffer(1), bank=ResponseBank(1), is_success=lambda r:
+                      r.reward >= 1.0)
+    s.replay.buffer.add([group("p", [1.0, 0.0], version=1)], version=2)  # trained again later
+    s.replay.bank.add([group("q", [1.0, 1.0], version=0)], s.replay.is_success)  # injected
+    assert s.referenced_versions(3) == {0, 1}  # nothing ready or running: the stage's own
+    s.replay.buffer.add([group("r", [0.0, 1.0], version=2)], version=3)  # evicts p's group
+    assert s.referenced_versions(3) == {0, 2}
+    # the trainer at version 3 with lag 2 keeps 2 (and the current 3); the bank's version-0
+    # answer is below the bound: injected later, its tokens fall back to pi_prox
+    snaps = VersionSnapshots(torch.nn.Linear(1, 1), max_snapshots=4, lag=2)
+    assert snaps.needed(3, s.referenced_versions(3)) == {2, 3}
 
 
 def groups_at(version):
