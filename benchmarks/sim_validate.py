@@ -1,10 +1,11 @@
 """`reroll sim` against measured runs of the main job (configs/arithmetic.toml) on this machine.
 
-1. Calibrate: three short synchronous runs (16 and 4 groups of 8 a step with 6-token
-   responses, 4 groups with 12-token ones; rollouts recorded), and
-   `reroll.sim.calibrate.fit` on their metrics (decode cost per step and per token, a
-   fixed cost per sample, training cost per step and per token, the loop's own work per
-   step, during which generation goes on on the core it shares with it); two asynchronous
+1. Calibrate: four short synchronous runs (16 and 4 groups of 8 a step with 6-token
+   responses, 4 groups with 12-token ones, 16 groups with 24-token ones; rollouts
+   recorded), and `reroll.sim.calibrate.fit` on their metrics (decode cost per step and
+   per token, a fixed cost per sample, training cost per step and per token, the loop's
+   own work per step and per sample, during which generation goes on on the core it
+   shares with it, and the stalls' mean cost per step); two asynchronous
    runs with partial rollouts (16 groups, max_staleness 1, 12- and 24-token responses),
    each simulated without resume costs, and `fit_resume_wall` on what the simulation misses
    a step against the tokens and requests resumed (`fit_resume`: the engine's own share).
@@ -25,7 +26,8 @@ metrics.jsonl, and predicted over the same steps.
 
 ``--quick``: 20 steps a run (12 runs of about 30 s each on a quiet machine). A run whose
 metrics.jsonl is in ``--out`` is not run again; ``--reuse`` runs nothing, only refits and
-predicts.
+predicts; ``--fit-also 'longtail sync'`` adds that run to the synchronous calibration runs
+(its row is then a fit, marked so, not a prediction).
 Ends with ``max |predicted/measured - 1| = P%``.
 """
 
@@ -62,13 +64,15 @@ VARIANTS = {
     "longtail async 2": [*LONGTAIL, "runtime.max_staleness=2"],
 }
 # synchronous runs of two batch sizes and two response lengths (the untrained policy
-# writes to max_new_tokens), then one that resumes many requests (partial rollouts, with
-# 12-token responses: none of the predicted variants)
+# writes to max_new_tokens; the full batch with long responses is what separates the cost
+# of a decoded token from a sample's fixed cost), then ones that resume many requests
+# (partial rollouts, with 12- and 24-token responses: none of the predicted variants)
 CALIBRATION = {"cal 16x8": [], "cal 4x8": ["rollout.batch_groups=4"],
                "cal 4x8 long": ["rollout.batch_groups=4", "rollout.max_new_tokens=12"],
+               "cal 16x8 long24": ["rollout.max_new_tokens=24"],
                "cal async 1 long": ["runtime.max_staleness=1", "rollout.max_new_tokens=12"],
                "cal async 1 long24": ["runtime.max_staleness=1", "rollout.max_new_tokens=24"]}
-SYNC_CAL = 3  # the synchronous ones come first; the rest resume (partial rollouts)
+SYNC_CAL = 4  # the synchronous ones come first; the rest resume (partial rollouts)
 
 
 def train(out: Path, name: str, overrides: list[str], steps: int,
@@ -144,6 +148,9 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true",
                     help="run nothing: refit and predict from the run directories in --out "
                          "(calibration runs missing there are left out, variants skipped)")
+    ap.add_argument("--fit-also", action="append", default=[], metavar="VARIANT",
+                    help="a synchronous variant's run (e.g. 'longtail sync') joins the "
+                         "calibration runs; its row is then marked as fitted, not predicted")
     a = ap.parse_args()
     if a.published:
         published()
@@ -158,6 +165,16 @@ def main() -> None:
                          f"nothing to calibrate on")
     prompt = _prompt_tokens(cal["cal 16x8"])
     sync_cal = [d for k, d in cal.items() if k in list(CALIBRATION)[:SYNC_CAL]]
+    synchronous = [k for k, v in VARIANTS.items() if k != "sync"
+                   and not any(o.startswith("runtime.max_staleness") for o in v)]
+    for name in a.fit_also:
+        if name not in synchronous:
+            raise SystemExit(f"sim_validate --fit-also: {name!r} is not a synchronous "
+                             f"variant with a run of its own (one of {synchronous})")
+        d = train(out, name, VARIANTS[name], steps, a.reuse)
+        if d is None:
+            raise SystemExit(f"sim_validate --fit-also: no {name!r} run in {out}")
+        sync_cal.append(d)
     cost = fit(sync_cal, prompt_tokens=prompt, skip=a.skip)
     engine = fit_resume(list(cal.values()), skip=a.skip)
     print("engine's own time:", json.dumps({k: float(f"{v:.4g}") for k, v in engine.items()}))
@@ -193,9 +210,10 @@ def main() -> None:
           "sim gen idle | sim train idle | resumed a step, measured / sim | "
           "resumed tokens a step, measured / sim | mean lag, measured / sim |"
           "\n|---|---|---|---|---|---|---|---|---|")
+    fitted = {"sync", *a.fit_also}  # sync is the run "cal 16x8" itself
     for name, m, p, d in rows:
         c = counts(d, a.skip)
-        print(f"| {name} | {m:.1f} | {p['samples_per_s']:.1f} | "
+        print(f"| {name}{' (fitted on)' if name in fitted else ''} | {m:.1f} | {p['samples_per_s']:.1f} | "
               f"{p['samples_per_s'] / m:.3f} | {p['gen_idle']:.2f} | {p['train_idle']:.2f} | "
               f"{c['resumed_per_step']:.1f} / {p['resumed_per_step']:.1f} | "
               f"{c['resumed_tokens_per_step']:.0f} / {p['resumed_tokens_per_step']:.0f} | "

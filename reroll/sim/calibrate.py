@@ -15,9 +15,10 @@ a step decodes length/max times with the batch's rows:
 - the trainer's side: non-negative least squares of ``time/train_s = train_step_s +
   train_token_s * tokens`` (prompt + response), the update itself;
 - the rest of a step, ``wall time - wait - time/train_s``, is the loop's own work
-  (recording the rollouts, metrics, fetching and publishing the weights): ``loop_s`` is its
-  mean, time the trainer waits while generation goes on (`reroll.loop.run` records and
-  logs while the rollout pipeline keeps generating). The weight swap itself
+  (recording the rollouts, metrics, fetching and publishing the weights): non-negative
+  least squares of ``loop_s + loop_row_s * samples``, time the trainer waits while
+  generation goes on (`reroll.loop.run` records and logs while the rollout pipeline keeps
+  generating; recording grows with the batch). The weight swap itself
   (``sync_s``, a stop of both sides) is left 0: in a synchronous run it is part of the
   next wait, which the generation terms take.
 
@@ -38,7 +39,9 @@ rollouts (`resumed_tokens`).
 
 On a shared machine a step now and then stalls for seconds (another process holds the
 core); such steps (more than twice their run's median for the same work) are left out of
-each term's fit: the mean-square fit would otherwise follow them.
+each term's fit: the mean-square fit would otherwise follow them. The time they took beyond
+their run's median is not dropped: ``stall_s`` is its total over the runs' steps, a mean
+cost per step (the measured throughput counts the stalled steps, so the model must too).
 
 Knows metrics rows, recorded rollouts' spans and the cost model's fields, nothing else (the
 simulated times `fit_resume_wall` takes come from its caller).
@@ -86,13 +89,16 @@ def fit(run_dirs: list[str | Path], *, prompt_tokens: int, skip: int = 1) -> dic
     """Cost-model fields (`reroll.sim.settings.SimSettings`) from synchronous runs' metrics;
     the first ``skip`` steps of each run (warm-up) are left out, and so is each term's
     stalled steps (`unstalled`)."""
-    gen_x, gen_y, train_x, train_y, loop = [], [], [], [], []
+    gen_x, gen_y, train_x, train_y, loop_x, loop_y = [], [], [], [], [], []
+    stalled, steps = 0.0, 0
     for d in run_dirs:
         rows = [r for r in read_metrics(d) if "time/train_s" in r]
         pairs = list(zip(rows, rows[1:]))[max(0, skip - 1):]
         waits = [r["time/wait_for_rollouts_s"] for _, r in pairs]
         trains = [r["time/train_s"] for _, r in pairs]
         loops = [r["time"] - p["time"] - w - t for (p, r), w, t in zip(pairs, waits, trains)]
+        stalled += stall_excess(waits) + stall_excess(trains) + stall_excess(loops)
+        steps += len(pairs)
         for (_, r), w, t, lp, kw, kt, kl in zip(pairs, waits, trains, loops, unstalled(waits),
                                                unstalled(trains), unstalled(loops)):
             n = r["pipeline/samples_in_batch"]
@@ -103,15 +109,24 @@ def fit(run_dirs: list[str | Path], *, prompt_tokens: int, skip: int = 1) -> dic
                 train_x.append([1.0, n * (prompt_tokens + r["length/mean"])])
                 train_y.append(t)
             if kl:
-                loop.append(lp)
+                loop_x.append([1.0, n])
+                loop_y.append(lp)
     if not gen_y:
         raise ValueError(f"no consecutive step rows in the metrics of {run_dirs}")
     base, row, sample = nnls(gen_x, gen_y)
     step, token = nnls(train_x, train_y)
+    loop, loop_row = nnls(loop_x, loop_y)
     return {"decode_base_s": base, "decode_row_s": row, "row_s": sample, "decode_ctx_s": 0.0,
-            "prefill_token_s": 0.0, "train_step_s": step,
-            "train_token_s": token, "loop_s": max(0.0, sum(loop) / len(loop)), "sync_s": 0.0,
+            "prefill_token_s": 0.0, "train_step_s": step, "train_token_s": token,
+            "loop_s": loop, "loop_row_s": loop_row, "stall_s": stalled / steps, "sync_s": 0.0,
             "prompt_tokens": prompt_tokens}
+
+
+def stall_excess(ys: list[float], factor: float = 2.0) -> float:
+    """The time one run's stalled measurements (`unstalled`) took beyond the run's median:
+    what the steps left out of a term's fit lost to the stall."""
+    m = float(np.median(ys)) if ys else 0.0
+    return sum(y - m for y, keep in zip(ys, unstalled(ys, factor)) if not keep)
 
 
 def resumed_tokens(run_dir: str | Path) -> list[float]:

@@ -24,10 +24,10 @@ class SimSettings:
     rows' context lengths)``; a row admitted (or resumed after a weight update with partial
     rollouts) first pays ``prefill_token_s`` per token of its prompt and prefix (a resumed one
     ``resume_row_s`` and ``resume_token_s`` per such token more, an admitted one ``row_s``
-    more), added to the step that admits it. Training a batch takes ``train_step_s + train_token_s * tokens / train_devices``
-    (data parallel: tokens are prompt + response of every sample). After it the loop does
-    its own work for ``loop_s`` (the trainer waits, generation goes on under the old
-    weights); then publishing the weights stops the trainer and every generation device
+    more), added to the step that admits it. Training a batch takes ``train_step_s +
+    train_token_s * tokens / train_devices`` (data parallel: tokens are prompt + response of
+    every sample). After it the loop does its own work for ``loop_s + loop_row_s * samples
+    + stall_s`` (the trainer waits, generation goes on under the old weights); then publishing the weights stops the trainer and every generation device
     for ``sync_s`` after the devices' current decode step."""
 
     gen_devices: int = 1
@@ -66,6 +66,14 @@ class SimSettings:
     """The loop's own work after each training step, before it publishes the weights
     (recording the batch, metrics, fetching the weights: `reroll.loop.run`): the trainer
     waits, generation goes on (the rollout pipeline runs in threads of its own)."""
+    loop_row_s: float = 0.0
+    """The loop's own work per sample of the step (recording its rollouts, their metrics),
+    beside ``loop_s``."""
+    stall_s: float = 0.0
+    """Mean time a step loses to stalls (on the calibration box: the driver held up for
+    0.3-0.4 s about once in 17 steps, whatever the step's work), charged after every step
+    as the loop's own work; `reroll.sim.calibrate.fit` measures it on the steps it leaves
+    out of the other terms."""
     loop_on_gen: bool = False
     """The loop's own work (``loop_s``) runs on the first generation device's processor
     (the driver pinned beside engine 0: `runtime.pin_cores` on a CPU machine): while both

@@ -274,12 +274,15 @@ class Simulation:
 
     # ---- the loop's own work after a step ---------------------------------------------
     def _trained(self) -> None:
-        """The step is trained: the loop's own work (``loop_s``) comes before the update;
+        """The step is trained: the loop's own work (``loop_s``, ``loop_row_s`` a sample
+        of the step, ``stall_s``) comes before the update;
         generation goes on meanwhile, sharing its processor with it if ``loop_on_gen``."""
-        if self.s.loop_s <= 0:
+        s = self.s
+        work = s.loop_s + s.loop_row_s * self.per_step[-1]["samples"] + s.stall_s
+        if work <= 0:
             self._publish()
             return
-        self.loop_left, self.loop_since = self.s.loop_s, self.now
+        self.loop_left, self.loop_since = work, self.now
         if self.s.loop_on_gen:
             self.devices[0].set_share(2.0)
             self._recut(0, self.now)  # the decode step under way ends at full speed

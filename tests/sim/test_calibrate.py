@@ -27,16 +27,17 @@ def write(d, rows):
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def three_runs(tmp_path, steps, stall=None):
+def three_runs(tmp_path, steps, stall=None, loop=(0.0, 0.0)):
     """Runs a (32 samples of up to 6 tokens), b (8 of 6) and c (8 of 12), their wait for
     rollouts 0.01 s a decode step + 0.001 s a token + 0.004 s a sample (plus ``stall``:
-    {step index: extra seconds}), training 0.05 s a step."""
+    {step index: extra seconds}), training 0.05 s a step, the loop's own work
+    ``loop[0] + loop[1]`` a sample."""
     for name, n, mx in (("a", 32, 6), ("b", 8, 6), ("c", 8, 12)):
         rows, t = [], 0.0
         for step in range(steps):
             mean = mx - 0.5 * (step % 2)
             wait = 0.01 * mx + 0.001 * n * mean + 0.004 * n + (stall or {}).get(step, 0.0)
-            t += wait + 0.05
+            t += wait + 0.05 + loop[0] + loop[1] * n
             rows.append({"step": step + 1, "time": t, "pipeline/samples_in_batch": n,
                          "length/mean": mean, "length/max": mx, "time/train_s": 0.05,
                          "time/wait_for_rollouts_s": wait})
@@ -132,3 +133,18 @@ def test_stalled_steps_are_left_out_of_the_fit(tmp_path):
     f = fit([tmp_path / k for k in "abc"], prompt_tokens=7, skip=0)
     assert (f["decode_base_s"], f["decode_row_s"], f["row_s"]) == pytest.approx(
         (0.01, 0.001, 0.004))
+
+
+def test_the_loops_work_per_sample_and_the_stalls_mean_cost(tmp_path):
+    # the loop's own work 0.02 s a step + 0.001 s a sample (0.052 s for run a's 32, 0.028 s
+    # for b's and c's 8); one step of each run (index 2) stalled 3 s in its wait
+    three_runs(tmp_path, steps=5, stall={2: 3.0}, loop=(0.02, 0.001))
+    f = fit([tmp_path / k for k in "abc"], prompt_tokens=7, skip=0)
+    assert (f["loop_s"], f["loop_row_s"]) == pytest.approx((0.02, 0.001))
+    assert (f["decode_base_s"], f["decode_row_s"], f["row_s"]) == pytest.approx(
+        (0.01, 0.001, 0.004))
+    # the 4 step pairs of a run wait w(6) and w(5.5) in turn (mean lengths 6, 5.5 tokens:
+    # w(5.5) = w(6) - 0.0005 n), the stalled one w(6) + 3; the median of the four is
+    # (w(6) + w(5.5)) / 2, so the stall lost 3 + 0.00025 n: 3.008 (a), 3.002 (b, c),
+    # over 3 x 4 steps
+    assert f["stall_s"] == pytest.approx((3.008 + 2 * 3.002) / 12)

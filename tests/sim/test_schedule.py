@@ -182,3 +182,11 @@ def test_the_loops_work_shares_the_first_devices_processor():
     short = run(1, steps=3, train_step_s=7.0, loop_s=2.0, loop_on_gen=True)
     assert short["step_ends_s"] == [19.0, 30.0, 42.0]
     assert [p["resumed"] for p in short["per_step"]] == [0, 2, 0]
+
+
+def test_the_loops_work_grows_with_the_samples_and_carries_the_stalls():
+    # synchronous: nothing generates during the loop's work, which is loop_s + loop_row_s
+    # a sample + stall_s = 0.5 + 0.25 x 2 + 1 = 2 s after each 10 + 5 s, before the step ends
+    r = run(0, steps=3, loop_s=0.5, loop_row_s=0.25, stall_s=1.0)
+    assert r["step_ends_s"] == [17.0, 34.0, 51.0]
+    assert r["gen_idle"] == pytest.approx(7 / 17)
