@@ -114,7 +114,7 @@ def curve_of(rows: list[dict]) -> list[tuple]:
     curve = [(0, 0.0, rows[0]["eval/greedy_accuracy"], 0)]
     for r in rows[1:]:
         evals += r.get("time/eval_s", 0.0)
-        tokens += r.get("pipeline/tokens_generated", 0)
+        tokens = r.get("pipeline/tokens_generated", tokens)  # a running total
         if "eval/greedy_accuracy" in r:
             curve.append((r["step"], r["time"] - start - evals, r["eval/greedy_accuracy"],
                           tokens))
@@ -162,8 +162,8 @@ def run_reroll(init: Path, name: str, seed: int, steps: int, every: int, out: Pa
         sh(["eval", str(CONFIG), "--checkpoint", str(ckpt), "--output", str(run / "final.json"),
             f"init={init}", *extra], stdout=subprocess.DEVNULL)
         acc = json.loads((run / "final.json").read_text())["eval/greedy_accuracy"]
-        curve.append((last["step"], train_seconds(rows), acc, curve[-1][3] + sum(
-            r.get("pipeline/tokens_generated", 0) for r in rows if r["step"] > curve[-1][0])))
+        curve.append((last["step"], train_seconds(rows), acc,
+                      last.get("pipeline/tokens_generated", curve[-1][3])))
     split = {k: statistics.median(r[k] for r in rows[1:] if k in r) for k in
              ("time/step_s", "time/generate_s", "time/train_s", "time/wait_for_rollouts_s")
              if any(k in r for r in rows[1:])}
