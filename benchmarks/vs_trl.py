@@ -103,20 +103,34 @@ class Evaluator:
         return acc
 
 
+class RewardError(RuntimeError):
+    """A verifier failed on a baseline's sample (reroll drops such a group; a baseline stops)."""
+
+
 def reward_fn(tok, task, config: Path = CONFIG):
-    """Correctness with the task's own verifier (the same numbers for every contestant)."""
+    """Correctness with the task's own verifier (the same numbers for every contestant): the
+    whole Example (answer and ``fields``, e.g. countdown_search's numbers and target), looked
+    up by prompt text. A verifier error raises RewardError naming the prompt and the error
+    (never a silent 0)."""
     from reroll import build_rollout
     from reroll.config_checks import load_checked
 
-    answers = {ex.prompt: ex.answer for ex in task.train}
+    examples = {ex.prompt: ex for ex in task.train}
     pool = build_rollout.build_scorer(load_checked(str(config), []), task)
 
     def score(prompt: str, completion: str) -> float:
-        from reroll.rollout import Example, Rollout
+        from reroll.rollout import Rollout
 
+        if prompt not in examples:
+            raise RewardError(f"reward_fn: prompt {prompt!r} is not one of the task's "
+                              f"{len(examples)} training prompts")
         r = Rollout("p", "g", [0], 1, completion=completion)
-        return float(pool.combine(pool.submit(r, Example("p", prompt, answers[prompt]))
-                                  .result()) or 0.0)
+        scores = pool.submit(r, examples[prompt]).result()
+        value = pool.combine(scores)
+        if value is None:
+            raise RewardError(f"reward_fn: verifier failed on prompt {prompt!r}: "
+                              + "; ".join(s.error for s in scores if not s.ok))
+        return float(value)
 
     return score
 
@@ -130,17 +144,37 @@ def sync(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
+def trl_prompts(tok, task) -> list[str]:
+    """The training prompts as text that TRL's GRPOTrainer tokenizes (``tok(text=...)``, the
+    tokenizer's own special tokens on) into exactly reroll's prompt ids
+    (``build_rollout.encode_prompt``: the tokenizer's BOS, then the prompt). Checked here for
+    every prompt: a mismatch is a ValueError naming the prompt and both id lists."""
+    from reroll import build_rollout
+
+    encode = build_rollout.encode_prompt(tok)
+    adds_bos = tok("x").input_ids[:1] == [tok.bos_token_id]  # a tokenizer that adds it itself
+    bos = "" if adds_bos else (tok.bos_token or "")
+    texts = [bos + ex.prompt for ex in task.train]
+    for ex, ids in zip(task.train, tok(text=texts).input_ids):
+        if list(ids) != encode(ex.prompt):
+            raise ValueError(f"TRL would see prompt {ex.prompt!r} as {list(ids)}, reroll as "
+                             f"{encode(ex.prompt)}")
+    return texts
+
+
 def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: int,
-            device: str = "cpu", hp: Hyper = MAIN, cap_s: float | None = None):
+            device: str = "cpu", hp: Hyper = MAIN, cap_s: float | None = None,
+            options: dict | None = None):
     """TRL's GRPOTrainer with ``hp``; stops after ``cap_s`` seconds of training (if given),
-    with an evaluation at that step."""
+    with an evaluation at that step. ``options``: GRPOConfig fields on top of these (e.g.
+    ``TRL_REASONING``), generation settings only: the hyperparameters stay ``hp``'s."""
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     score = reward_fn(tok, task, hp.config)
-    bos = tok.bos_token or ""
-    ds = Dataset.from_list([{"prompt": bos + ex.prompt, "raw": ex.prompt} for ex in task.train])
+    ds = Dataset.from_list([{"prompt": text, "raw": ex.prompt}
+                            for text, ex in zip(trl_prompts(tok, task), task.train)])
 
     def reward(prompts, completions, raw, **_):
         return [score(p, c) for p, c in zip(raw, completions)]
@@ -168,7 +202,8 @@ def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: i
         max_grad_norm=1.0, beta=0.0, epsilon=hp.clip, loss_type="dapo", scale_rewards="group",
         num_iterations=1, max_steps=steps, use_cpu=device == "cpu", bf16=False, fp16=False,
         gradient_checkpointing=False, use_vllm=False, report_to="none", save_strategy="no",
-        logging_steps=10 ** 9, disable_tqdm=True, seed=seed, dataloader_num_workers=0)
+        logging_steps=10 ** 9, disable_tqdm=True, seed=seed, dataloader_num_workers=0,
+        **(options or {}))
     trainer = GRPOTrainer(model=str(model_dir), reward_funcs=reward, args=args,
                           train_dataset=ds, processing_class=tok, callbacks=[Clock()])
     curve.append((0, 0.0, ev(trainer.model)))
@@ -189,6 +224,8 @@ def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: 
     import torch
     from transformers import AutoModelForCausalLM
 
+    from reroll import build_rollout
+
     torch.manual_seed(seed)
     score = reward_fn(tok, task, hp.config)
     PROMPTS, SAMPLES, MAX_NEW, LR, CLIP = hp.prompts, hp.samples, hp.max_new, hp.lr, hp.clip
@@ -197,12 +234,12 @@ def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: 
     # fused, as TRL (transformers' default optim) and reroll (train.fused_optimizer) run it
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, fused=True)
     rng = random.Random(seed)
-    bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
+    encode = build_rollout.encode_prompt(tok)  # reroll's prompt ids: BOS, then the prompt
     times, curve = [], [(0, 0.0, ev(model))]
     for step in range(1, steps + 1):
         t0 = time.perf_counter()
         exs = rng.sample(task.train, PROMPTS)
-        ids = [bos + tok(ex.prompt, add_special_tokens=False).input_ids for ex in exs]
+        ids = [encode(ex.prompt) for ex in exs]
         P = max(map(len, ids))  # left padding for generation
         inp = torch.tensor([[tok.pad_token_id] * (P - len(x)) + x for x in ids]).to(device)
         att = (torch.arange(P)[None] >= torch.tensor([P - len(x) for x in ids])[:, None]).long()
