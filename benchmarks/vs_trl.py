@@ -245,10 +245,12 @@ def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: 
         att = (torch.arange(P)[None] >= torch.tensor([P - len(x) for x in ids])[:, None]).long()
         att = att.to(device)
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad():  # static batch, KV cache (DynamicCache); a row that samples EOS
+            # is padded after it, and generation ends when every row has or at MAX_NEW
             out = model.generate(input_ids=inp, attention_mask=att, do_sample=True,
                                  temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=MAX_NEW,
-                                 num_return_sequences=SAMPLES, eos_token_id=tok.eos_token_id)
+                                 num_return_sequences=SAMPLES, eos_token_id=tok.eos_token_id,
+                                 use_cache=True)
         comp = out[:, P:]  # [N, C]
         cmask = torch.ones_like(comp, dtype=torch.float32)
         ended = (comp == tok.eos_token_id).cumsum(-1)
