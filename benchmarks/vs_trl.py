@@ -162,12 +162,26 @@ def trl_prompts(tok, task) -> list[str]:
     return texts
 
 
+# TRL's ways to generate on a CPU without vLLM (GRPOConfig fields: the samples' distribution
+# and the hyperparameters stay the same). Timed on the reasoning workload, one step each,
+# interleaved on the shared 2-core box (benchmarks/docs/vs_trl.md, "TRL's fastest setting"):
+# RATIOS_PLACEHOLDER
+TRL_GENERATION = {
+    "dynamic": {},  # transformers' generate, a DynamicCache: TRL's default
+    "static": {"cache_implementation": "static"},  # a preallocated cache, the same tokens
+    # transformers' continuous batching (paged cache): rows leave as they end
+    "continuous": {"use_transformers_continuous_batching": True},
+}
+TRL_FASTEST = "static"
+
+
 def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: int,
             device: str = "cpu", hp: Hyper = MAIN, cap_s: float | None = None,
-            options: dict | None = None):
-    """TRL's GRPOTrainer with ``hp``; stops after ``cap_s`` seconds of training (if given),
-    with an evaluation at that step. ``options``: GRPOConfig fields on top of these (e.g.
-    ``TRL_REASONING``), generation settings only: the hyperparameters stay ``hp``'s."""
+            generation: str = TRL_FASTEST):
+    """TRL's GRPOTrainer with ``hp``, generating as ``TRL_GENERATION[generation]``; stops
+    after ``cap_s`` seconds of training (if given), with an evaluation at that step."""
+    if generation not in TRL_GENERATION:
+        raise ValueError(f"run_trl: generation {generation!r} is none of {list(TRL_GENERATION)}")
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -203,7 +217,7 @@ def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: i
         num_iterations=1, max_steps=steps, use_cpu=device == "cpu", bf16=False, fp16=False,
         gradient_checkpointing=False, use_vllm=False, report_to="none", save_strategy="no",
         logging_steps=10 ** 9, disable_tqdm=True, seed=seed, dataloader_num_workers=0,
-        **(options or {}))
+        **TRL_GENERATION[generation])
     trainer = GRPOTrainer(model=str(model_dir), reward_funcs=reward, args=args,
                           train_dataset=ds, processing_class=tok, callbacks=[Clock()])
     curve.append((0, 0.0, ev(trainer.model)))
@@ -356,6 +370,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads of trl and hand (reroll: runtime.threads of its config, "
                          "1 per side); 2 on a machine whose 2 cores are busy oversubscribes")
+    ap.add_argument("--trl-generation", default="dynamic", choices=list(TRL_GENERATION),
+                    help="TRL's generation (TRL_GENERATION); the main job's recorded numbers "
+                         "used TRL's default, dynamic (the others not timed on it)")
     ap.add_argument("--device", default="cpu",
                     help="cpu, cuda or cuda:N: every contestant's model there (reroll: "
                          "model.device; TRL: use_cpu off, its own device placement)")
@@ -389,7 +406,7 @@ def main() -> None:
             t0 = time.perf_counter()
             if name == "trl":
                 times, curve = run_trl(model_dir, tok, task, ev, a.steps, a.eval_every, seed,
-                                       a.device)
+                                       a.device, generation=a.trl_generation)
             elif name in ("hand", "hand_skip"):
                 times, curve = run_hand(model_dir, tok, task, ev, a.steps, a.eval_every, seed,
                                         skip=name == "hand_skip", device=a.device)

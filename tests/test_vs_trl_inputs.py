@@ -79,3 +79,15 @@ def test_a_verifier_failure_is_an_error_naming_the_prompt(vs_trl, tok, task):
         score(ex.prompt, ex.demo)
     with pytest.raises(vs_trl.RewardError, match="not one of the task's 1 training prompts"):
         score("9 9 9 9->1:", ex.demo)
+
+
+def test_trl_generation_settings_are_grpo_config_fields(vs_trl, tmp_path):
+    trl = pytest.importorskip("trl")  # a benchmark-only dependency
+    assert vs_trl.TRL_FASTEST in vs_trl.TRL_GENERATION
+    for name, options in vs_trl.TRL_GENERATION.items():
+        args = trl.GRPOConfig(output_dir=str(tmp_path / name), use_cpu=True, report_to="none",
+                              **options)
+        for key, value in options.items():
+            assert getattr(args, key) == value
+    with pytest.raises(ValueError, match="generation 'paged' is none of"):
+        vs_trl.run_trl(None, None, None, None, 1, 1, 0, generation="paged")
