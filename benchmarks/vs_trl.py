@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import machine  # benchmarks/machine.py: the CPU a number was measured on
+from baseline_inputs import Evaluator, RewardError, reward_fn, trl_prompts  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "arithmetic.toml"
@@ -78,63 +79,6 @@ def setup(init: Path | None, tmp: Path):
     return cfg, model_dir, tok, task
 
 
-class Evaluator:
-    """Greedy held-out accuracy of a model through reroll's engine; keeps its own time."""
-
-    def __init__(self, cfg, tok, task):
-        from reroll import build_rollout
-
-        self.cfg, self.tok = cfg, tok
-        self.test = task.test[: cfg.eval.n_examples]
-        self.scorer = build_rollout.build_scorer(cfg, task)
-        self.encode = build_rollout.encode_prompt(tok)
-        self.spent = 0.0
-
-    def __call__(self, model) -> float:
-        from reroll.trainer.evaluate import evaluate, plan
-
-        t0 = time.perf_counter()
-        was = model.training
-        acc = evaluate(model.eval(), self.tok, self.test, self.scorer, self.encode,
-                       plan(self.cfg, self.tok),
-                       k=1)["eval/greedy_accuracy"]
-        model.train(was)
-        self.spent += time.perf_counter() - t0
-        return acc
-
-
-class RewardError(RuntimeError):
-    """A verifier failed on a baseline's sample (reroll drops such a group; a baseline stops)."""
-
-
-def reward_fn(tok, task, config: Path = CONFIG):
-    """Correctness with the task's own verifier (the same numbers for every contestant): the
-    whole Example (answer and ``fields``, e.g. countdown_search's numbers and target), looked
-    up by prompt text. A verifier error raises RewardError naming the prompt and the error
-    (never a silent 0)."""
-    from reroll import build_rollout
-    from reroll.config_checks import load_checked
-
-    examples = {ex.prompt: ex for ex in task.train}
-    pool = build_rollout.build_scorer(load_checked(str(config), []), task)
-
-    def score(prompt: str, completion: str) -> float:
-        from reroll.rollout import Rollout
-
-        if prompt not in examples:
-            raise RewardError(f"reward_fn: prompt {prompt!r} is not one of the task's "
-                              f"{len(examples)} training prompts")
-        r = Rollout("p", "g", [0], 1, completion=completion)
-        scores = pool.submit(r, examples[prompt]).result()
-        value = pool.combine(scores)
-        if value is None:
-            raise RewardError(f"reward_fn: verifier failed on prompt {prompt!r}: "
-                              + "; ".join(s.error for s in scores if not s.ok))
-        return float(value)
-
-    return score
-
-
 # ---- TRL ---------------------------------------------------------------------------------
 def sync(device: str) -> None:
     """Wait for the device's queued work before a clock is read (CUDA runs asynchronously)."""
@@ -144,37 +88,19 @@ def sync(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
-def trl_prompts(tok, task) -> list[str]:
-    """The training prompts as text that TRL's GRPOTrainer tokenizes (``tok(text=...)``, the
-    tokenizer's own special tokens on) into exactly reroll's prompt ids
-    (``build_rollout.encode_prompt``: the tokenizer's BOS, then the prompt). Checked here for
-    every prompt: a mismatch is a ValueError naming the prompt and both id lists."""
-    from reroll import build_rollout
-
-    encode = build_rollout.encode_prompt(tok)
-    adds_bos = tok("x").input_ids[:1] == [tok.bos_token_id]  # a tokenizer that adds it itself
-    bos = "" if adds_bos else (tok.bos_token or "")
-    texts = [bos + ex.prompt for ex in task.train]
-    for ex, ids in zip(task.train, tok(text=texts).input_ids):
-        if list(ids) != encode(ex.prompt):
-            raise ValueError(f"TRL would see prompt {ex.prompt!r} as {list(ids)}, reroll as "
-                             f"{encode(ex.prompt)}")
-    return texts
-
-
 # TRL's ways to generate on a CPU without vLLM (GRPOConfig fields: the samples' distribution
 # and the hyperparameters stay the same). Timed on the reasoning workload, one step each,
-# interleaved on the shared 2-core box (benchmarks/docs/vs_trl.md, "TRL's fastest setting"),
-# read as each step's generation time over the rest of its own step (the box's speed moved
-# 2.6x between runs): dynamic 2.14, static 2.32 (the same tokens, no gain), continuous 0.77
-# (about 2.8x less, with 26% more tokens sampled). The main job's 6-token answers: untimed.
+# interleaved on the shared 2-core box, whose speed moved 2.6x between runs, and then
+# generation alone, back to back, on the same 64 prompts (benchmarks/docs/vs_trl.md, "TRL's
+# fastest setting"): static 23.2 s, continuous 30.4-31.9 s (8% more tokens), dynamic 63.4 s.
+# The main job's 6-token answers: untimed (vs_trl.py's command line keeps dynamic).
 TRL_GENERATION = {
     "dynamic": {},  # transformers' generate, a DynamicCache: TRL's default
     "static": {"cache_implementation": "static"},  # a preallocated cache, the same tokens
     # transformers' continuous batching (paged cache): rows leave as they end
     "continuous": {"use_transformers_continuous_batching": True},
 }
-TRL_FASTEST = "continuous"
+TRL_FASTEST = "static"
 
 
 def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: int,
@@ -230,8 +156,9 @@ def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: i
 # ---- a minimal hand-written loop ---------------------------------------------------------
 def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: int,
              skip: bool = False, device: str = "cpu", hp: Hyper = MAIN,
-             cap_s: float | None = None):
-    """The minimal loop with ``hp``, stopped after ``cap_s`` seconds of training if given;
+             cap_s: float | None = None, cache: str = "static"):
+    """The minimal loop with ``hp``, stopped after ``cap_s`` seconds of training if given,
+    generating with transformers' ``cache`` ("static" or "dynamic", its default);
     ``skip``: the forward/backward only on samples with a nonzero
     advantage (the loss still divided by every sample's tokens: the same gradient), as
     reroll's `train.skip_zero_advantage` does."""
@@ -261,12 +188,15 @@ def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: 
         att = (torch.arange(P)[None] >= torch.tensor([P - len(x) for x in ids])[:, None]).long()
         att = att.to(device)
         model.eval()
-        with torch.no_grad():  # static batch, KV cache (DynamicCache); a row that samples EOS
-            # is padded after it, and generation ends when every row has or at MAX_NEW
+        with torch.no_grad():  # static batch, KV cache; a row that samples EOS is padded
+            # after it, and generation ends when every row has or at MAX_NEW. A preallocated
+            # ("static") cache: 2.7x faster than the default DynamicCache on the reasoning
+            # workload's 64 x 768 tokens, the same tokens (benchmarks/docs/vs_trl.md)
             out = model.generate(input_ids=inp, attention_mask=att, do_sample=True,
                                  temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=MAX_NEW,
                                  num_return_sequences=SAMPLES, eos_token_id=tok.eos_token_id,
-                                 use_cache=True)
+                                 use_cache=True, disable_compile=True,
+                                 cache_implementation=None if cache == "dynamic" else cache)
         comp = out[:, P:]  # [N, C]
         cmask = torch.ones_like(comp, dtype=torch.float32)
         ended = (comp == tok.eos_token_id).cumsum(-1)
@@ -375,6 +305,8 @@ def main() -> None:
     ap.add_argument("--trl-generation", default="dynamic", choices=list(TRL_GENERATION),
                     help="TRL's generation (TRL_GENERATION); the main job's recorded numbers "
                          "used TRL's default, dynamic (the others not timed on it)")
+    ap.add_argument("--hand-cache", default="dynamic", choices=["dynamic", "static"],
+                    help="the hand loop's KV cache (the main job's recorded numbers: dynamic)")
     ap.add_argument("--device", default="cpu",
                     help="cpu, cuda or cuda:N: every contestant's model there (reroll: "
                          "model.device; TRL: use_cpu off, its own device placement)")
@@ -411,7 +343,8 @@ def main() -> None:
                                        a.device, generation=a.trl_generation)
             elif name in ("hand", "hand_skip"):
                 times, curve = run_hand(model_dir, tok, task, ev, a.steps, a.eval_every, seed,
-                                        skip=name == "hand_skip", device=a.device)
+                                        skip=name == "hand_skip", device=a.device,
+                                        cache=a.hand_cache)
             else:
                 times, curve = run_reroll(init, a.steps, a.eval_every, seed, out,
                                           VARIANTS.get(name, []), a.device)
