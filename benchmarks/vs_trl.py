@@ -92,7 +92,7 @@ def sync(device: str) -> None:
 # and the hyperparameters stay the same). Timed on the reasoning workload, one step each,
 # interleaved on the shared 2-core box, whose speed moved 2.6x between runs, and then
 # generation alone, back to back, on the same 64 prompts (benchmarks/docs/vs_trl.md, "TRL's
-# fastest setting"): static 23.2 s, continuous 30.4-31.9 s (8% more tokens), dynamic 63.4 s.
+# fastest setting"): static 23.2 s, continuous 30.4-31.9 s (8% more tokens), dynamic 63.4-75.4 s.
 # The main job's 6-token answers: untimed (vs_trl.py's command line keeps dynamic).
 TRL_GENERATION = {
     "dynamic": {},  # transformers' generate, a DynamicCache: TRL's default
@@ -190,7 +190,7 @@ def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: 
         model.eval()
         with torch.no_grad():  # static batch, KV cache; a row that samples EOS is padded
             # after it, and generation ends when every row has or at MAX_NEW. A preallocated
-            # ("static") cache: 2.7x faster than the default DynamicCache on the reasoning
+            # ("static") cache: 2.4-3.2x faster than the default DynamicCache on the reasoning
             # workload's 64 x 768 tokens, the same tokens (benchmarks/docs/vs_trl.md)
             out = model.generate(input_ids=inp, attention_mask=att, do_sample=True,
                                  temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=MAX_NEW,
