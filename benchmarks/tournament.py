@@ -173,7 +173,14 @@ def run_reroll(init: Path, name: str, seed: int, steps: int, every: int, out: Pa
 
 
 def run_baseline(name: str, init: Path, seed: int, steps: int, every: int,
-                 cap_s: float | None, extra: tuple[str, ...] = ()) -> dict:
+                 cap_s: float | None, extra: tuple[str, ...] = (),
+                 trl_generation: str = vs_trl.TRL_FASTEST) -> dict:
+    """TRL (generating as ``vs_trl.TRL_GENERATION[trl_generation]``) or the hand loop with
+    the config's hyperparameters, in this process, on one torch thread (vs_trl.py's default:
+    TRL's static-cache step at 2 threads took over 6.5 minutes on the busy 2-core box, 77-154 s
+    at 1; benchmarks/docs/vs_trl.md)."""
+    import torch
+
     from reroll import build
     from reroll.config_checks import load_checked
 
@@ -185,8 +192,13 @@ def run_baseline(name: str, init: Path, seed: int, steps: int, every: int,
                       max_new=cfg.rollout.max_new_tokens, lr=cfg.train.lr,
                       clip=cfg.algo.surrogate_args.get("clip_low", 0.2))
     ev = vs_trl.Evaluator(cfg, tok, task)
-    run = vs_trl.run_trl if name == "trl" else vs_trl.run_hand
-    times, curve = run(model_dir, tok, task, ev, steps, every, seed, hp=hp, cap_s=cap_s)
+    torch.set_num_threads(1)
+    if name == "trl":  # TRL at its fastest setting here (vs_trl.TRL_FASTEST)
+        times, curve = vs_trl.run_trl(model_dir, tok, task, ev, steps, every, seed, hp=hp,
+                                      cap_s=cap_s, generation=trl_generation)
+    else:
+        times, curve = vs_trl.run_hand(model_dir, tok, task, ev, steps, every, seed, hp=hp,
+                                       cap_s=cap_s)
     return {"curve": [(s, t, acc, None) for s, t, acc in curve],
             "split": {"time/step_s": statistics.median(times)}, "why": {}, "steps": len(times)}
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import machine  # benchmarks/machine.py: the CPU a number was measured on
+from baseline_inputs import Evaluator, RewardError, reward_fn, trl_prompts  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "arithmetic.toml"
@@ -78,49 +79,6 @@ def setup(init: Path | None, tmp: Path):
     return cfg, model_dir, tok, task
 
 
-class Evaluator:
-    """Greedy held-out accuracy of a model through reroll's engine; keeps its own time."""
-
-    def __init__(self, cfg, tok, task):
-        from reroll import build_rollout
-
-        self.cfg, self.tok = cfg, tok
-        self.test = task.test[: cfg.eval.n_examples]
-        self.scorer = build_rollout.build_scorer(cfg, task)
-        self.encode = build_rollout.encode_prompt(tok)
-        self.spent = 0.0
-
-    def __call__(self, model) -> float:
-        from reroll.trainer.evaluate import evaluate, plan
-
-        t0 = time.perf_counter()
-        was = model.training
-        acc = evaluate(model.eval(), self.tok, self.test, self.scorer, self.encode,
-                       plan(self.cfg, self.tok),
-                       k=1)["eval/greedy_accuracy"]
-        model.train(was)
-        self.spent += time.perf_counter() - t0
-        return acc
-
-
-def reward_fn(tok, task, config: Path = CONFIG):
-    """Correctness with the task's own verifier (the same numbers for every contestant)."""
-    from reroll import build_rollout
-    from reroll.config_checks import load_checked
-
-    answers = {ex.prompt: ex.answer for ex in task.train}
-    pool = build_rollout.build_scorer(load_checked(str(config), []), task)
-
-    def score(prompt: str, completion: str) -> float:
-        from reroll.rollout import Example, Rollout
-
-        r = Rollout("p", "g", [0], 1, completion=completion)
-        return float(pool.combine(pool.submit(r, Example("p", prompt, answers[prompt]))
-                                  .result()) or 0.0)
-
-    return score
-
-
 # ---- TRL ---------------------------------------------------------------------------------
 def sync(device: str) -> None:
     """Wait for the device's queued work before a clock is read (CUDA runs asynchronously)."""
@@ -130,17 +88,35 @@ def sync(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
+# TRL's ways to generate on a CPU without vLLM (GRPOConfig fields: the samples' distribution
+# and the hyperparameters stay the same). Timed on the reasoning workload, one step each,
+# interleaved on the shared 2-core box, whose speed moved 2.6x between runs, and then
+# generation alone, back to back, on the same 64 prompts (benchmarks/docs/vs_trl.md, "TRL's
+# fastest setting"): static 23.2 s, continuous 30.4-31.9 s (8% more tokens), dynamic 63.4-75.4 s.
+# The main job's 6-token answers: untimed (vs_trl.py's command line keeps dynamic).
+TRL_GENERATION = {
+    "dynamic": {},  # transformers' generate, a DynamicCache: TRL's default
+    "static": {"cache_implementation": "static"},  # a preallocated cache, the same tokens
+    # transformers' continuous batching (paged cache): rows leave as they end
+    "continuous": {"use_transformers_continuous_batching": True},
+}
+TRL_FASTEST = "static"
+
+
 def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: int,
-            device: str = "cpu", hp: Hyper = MAIN, cap_s: float | None = None):
-    """TRL's GRPOTrainer with ``hp``; stops after ``cap_s`` seconds of training (if given),
-    with an evaluation at that step."""
+            device: str = "cpu", hp: Hyper = MAIN, cap_s: float | None = None,
+            generation: str = TRL_FASTEST):
+    """TRL's GRPOTrainer with ``hp``, generating as ``TRL_GENERATION[generation]``; stops
+    after ``cap_s`` seconds of training (if given), with an evaluation at that step."""
+    if generation not in TRL_GENERATION:
+        raise ValueError(f"run_trl: generation {generation!r} is none of {list(TRL_GENERATION)}")
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     score = reward_fn(tok, task, hp.config)
-    bos = tok.bos_token or ""
-    ds = Dataset.from_list([{"prompt": bos + ex.prompt, "raw": ex.prompt} for ex in task.train])
+    ds = Dataset.from_list([{"prompt": text, "raw": ex.prompt}
+                            for text, ex in zip(trl_prompts(tok, task), task.train)])
 
     def reward(prompts, completions, raw, **_):
         return [score(p, c) for p, c in zip(raw, completions)]
@@ -168,7 +144,8 @@ def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: i
         max_grad_norm=1.0, beta=0.0, epsilon=hp.clip, loss_type="dapo", scale_rewards="group",
         num_iterations=1, max_steps=steps, use_cpu=device == "cpu", bf16=False, fp16=False,
         gradient_checkpointing=False, use_vllm=False, report_to="none", save_strategy="no",
-        logging_steps=10 ** 9, disable_tqdm=True, seed=seed, dataloader_num_workers=0)
+        logging_steps=10 ** 9, disable_tqdm=True, seed=seed, dataloader_num_workers=0,
+        **TRL_GENERATION[generation])
     trainer = GRPOTrainer(model=str(model_dir), reward_funcs=reward, args=args,
                           train_dataset=ds, processing_class=tok, callbacks=[Clock()])
     curve.append((0, 0.0, ev(trainer.model)))
@@ -179,8 +156,9 @@ def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: i
 # ---- a minimal hand-written loop ---------------------------------------------------------
 def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: int,
              skip: bool = False, device: str = "cpu", hp: Hyper = MAIN,
-             cap_s: float | None = None):
-    """The minimal loop with ``hp``, stopped after ``cap_s`` seconds of training if given;
+             cap_s: float | None = None, cache: str = "static"):
+    """The minimal loop with ``hp``, stopped after ``cap_s`` seconds of training if given,
+    generating with transformers' ``cache`` ("static" or "dynamic", its default);
     ``skip``: the forward/backward only on samples with a nonzero
     advantage (the loss still divided by every sample's tokens: the same gradient), as
     reroll's `train.skip_zero_advantage` does."""
@@ -188,6 +166,8 @@ def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: 
 
     import torch
     from transformers import AutoModelForCausalLM
+
+    from reroll import build_rollout
 
     torch.manual_seed(seed)
     score = reward_fn(tok, task, hp.config)
@@ -197,21 +177,26 @@ def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: 
     # fused, as TRL (transformers' default optim) and reroll (train.fused_optimizer) run it
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, fused=True)
     rng = random.Random(seed)
-    bos = [tok.bos_token_id] if tok.bos_token_id is not None else []
+    encode = build_rollout.encode_prompt(tok)  # reroll's prompt ids: BOS, then the prompt
     times, curve = [], [(0, 0.0, ev(model))]
     for step in range(1, steps + 1):
         t0 = time.perf_counter()
         exs = rng.sample(task.train, PROMPTS)
-        ids = [bos + tok(ex.prompt, add_special_tokens=False).input_ids for ex in exs]
+        ids = [encode(ex.prompt) for ex in exs]
         P = max(map(len, ids))  # left padding for generation
         inp = torch.tensor([[tok.pad_token_id] * (P - len(x)) + x for x in ids]).to(device)
         att = (torch.arange(P)[None] >= torch.tensor([P - len(x) for x in ids])[:, None]).long()
         att = att.to(device)
         model.eval()
-        with torch.no_grad():
+        with torch.no_grad():  # static batch, KV cache; a row that samples EOS is padded
+            # after it, and generation ends when every row has or at MAX_NEW. A preallocated
+            # ("static") cache: 2.4-3.2x faster than the default DynamicCache on the reasoning
+            # workload's 64 x 768 tokens, the same tokens (benchmarks/docs/vs_trl.md)
             out = model.generate(input_ids=inp, attention_mask=att, do_sample=True,
                                  temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=MAX_NEW,
-                                 num_return_sequences=SAMPLES, eos_token_id=tok.eos_token_id)
+                                 num_return_sequences=SAMPLES, eos_token_id=tok.eos_token_id,
+                                 use_cache=True, disable_compile=True,
+                                 cache_implementation=None if cache == "dynamic" else cache)
         comp = out[:, P:]  # [N, C]
         cmask = torch.ones_like(comp, dtype=torch.float32)
         ended = (comp == tok.eos_token_id).cumsum(-1)
@@ -317,6 +302,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads of trl and hand (reroll: runtime.threads of its config, "
                          "1 per side); 2 on a machine whose 2 cores are busy oversubscribes")
+    ap.add_argument("--trl-generation", default="dynamic", choices=list(TRL_GENERATION),
+                    help="TRL's generation (TRL_GENERATION); the main job's recorded numbers "
+                         "used TRL's default, dynamic (the others not timed on it)")
+    ap.add_argument("--hand-cache", default="dynamic", choices=["dynamic", "static"],
+                    help="the hand loop's KV cache (the main job's recorded numbers: dynamic)")
     ap.add_argument("--device", default="cpu",
                     help="cpu, cuda or cuda:N: every contestant's model there (reroll: "
                          "model.device; TRL: use_cpu off, its own device placement)")
@@ -350,10 +340,11 @@ def main() -> None:
             t0 = time.perf_counter()
             if name == "trl":
                 times, curve = run_trl(model_dir, tok, task, ev, a.steps, a.eval_every, seed,
-                                       a.device)
+                                       a.device, generation=a.trl_generation)
             elif name in ("hand", "hand_skip"):
                 times, curve = run_hand(model_dir, tok, task, ev, a.steps, a.eval_every, seed,
-                                        skip=name == "hand_skip", device=a.device)
+                                        skip=name == "hand_skip", device=a.device,
+                                        cache=a.hand_cache)
             else:
                 times, curve = run_reroll(init, a.steps, a.eval_every, seed, out,
                                           VARIANTS.get(name, []), a.device)

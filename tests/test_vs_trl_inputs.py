@@ -1,0 +1,93 @@
+"""benchmarks/vs_trl.py's baselines (TRL's GRPOTrainer and the hand-written loop) see reroll's
+prompt ids and reroll's reward on the reasoning workload (configs/reasoning.toml): the same
+BOS-then-characters prompt, the task's own verifier given the whole example (its ``fields``),
+and a verifier failure raised, never scored 0."""
+
+import dataclasses
+import types
+from pathlib import Path
+
+import pytest
+
+from reroll import build, build_rollout
+from reroll.config_checks import load_checked
+from reroll.models.tiny import build_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "reasoning.toml"
+
+
+@pytest.fixture(scope="module")
+def vs_trl():
+    mp = pytest.MonkeyPatch()
+    mp.syspath_prepend(str(ROOT / "benchmarks"))  # vs_trl imports benchmarks/machine.py
+    import vs_trl as module
+
+    yield module
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    """The tiny tokenizer as a run saves and the benchmarks load it."""
+    path = tmp_path_factory.mktemp("tok")
+    build_tokenizer().save_pretrained(path)
+    return build.load_tokenizer(path)
+
+
+@pytest.fixture(scope="module")
+def task():
+    cfg = load_checked(str(CONFIG), ["task.args.n_train=12", "task.args.n_test=2"])
+    return build.build_task(cfg)
+
+
+def test_trl_and_hand_prompts_are_reroll_prompt_ids(vs_trl, tok, task):
+    texts = vs_trl.trl_prompts(tok, task)
+    encode = build_rollout.encode_prompt(tok)
+    assert len(texts) == len(task.train) == 12
+    for text, ex in zip(texts, task.train):
+        ids = tok(text=[text]).input_ids[0]  # as TRL's _tokenize_prompts calls it
+        # one character a token after the BOS, nothing else (no second BOS, no EOS)
+        assert ids[0] == tok.bos_token_id == 2 and ids.count(tok.bos_token_id) == 1
+        assert len(ids) == len(ex.prompt) + 1 and tok.decode(ids[1:]) == ex.prompt
+        assert ids == encode(ex.prompt)  # the hand loop's ids: encode itself
+
+
+def test_reward_is_the_verifier_on_the_whole_example(vs_trl, tok, task):
+    score = vs_trl.reward_fn(tok, task, CONFIG)
+    ex = task.train[0]
+    assert "####" in ex.demo and ex.fields["numbers"] and ex.fields["target"]
+    assert score(ex.prompt, ex.demo) == 1.0  # the solver's own demo reaches the target
+    trace, _ = ex.demo.rsplit("####", 1)
+    assert score(ex.prompt, trace) == 0.0  # no answer line
+    assert score(ex.prompt, trace + "#### 1+1=2") == 0.0  # an answer that misses the target
+    # the same value reroll's own scorer gives the full example
+    cfg = load_checked(str(CONFIG), [])
+    pool = build_rollout.build_scorer(cfg, task)
+    from reroll.rollout import Rollout
+
+    r = Rollout("p", "g", [0], 1, completion=ex.demo)
+    assert pool.combine(pool.submit(r, ex).result()) == 1.0
+
+
+def test_a_verifier_failure_is_an_error_naming_the_prompt(vs_trl, tok, task):
+    ex = task.train[0]
+    bare = dataclasses.replace(ex, fields={})  # no numbers or target for the verifier
+    score = vs_trl.reward_fn(tok, types.SimpleNamespace(train=[bare], verifier=task.verifier),
+                             CONFIG)
+    with pytest.raises(vs_trl.RewardError, match=r"verifier failed on prompt .*numbers"):
+        score(ex.prompt, ex.demo)
+    with pytest.raises(vs_trl.RewardError, match="not one of the task's 1 training prompts"):
+        score("9 9 9 9->1:", ex.demo)
+
+
+def test_trl_generation_settings_are_grpo_config_fields(vs_trl, tmp_path):
+    trl = pytest.importorskip("trl")  # a benchmark-only dependency
+    assert vs_trl.TRL_FASTEST in vs_trl.TRL_GENERATION
+    for name, options in vs_trl.TRL_GENERATION.items():
+        args = trl.GRPOConfig(output_dir=str(tmp_path / name), use_cpu=True, report_to="none",
+                              **options)
+        for key, value in options.items():
+            assert getattr(args, key) == value
+    with pytest.raises(ValueError, match="generation 'paged' is none of"):
+        vs_trl.run_trl(None, None, None, None, 1, 1, 0, generation="paged")
