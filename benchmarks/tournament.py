@@ -55,7 +55,11 @@ ROWS: dict[str, list[str]] = {
     "april": ["runtime.max_staleness=1", "runtime.overprovision=2",
               "runtime.partial_rollouts=true"],
     "dapo_ds": ["algo.dynamic_sampling=true"],
-    "duet": ["control.allocator=duet", "control.duet_abort=true", "control.duet_marker=####"],
+    # the answer after "#### " is up to 26 characters (three steps of two-digit arithmetic):
+    # grace 32 leaves it whole; a sample with no marker by 384 tokens (half the cap) faces
+    # the abort draw (the first screen ran grace 4 and no horizon: every answer was cut)
+    "duet": ["control.allocator=duet", "control.duet_abort=true", "control.duet_marker=####",
+             "control.duet_grace=32", "control.duet_horizon=384"],
     "arrol": ["control.pruner=arrol"],
     "ar3po": ["preset=ar3po"],
     "ar3po_alloc": ["control.allocator=ar3po_stages"],
@@ -287,8 +291,8 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=None, help="default 10 (--quick 5)")
     ap.add_argument("--target", type=float, default=None,
                     help="held-out greedy accuracy to reach; default 0.37 (--quick 0.35)")
-    ap.add_argument("--cap", type=float, default=2.0,
-                    help="every run stops at this multiple of sync's time to the target")
+    ap.add_argument("--cap", type=float, default=None, help="every run stops at this "
+                    "multiple of sync's time to the target; default 2 (--quick 1.5)")
     ap.add_argument("--screen", action="store_true",
                     help="each reroll row stops when it reaches the target (time to it only)")
     ap.add_argument("--eval-examples", type=int, default=None,
@@ -299,6 +303,7 @@ def main() -> None:
     a = ap.parse_args()
     a.target = a.target if a.target is not None else (QUICK_TARGET if a.quick else TARGET)
     a.eval_every = a.eval_every or (5 if a.quick else 10)
+    a.cap = a.cap or (1.5 if a.quick else 2.0)
     extra = (f"eval.n_examples={a.eval_examples}",) if a.eval_examples else ()
     here = {"machine": machine.cpu(), "commit": commit()}
     if a.table:
@@ -330,7 +335,7 @@ def main() -> None:
             else:  # sync runs to cap x its own time to the target, the rest to cap x that
                 r = run_reroll(init, name, seed, a.steps, a.eval_every, out, a.target,
                                cap_s=cap, cap_x=a.cap if name == "sync" else None,
-                               stop_at_target=a.screen or (a.quick and name != "sync"),
+                               stop_at_target=a.screen or a.quick,
                                extra=extra)
             if name == "sync":
                 hit = reach(r["curve"][1:], a.target)

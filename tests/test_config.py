@@ -1,5 +1,7 @@
 """Config: TOML + overrides with type conversion, and clear errors for bad input."""
 
+from pathlib import Path
+
 import pytest
 
 from reroll.config import (
@@ -241,3 +243,22 @@ def test_choice_fields_declare_their_values_and_are_refused_naming_key_and_value
         assert load_config(None, [override])  # parsed, not yet checked
         with pytest.raises(ConfigError, match=f"^{msg}$"):
             load_checked(None, [override])
+
+
+JOB = Path(__file__).resolve().parent.parent / "configs" / "reasoning.toml"
+
+
+def test_the_stacked_preset_takes_effect_on_the_reasoning_job():
+    """preset=stacked (async one version ahead, SIRI's length schedule) on
+    configs/reasoning.toml: the job leaves runtime.max_staleness at its default so the
+    preset's 1 holds, with a behaviour correction and no override warning; the job alone
+    stays synchronous with the fixed limit."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cfg = load_checked(str(JOB), ["preset=stacked"])
+    assert (cfg.runtime.max_staleness, cfg.control.length) == (1, "siri")
+    assert cfg.algo.correction != "none"
+    plain = load_checked(str(JOB), [])
+    assert (plain.runtime.max_staleness, plain.control.length) == (0, "fixed")
