@@ -90,7 +90,9 @@ QUICK_TARGET = 0.35
 QUICK = ("sync", "trl", "stacked")
 # the counters that say why a method pays or not (means over a run's logged steps)
 WHY = ("draft/acceptance_rate", "prune/pruned_frac", "pipeline/samples_in_batch",
-       "offpol/ess", "pipeline/dropped_zero_variance", "length/mean", "length/clipped_share")
+       "offpol/ess", "pipeline/dropped_zero_variance", "length/mean", "length/clipped_share",
+       "control/arrol_pruned", "control/arrol_tokens_saved_est", "arrol/head_s",
+       "staleness/mean_lag")
 
 
 def sh(args: list[str], **kw) -> subprocess.CompletedProcess:
