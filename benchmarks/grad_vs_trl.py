@@ -153,8 +153,9 @@ def trl_advantages(rewards: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def build_trl(model_dir: Path, tok, *, k: int, groups: int, max_new: int, lr: float,
-              clip: float):
-    """A GRPOTrainer with `vs_trl.run_trl`'s arguments (its dataset and reward unused here)."""
+              clip: float, grad_clip: float = 1.0):
+    """A GRPOTrainer with `vs_trl.run_trl`'s arguments (its dataset and reward unused here);
+    ``grad_clip``: its max_grad_norm (run_trl's is 1.0)."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -162,7 +163,7 @@ def build_trl(model_dir: Path, tok, *, k: int, groups: int, max_new: int, lr: fl
         output_dir=tempfile.mkdtemp(prefix="trl-"), per_device_train_batch_size=k * groups,
         num_generations=k, max_completion_length=max_new, temperature=1.0,
         learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        max_grad_norm=1.0, beta=0.0, epsilon=clip, loss_type="dapo", scale_rewards="group",
+        max_grad_norm=grad_clip, beta=0.0, epsilon=clip, loss_type="dapo", scale_rewards="group",
         num_iterations=1, max_steps=1, use_cpu=True, bf16=False, fp16=False,
         gradient_checkpointing=False, use_vllm=False, report_to="none", save_strategy="no",
         disable_tqdm=True, seed=0, dataloader_num_workers=0)
@@ -250,7 +251,7 @@ def main() -> None:
     print(f"completion tokens: mean {sum(n_new) / len(n_new):.1f}, max {max(n_new)}, "
           f"ended by EOS {sum(r.tokens[-1] == tok.eos_token_id for r in rs)}")
     t = build_trl(model_dir, tok, k=cfg.rollout.group_size, groups=a.prompts,
-                  max_new=a.max_new, lr=cfg.train.lr, clip=0.2)
+                  max_new=a.max_new, lr=cfg.train.lr, clip=0.2, grad_clip=cfg.train.grad_clip)
     gc = t.generation_config
     print(f"TRL generation: do_sample {gc.do_sample} temperature {gc.temperature} top_k "
           f"{gc.top_k} top_p {gc.top_p} min_p {gc.min_p} repetition_penalty "
