@@ -250,6 +250,15 @@ def main() -> None:
     print(f"{len(rs)} samples, rewards {[r.reward for r in rs]}")
     print(f"completion tokens: mean {sum(n_new) / len(n_new):.1f}, max {max(n_new)}, "
           f"ended by EOS {sum(r.tokens[-1] == tok.eos_token_id for r in rs)}")
+    # the reward through the baselines' path: TRL's text (batch_decode, skip_special_tokens)
+    # scored by benchmarks/baseline_inputs.reward_fn
+    from baseline_inputs import reward_fn
+
+    score = reward_fn(tok, task, a.config)
+    texts = tok.batch_decode([r.tokens[r.prompt_len:] for r in rs], skip_special_tokens=True)
+    same = [score(g.example.prompt, texts[i * len(g.rollouts) + j]) == r.reward
+            for i, g in enumerate(groups) for j, r in enumerate(g.rollouts)]
+    print(f"TRL's reward path gives reroll's reward on {sum(same)} of {len(same)} samples")
     t = build_trl(model_dir, tok, k=cfg.rollout.group_size, groups=a.prompts,
                   max_new=a.max_new, lr=cfg.train.lr, clip=0.2, grad_clip=cfg.train.grad_clip)
     gc = t.generation_config
