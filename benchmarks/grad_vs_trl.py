@@ -20,7 +20,9 @@ nanstd` with Bessel's correction, ``+ 1e-4``), then its own `_compute_loss`, bac
 the optimiser its `create_optimizer` builds.
 
 Prints the per-sample advantages of both, the loss, the gradient's norm, cosine and norm
-ratio, the clipped gradient, the weights after the step, and the masks.
+ratio, the clipped gradient, the weights after the step, and the masks. Owns laying one
+batch out both ways and comparing the two updates (tests/test_grad_vs_trl.py pins them on a
+tiny model); must not know the tournament or any training loop.
 
     python benchmarks/grad_vs_trl.py --init /work/runs5/c/sft --max-new 256
 """
