@@ -226,13 +226,25 @@ def reach(curve: list[tuple], target: float) -> tuple | None:
 
 
 def summary(runs: list[dict], target: float) -> dict:
-    mean = seed_mean([r["curve"] for r in runs])
-    hit = reach(mean, target)
+    """Over a row's seeds: time and tokens to ``target`` on the seed-mean curve when every
+    seed was evaluated at the same steps (the full protocol); when they stopped at different
+    steps (the screen and --quick stop a row at the target), the mean of the seeds' own
+    times to it, given only when every seed reached it."""
+    curves = [r["curve"] for r in runs]
+    seeds_hits = [reach(c[1:], target) for c in curves]
+    if all([p[0] for p in c] == [p[0] for p in curves[0]] for c in curves):
+        hit = reach(seed_mean(curves)[1:], target)
+    elif all(seeds_hits):
+        hit = tuple(statistics.fmean(h[j] for h in seeds_hits) if seeds_hits[0][j] is not None
+                    else None for j in range(4))
+    else:
+        hit = None
     finals = [r["curve"][-1][2] for r in runs]
     return {"seeds": len(runs), "time_s": hit[1] if hit else None,
             "tokens": hit[3] if hit else None,
             "cap_s": max(r["curve"][-1][1] for r in runs),
-            "seeds_reaching": sum(reach(r["curve"], target) is not None for r in runs),
+            "seeds_reaching": sum(h is not None for h in seeds_hits),
+            "seed_times": [h[1] if h else None for h in seeds_hits],
             "final": statistics.fmean(finals),
             "final_std": statistics.stdev(finals) if len(finals) > 1 else 0.0,
             "split": {k: statistics.fmean(r["split"][k] for r in runs)
@@ -266,6 +278,8 @@ def table(results: list[dict], target: float) -> str:
                       f"{sp.get('time/wait_for_rollouts_s', 0):.1f})")
         why = ", ".join(f"{k} {v:.3g}" for k, v in x["why"].items())
         t = f"{x['time_s']:.0f}" if x["time_s"] is not None else f"not by {x['cap_s']:.0f}"
+        if x["seeds"] > 1:  # each seed's own time to the target
+            t += " (" + ", ".join("-" if v is None else f"{v:.0f}" for v in x["seed_times"]) + ")"
         tok = f"{x['tokens']:.0f}" if x["tokens"] is not None else "-"
         vs = sooner(x, s["sync"]) if "sync" in s and name != "sync" else ""
         lines.append(f"| {name} | {x['seeds']} | {t} | {tok} | {x['seeds_reaching']} | "

@@ -1,0 +1,66 @@
+"""benchmarks/tournament.py's bookkeeping, by hand: the curve read from a run's metrics
+(evaluation time left out, tokens from the running total), when a run is stopped, and the
+per-row summary over seeds (seed-mean curve when evaluations line up, else each seed's own
+time to the target)."""
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def t():
+    mp = pytest.MonkeyPatch()
+    mp.syspath_prepend(str(ROOT / "benchmarks"))  # tournament imports benchmarks/machine.py
+    import tournament as module
+    yield module
+    mp.undo()
+
+
+def rows():
+    # start at t=100 with an evaluation; step 2 evaluates (taking 5 s); tokens are a running total
+    return [{"step": 0, "time": 100.0, "eval/greedy_accuracy": 0.30},
+            {"step": 1, "time": 110.0, "pipeline/tokens_generated": 1000},
+            {"step": 2, "time": 125.0, "pipeline/tokens_generated": 2500,
+             "eval/greedy_accuracy": 0.36, "time/eval_s": 5.0},
+            {"step": 3, "time": 135.0, "pipeline/tokens_generated": 3000}]
+
+
+def test_the_curve_leaves_evaluation_out_and_reads_the_token_total(t):
+    assert t.curve_of(rows()) == [(0, 0.0, 0.30, 0), (2, 20.0, 0.36, 2500)]
+    assert t.train_seconds(rows()) == 30.0  # 35 s of clock less the 5 s evaluation
+
+
+def test_when_a_run_stops(t):
+    curve = t.curve_of(rows())
+    assert t.limit_of(curve, 0.35, None, None, stop_at_target=True) == 20.0
+    assert t.limit_of(curve, 0.35, None, 2.0, stop_at_target=False) == 40.0  # sync: 2 x its own
+    assert t.limit_of(curve, 0.35, 70.0, None, stop_at_target=False) == 70.0  # sync's cap
+    assert t.limit_of(curve, 0.40, None, 2.0, stop_at_target=False) is None  # not reached yet
+    assert t.limit_of(curve, 0.40, 70.0, None, stop_at_target=True) == 70.0
+
+
+def run(curve):
+    return {"curve": curve, "split": {"time/step_s": 1.0}, "why": {}}
+
+
+def test_summary_over_seeds(t):
+    # aligned evaluations: the seed-mean curve (0.33, 0.36 at step 5, mean time 15 s)
+    a = run([(0, 0.0, 0.3, 0), (5, 10.0, 0.32, 100), (10, 30.0, 0.40, 200)])
+    b = run([(0, 0.0, 0.3, 0), (5, 20.0, 0.40, 300), (10, 40.0, 0.30, 400)])
+    s = t.summary([a, b], 0.35)
+    assert (s["time_s"], s["tokens"], s["seeds_reaching"]) == (15.0, 200.0, 2)
+    assert s["seed_times"] == [30.0, 20.0]
+    assert s["final"] == pytest.approx(0.35) and s["final_std"] == pytest.approx(0.0707106781)
+    # stopped at different steps: the mean of each seed's own time to the target
+    c = run([(0, 0.0, 0.3, 0), (5, 10.0, 0.36, 100)])
+    s = t.summary([a, c], 0.35)
+    assert (s["time_s"], s["tokens"], s["seed_times"]) == (20.0, 150.0, [30.0, 10.0])
+    # a seed that never reaches it: no time, and the count says so
+    d = run([(0, 0.0, 0.3, 0), (5, 10.0, 0.31, 100)])
+    s = t.summary([c, d], 0.35)
+    assert (s["time_s"], s["seeds_reaching"]) == (None, 1)
+    assert t.sooner({"time_s": 10.0}, {"time_s": 25.0, "cap_s": 50.0}) == "x2.50"
+    assert t.sooner({"time_s": 10.0}, {"time_s": None, "cap_s": 50.0}) == "x>5.00"
