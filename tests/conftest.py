@@ -88,3 +88,15 @@ def small_run(on_device):
             "runtime.threads=1",
             'reward.verifiers=[{name="format", args={pattern="[0-9]", fullmatch=false}}]']
     return lambda out, *extra: load_checked(None, base + [f"out_dir={out}", *on_device, *extra])
+
+
+@pytest.fixture(scope="module")
+def benchmarks_on_path():
+    """benchmarks/ on sys.path for one test module (a benchmark script imports its siblings,
+    such as benchmarks/machine.py, by name)."""
+    from pathlib import Path
+
+    mp = pytest.MonkeyPatch()
+    mp.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    yield
+    mp.undo()

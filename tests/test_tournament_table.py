@@ -3,20 +3,14 @@
 per-row summary over seeds (seed-mean curve when evaluations line up, else each seed's own
 time to the target)."""
 
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def t():
-    mp = pytest.MonkeyPatch()
-    mp.syspath_prepend(str(ROOT / "benchmarks"))  # tournament imports benchmarks/machine.py
+def t(benchmarks_on_path):
     import tournament as module
-    yield module
-    mp.undo()
+
+    return module
 
 
 def rows():

@@ -18,13 +18,10 @@ CONFIG = ROOT / "configs" / "reasoning.toml"
 
 
 @pytest.fixture(scope="module")
-def vs_trl():
-    mp = pytest.MonkeyPatch()
-    mp.syspath_prepend(str(ROOT / "benchmarks"))  # vs_trl imports benchmarks/machine.py
+def vs_trl(benchmarks_on_path):
     import vs_trl as module
 
-    yield module
-    mp.undo()
+    return module
 
 
 @pytest.fixture(scope="module")
