@@ -105,12 +105,12 @@ class DecodeCore:
         self.top_p[sl] = torch.tensor([1.0 if g else p.top_p for p, g in zip(params, greedy)],
                                       dtype=self.top_p.dtype, **z)
         now = time.time()
-        for q, cached in entries:
+        for q, filled in entries:  # filled: the cache positions the request now holds
             q.rollout.timings["engine_prefill"] = now
             if q.resume:  # prompt + kept prefix re-prefilled under the current weights
                 q.rollout.resume_count += 1
                 self.counts["requests_resumed"] += 1
-                self.counts["resumed_tokens"] += cached
+                self.counts["resumed_tokens"] += filled
             self.rows.append(q)
 
     def _sample_from(self, logits: Tensor, start: int, rows: Tensor | None,
