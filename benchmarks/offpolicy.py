@@ -1,6 +1,8 @@
 """Off-policy corrections on stale rollouts: decoupled PPO (truncated IS), masked IS, VCPO,
 MinPRO, M2PO, PPO-EWMA, per-version snapshots and a combination at ``runtime.max_staleness``
-4, 8 and 16 on the main job (``configs/arithmetic.toml``) from its SFT checkpoint.
+4, 8 and 16 on the main job (``configs/arithmetic.toml``) from its SFT checkpoint, or on
+another job (``--config``) from an SFT checkpoint given with ``--init`` (the reasoning job's
+two-stage SFT is `scripts/reasoning.sh`'s, not one ``reroll sft``).
 
 Methods, each from the same SFT checkpoint with the main job's settings; only the keys
 below differ (docs/algorithms.md describes each):
@@ -31,6 +33,8 @@ snapshot bytes held (``offpol/snapshot_bytes``).
 
     nice -n 10 .venv/bin/python benchmarks/offpolicy.py [--seeds 0 1 2] [--staleness 4 8 16]
         [--steps 600] [--eval-every 50] [--eval-examples 500] [--out runs/bench_offpolicy]
+    .venv/bin/python benchmarks/offpolicy.py --config configs/reasoning.toml \
+        --init runs/reasoning/sft --eval-examples 200 --out runs/bench_offpolicy_reasoning
 
 Finished runs are reused on a rerun with the same arguments. Results: OUT/results.md and
 OUT/results.json.
@@ -50,7 +54,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vcpo import REROLL, mean_sd, read_rows, run_one, warm_start  # noqa: E402  (same runner, SFT start, table cells)
+from vcpo import CONFIG, REROLL, mean_sd, read_rows, run_one, warm_start  # noqa: E402  (same runner, SFT start, table cells)
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ["log_every=1", "record_every=0"]
@@ -108,12 +112,12 @@ def peak_rss(run: Path) -> float:
     return json.loads(p.read_text())["maxrss_kb"] if p.is_file() else math.nan
 
 
-def run_measured(out: Path, tag: str, args: list[str]) -> Path:
+def run_measured(out: Path, tag: str, args: list[str], config: str = CONFIG) -> Path:
     """`vcpo.run_one` with ``reroll train`` inside ``PEAK``'s wrapper (its record lands in
     the run directory; a finished run is reused as there)."""
     run = out / "runs" / tag
     cmd = [sys.executable, "-c", PEAK, str(run / "peak_rss.json"), REROLL]
-    return run_one(out, tag, args, launcher=cmd)
+    return run_one(out, tag, args, launcher=cmd, config=config)
 
 
 def table(summary: dict) -> str:
@@ -191,9 +195,15 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     ap.add_argument("--out", default="runs/bench_offpolicy", help="relative to the repository "
                     "root, or absolute")
+    ap.add_argument("--config", default=CONFIG, help="the job (default: the main job's)")
+    ap.add_argument("--init", default=None, help="the SFT run to start from (default: the "
+                    "main job's, made once in OUT/sft); needed with another --config")
     a = ap.parse_args()
+    if a.init is None and a.config != CONFIG:
+        ap.error(f"--config {a.config} needs --init: only the main job's SFT warm start is "
+                 f"made here")
     out = ROOT / a.out
-    sft = warm_start(out)
+    sft = Path(a.init).resolve() if a.init else warm_start(out)
     t0 = time.perf_counter()
     summary: dict = {}
     for k in a.staleness:
@@ -205,7 +215,8 @@ def main() -> None:
                         f"eval.n_examples={a.eval_examples}", f"ckpt_every={a.steps}",
                         f"train.seed={seed}", f"runtime.max_staleness={k}", *BASE,
                         *[x.format(cap=k + 1) for x in METHODS[name]]]
-                rs.append(parse(run_measured(out, f"s{k}_{name}_seed{seed}", args), k))
+                run = run_measured(out, f"s{k}_{name}_seed{seed}", args, a.config)
+                rs.append(parse(run, k))
             summary[k][name] = rs
             print(table({k: {name: rs}}).splitlines()[-1], flush=True)
     try:
@@ -214,7 +225,8 @@ def main() -> None:
     except OSError:
         commit = "?"
     head = (f"commit {commit}, {time.strftime('%Y-%m-%d')}, {cpu()}, "
-            f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; seeds {a.seeds}, "
+            f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; {a.config} from {sft}; "
+            f"seeds {a.seeds}, "
             f"{a.steps} steps, eval every {a.eval_every} on {a.eval_examples} examples; "
             f"{time.perf_counter() - t0:.0f} s")
     text = f"{head}\n\n{table(summary)}\n\n{mean_curves(summary)}\n\n{curves(summary)}\n"

@@ -72,9 +72,10 @@ def warm_start(out: Path) -> Path:
     return sft
 
 
-def run_one(out: Path, tag: str, args: list[str], launcher: list[str] = ()) -> Path:
-    """``reroll train`` with ``args`` into out/runs/TAG, unless a finished run with the same
-    arguments is already there; ``launcher``: the command that runs ``reroll`` (default:
+def run_one(out: Path, tag: str, args: list[str], launcher: list[str] = (),
+            config: str = CONFIG) -> Path:
+    """``reroll train CONFIG`` with ``args`` into out/runs/TAG, unless a finished run with the
+    same arguments is already there; ``launcher``: the command that runs ``reroll`` (default:
     the venv's ``reroll`` itself)."""
     run = out / "runs" / tag
     spec = run / "bench_args.json"
@@ -85,7 +86,7 @@ def run_one(out: Path, tag: str, args: list[str], launcher: list[str] = ()) -> P
         return run
     shutil.rmtree(run, ignore_errors=True)
     run.parent.mkdir(parents=True, exist_ok=True)
-    s = sh([*(launcher or [REROLL]), "train", CONFIG, f"out_dir={run}", *args, "--no-progress"],
+    s = sh([*(launcher or [REROLL]), "train", config, f"out_dir={run}", *args, "--no-progress"],
            run.with_name(tag + ".log"))
     spec.write_text(json.dumps(args))
     print(f"  {tag}: {s:.0f} s", flush=True)
