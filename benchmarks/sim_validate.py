@@ -1,8 +1,8 @@
 """`reroll sim` against measured runs of the main job (configs/arithmetic.toml) on this machine.
 
-1. Calibrate: four short synchronous runs (16 and 4 groups of 8 a step with 6-token
-   responses, 4 groups with 12-token ones, 16 groups with 24-token ones; rollouts
-   recorded), and `reroll.sim.calibrate.fit` on their metrics (decode cost per step and
+1. Calibrate: five short synchronous runs (16 and 4 groups of 8 a step with 6-token
+   responses, 4 groups with 12-token ones, 16 groups with 24-token ones, and the long-tail
+   task's 16 groups with 16-token responses; rollouts recorded), and `reroll.sim.calibrate.fit` on their metrics (decode cost per step and
    per token, a fixed cost per sample, training cost per step and per token, the loop's
    own work per step and per sample, during which generation goes on on the core it
    shares with it, and the stalls' mean cost per step); two asynchronous
@@ -24,7 +24,7 @@ metrics.jsonl, and predicted over the same steps.
 
     .venv/bin/python benchmarks/sim_validate.py [--quick] [--steps N] [--out DIR]
 
-``--quick``: 20 steps a run (12 runs of about 30 s each on a quiet machine). A run whose
+``--quick``: 20 steps a run (14 runs of about 30 s each on a quiet machine). A run whose
 metrics.jsonl is in ``--out`` is not run again; ``--reuse`` runs nothing, only refits and
 predicts; ``--fit-also 'longtail sync'`` adds that run to the synchronous calibration runs
 (its row is then a fit, marked so, not a prediction).
@@ -70,9 +70,10 @@ VARIANTS = {
 CALIBRATION = {"cal 16x8": [], "cal 4x8": ["rollout.batch_groups=4"],
                "cal 4x8 long": ["rollout.batch_groups=4", "rollout.max_new_tokens=12"],
                "cal 16x8 long24": ["rollout.max_new_tokens=24"],
+               "cal longtail 16x8 long16": [*LONGTAIL, "rollout.max_new_tokens=16"],
                "cal async 1 long": ["runtime.max_staleness=1", "rollout.max_new_tokens=12"],
                "cal async 1 long24": ["runtime.max_staleness=1", "rollout.max_new_tokens=24"]}
-SYNC_CAL = 4  # the synchronous ones come first; the rest resume (partial rollouts)
+SYNC_CAL = 5  # the synchronous ones come first; the rest resume (partial rollouts)
 
 
 def train(out: Path, name: str, overrides: list[str], steps: int,
@@ -111,13 +112,15 @@ def predicted(overrides: list[str], cost: dict, lengths: Path, steps: int, skip:
             "gen_idle": r["gen_idle"], "train_idle": r["train_idle"],
             "resumed_per_step": sum(p["resumed"] for p in per) / len(per),
             "resumed_tokens_per_step": sum(p["resumed_tokens"] for p in per) / len(per),
+            "quiet_steps": quiet_steps([p["resumed"] for p in per]),
             "lag": _mean_lag([p["lags"] for p in per])}
 
 
 def counts(run_dir: Path, skip: int) -> dict:
     """The measured schedule after the first ``skip`` steps: requests resumed per step
-    (engine/requests_resumed is cumulative) and the mean lag of a trained group (trainer
-    version - start version, from the recorded rollouts)."""
+    (engine/requests_resumed is cumulative), the quiet steps among them (`quiet_steps`)
+    and the mean lag of a trained group (trainer version - start version, from the recorded
+    rollouts)."""
     rows = [r for r in read_metrics(run_dir) if "pipeline/samples_in_batch" in r]
     res = [r.get("engine/requests_resumed", 0.0) for r in rows]
     toks = resumed_tokens(run_dir)
@@ -128,8 +131,17 @@ def counts(run_dir: Path, skip: int) -> dict:
             lags.setdefault(step, {}).setdefault(lag, 0)
             lags[step][lag] += 1
     return {"resumed_per_step": (res[-1] - res[skip - 1]) / (len(res) - skip),
+            "quiet_steps": quiet_steps([b - a for a, b in zip(res[skip - 1:], res[skip:])]),
             "resumed_tokens_per_step": (toks[-1] - toks[skip - 1]) / (len(toks) - skip),
             "lag": _mean_lag(list(lags.values()))}
+
+
+def quiet_steps(resumed: list[float]) -> int:
+    """Steps (after the first of ``resumed``, the requests resumed a step) that neither
+    they nor the step before resumed anything: generation kept ahead of the trainer, each
+    step's new groups done before the next update. A lone step without resumes is not
+    quiet: its batch was the last update's resumed requests, drained before the next."""
+    return sum(a == 0 and b == 0 for a, b in zip(resumed, resumed[1:]))
 
 
 def _mean_lag(hists: list[dict[int, int]]) -> float:
@@ -208,8 +220,8 @@ def main() -> None:
         rows.append((name, m, p, d))
     print("\n| variant | measured samples/s | predicted | predicted/measured | "
           "sim gen idle | sim train idle | resumed a step, measured / sim | "
-          "resumed tokens a step, measured / sim | mean lag, measured / sim |"
-          "\n|---|---|---|---|---|---|---|---|---|")
+          "resumed tokens a step, measured / sim | quiet steps, measured / sim | "
+          "mean lag, measured / sim |\n|---|---|---|---|---|---|---|---|---|---|")
     fitted = {"sync", *a.fit_also}  # sync is the run "cal 16x8" itself
     for name, m, p, d in rows:
         c = counts(d, a.skip)
@@ -217,6 +229,7 @@ def main() -> None:
               f"{p['samples_per_s'] / m:.3f} | {p['gen_idle']:.2f} | {p['train_idle']:.2f} | "
               f"{c['resumed_per_step']:.1f} / {p['resumed_per_step']:.1f} | "
               f"{c['resumed_tokens_per_step']:.0f} / {p['resumed_tokens_per_step']:.0f} | "
+              f"{c['quiet_steps']} / {p['quiet_steps']} | "
               f"{c['lag']:.2f} / {p['lag']:.2f} |")
     sync_m, sync_p = rows[0][1], rows[0][2]["samples_per_s"]
     print("\nspeed-up over sync, measured / predicted: " + ", ".join(
