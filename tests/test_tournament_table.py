@@ -58,3 +58,13 @@ def test_summary_over_seeds(t):
     assert (s["time_s"], s["seeds_reaching"]) == (None, 1)
     assert t.sooner({"time_s": 10.0}, {"time_s": 25.0, "cap_s": 50.0}) == "x2.50"
     assert t.sooner({"time_s": 10.0}, {"time_s": None, "cap_s": 50.0}) == "x>5.00"
+
+
+def test_every_paper_headline_belongs_to_a_method_row_and_every_method_row_has_one(t):
+    # reroll's own rows (sync, stacked) and the baselines carry no paper's claim
+    assert set(t.PAPER) <= set(t.ROWS)
+    assert set(t.ROWS) - set(t.PAPER) == {"sync", "stacked"}
+    line = t.table([{"row": "sync", **run([(0, 0.0, 0.3, 0), (5, 50.0, 0.36, 100)])},
+                    {"row": "siri", **run([(0, 0.0, 0.3, 0), (5, 25.0, 0.36, 60)])}], 0.35)
+    siri = line.splitlines()[-1]
+    assert siri.endswith(f"| x2.00 |  | {t.PAPER['siri']} |")
