@@ -25,7 +25,8 @@ group is dropped as stale. Without the loop's set (a trainer driven directly, a 
 run's replay) the bound alone decides: every version >= current - lag is referenced. The rule is the pure function `release_plan`.
 
 Memory: at most ``max_snapshots`` (train.old_snapshots, counting the current version's)
-copies of the weights on the trainer's device, plus one scratch model they are loaded into;
+copies of the weights on the trainer's device (a tied embedding held once: `copy_state`),
+plus one scratch model they are loaded into;
 held count and bytes are the metrics ``offpol/snapshots_held`` and ``offpol/snapshot_bytes``.
 At the bound, unreferenced versions are already gone; the oldest referenced ones go next
 (counted in ``offpol/snapshots_evicted``), and a token whose version has no snapshot
@@ -77,8 +78,7 @@ class VersionSnapshots:
         """Snapshot ``model`` as ``version`` (the trainer's current one), then hold what
         `release_plan` keeps of the versions `needed` plus ``using`` (the batch's)."""
         if version not in self.weights:
-            self.weights[version] = {k: v.detach().clone()
-                                     for k, v in model.state_dict().items()}
+            self.weights[version] = copy_state(model.state_dict())
         self._apply(self.needed(version, referenced) | set(using))
 
     def release(self, version: int, referenced: set[int] | None = None) -> None:
@@ -93,8 +93,8 @@ class VersionSnapshots:
 
     def nbytes(self) -> int:
         """Bytes of the held snapshots (the scratch model not counted)."""
-        return sum(t.numel() * t.element_size() for w in self.weights.values()
-                   for t in w.values())
+        unique = {id(t): t for w in self.weights.values() for t in w.values()}
+        return sum(t.numel() * t.element_size() for t in unique.values())
 
     def metrics(self) -> dict[str, float]:
         return {"offpol/snapshots_held": float(len(self.weights)),
@@ -129,7 +129,7 @@ class VersionSnapshots:
         """What a checkpoint keeps: every kept version's weights (on the CPU), the eviction
         count and the bound."""
         return {"max_snapshots": self.max_snapshots, "lag": self.lag, "evicted": self.evicted,
-                "weights": {v: {k: t.cpu() for k, t in w.items()}
+                "weights": {v: copy_state(w, "cpu", clone=False)
                             for v, w in self.weights.items()}}
 
     def load(self, state: dict[str, Any]) -> None:
@@ -138,9 +138,26 @@ class VersionSnapshots:
         not what a kept snapshot holds)."""
         dev = next(self.scratch.parameters()).device
         self.evicted = int(state["evicted"])
-        self.weights = {int(v): {k: t.to(dev) for k, t in w.items()}
+        self.weights = {int(v): copy_state(w, dev, clone=False)
                         for v, w in sorted(state["weights"].items())}
         self._apply(set(self.weights))  # a smaller bound on resume: the oldest go
+
+
+def copy_state(state: dict[str, torch.Tensor], device=None,
+               clone: bool = True) -> dict[str, torch.Tensor]:
+    """``state``'s tensors copied (``clone``) or moved to ``device``, once per tensor they
+    view: entries that share memory (tied input and output embeddings) share it in the copy
+    too, so a snapshot of a tied model holds the embedding once."""
+    out, done = {}, {}
+    for k, t in state.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape),
+               tuple(t.stride()), t.dtype)
+        if key not in done:
+            c = t.detach()
+            c = c.clone() if clone else c
+            done[key] = c if device is None else c.to(device)
+        out[k] = done[key]
+    return out
 
 
 def release_plan(held, needed: set[int], cap: int) -> tuple[list[int], list[int], list[int]]:

@@ -56,7 +56,10 @@ def spy(monkeypatch, trainer=Trainer):
 
 
 def state_bytes(model) -> int:
-    return sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    """One snapshot's bytes: each tensor of the state dict once (a tied embedding is one
+    tensor under two names)."""
+    unique = {t.untyped_storage().data_ptr(): t for t in model.state_dict().values()}
+    return sum(t.numel() * t.element_size() for t in unique.values())
 
 
 def by_hand(held: dict, *, buffer: bool) -> set[int]:

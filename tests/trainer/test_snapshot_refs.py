@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "control"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "replay"))
 from test_buffer import group  # noqa: E402  (hand-made scored groups)
 from test_scheduler import finish, make  # noqa: E402  (workflows simulated by hand)
+from test_snapshot_loop import state_bytes  # noqa: E402  (one snapshot's bytes)
 from test_step import groups_of  # noqa: E402  (the same tiny groups as the step's tests)
 
 
@@ -93,10 +94,6 @@ def groups_at(version):
         for r in g.rollouts:
             r.versions = [version if m else -1 for m in r.loss_mask]
     return groups
-
-
-def state_bytes(model):
-    return sum(t.numel() * t.element_size() for t in model.state_dict().values())
 
 
 def trainer(model, tok):

@@ -40,6 +40,34 @@ def test_snapshots_older_than_the_lag_are_released_and_the_oldest_evicted_at_the
     assert sorted(back.weights) == [1, 2] and back.evicted == 1
 
 
+class Tied(torch.nn.Module):
+    """An embedding whose output layer is the same weight (as tie_word_embeddings builds)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 4)
+        self.head = torch.nn.Linear(4, 10, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def test_a_tied_models_snapshot_holds_the_shared_weight_once_and_keeps_it_shared(tmp_path):
+    model = Tied()
+    s = VersionSnapshots(model, max_snapshots=2, lag=1)
+    s.keep(0, model)
+    w = s.weights[0]
+    assert w["embed.weight"] is w["head.weight"]  # one copy, two names
+    assert s.nbytes() == 10 * 4 * 4  # 40 float32 values, counted once (not 320 bytes)
+    with torch.no_grad():
+        model.embed.weight.add_(1.0)  # the snapshot is a copy, not a view of the live weight
+    assert not torch.equal(w["embed.weight"], model.embed.weight)
+    torch.save(s.state(), tmp_path / "snap.pt")  # through a checkpoint file and back
+    back = VersionSnapshots(model, max_snapshots=2, lag=1)
+    back.load(torch.load(tmp_path / "snap.pt"))
+    b = back.weights[0]
+    assert b["embed.weight"] is b["head.weight"] and back.nbytes() == 160
+    assert torch.equal(b["embed.weight"], w["embed.weight"])
+
+
 def test_each_stale_token_gets_pi_prox_under_its_own_versions_weights(tiny):
     """Step 1 trains tokens of version 0 at version 0 (nothing stale). Step 2, at version 1,
     trains tokens of version 0 again: their pi_prox is the log-prob under the version-0
