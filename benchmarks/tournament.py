@@ -116,7 +116,7 @@ TARGET = 0.37  # the SFT start is 31.5%; sync GRPO reached 37% near step 50 (abo
 QUICK_TARGET = 0.35
 QUICK = ("sync", "trl", "stacked")
 # the counters that say why a method pays or not (means over a run's logged steps)
-WHY = ("draft/acceptance_rate", "prune/pruned_frac", "pipeline/samples_in_batch",
+WHY = ("draft/acceptance_rate", "draft/samples_drafted", "prune/pruned_frac", "pipeline/samples_in_batch",
        "offpol/ess", "pipeline/dropped_zero_variance", "length/mean", "length/clipped_share",
        "control/arrol_pruned", "control/arrol_tokens_saved_est", "arrol/head_s",
        "staleness/mean_lag")
