@@ -80,8 +80,8 @@ ROWS: dict[str, list[str]] = {
     "vcpo8": ["preset=vcpo", "runtime.max_staleness=8"],
     "siri": ["control.length=siri"],
     # DOT at the paper's 3 sigma: in a group of n one response lies at most sqrt(n - 1)
-    # population stds above the mean, so groups of 8 can never cut (the screen at d35b5bb's
-    # settings cut nothing); 4 groups of 16 keep 64 samples a step
+    # population stds above the mean, so groups of 8 can never cut (the screen's run in groups
+    # of 8 cut nothing); 4 groups of 16 keep 64 samples a step
     "dot": ["control.dot_k=3", "rollout.group_size=16", "rollout.batch_groups=4"],
     # MC-GRPO's 2 samples plus the pivot; 21 groups of 3 keep ~64 samples a step
     "mc_grpo": ["preset=mc_grpo", "rollout.group_size=3", "rollout.batch_groups=21"],
