@@ -118,11 +118,14 @@ BASELINES = ("trl", "hand")
 TARGET = 0.37  # the SFT start is 31.5%; sync GRPO reached 37% near step 50 (about 10 minutes)
 QUICK_TARGET = 0.35
 QUICK = ("sync", "trl", "stacked")
-# the counters that say why a method pays or not (means over a run's logged steps)
-WHY = ("draft/acceptance_rate", "draft/samples_drafted", "prune/pruned_frac", "pipeline/samples_in_batch",
-       "offpol/ess", "pipeline/dropped_zero_variance", "length/mean", "length/clipped_share",
-       "control/arrol_pruned", "control/arrol_tokens_saved_est", "arrol/head_s",
-       "staleness/mean_lag")
+# the figures that say why a method pays or not: per-step values, averaged over a run's
+# logged steps, and running totals (the pipeline's and the drafter's counters), given as
+# their increase a step; a drafter's acceptance is its accepted over proposed tokens
+WHY = ("prune/pruned_frac", "pipeline/samples_in_batch", "offpol/ess", "length/mean",
+       "length/clipped_share", "control/arrol_pruned", "control/arrol_tokens_saved_est",
+       "arrol/head_s", "staleness/mean_lag")
+RUNNING = ("pipeline/started", "pipeline/dropped_zero_variance", "draft/samples_drafted",
+           "draft/tokens_proposed", "draft/tokens_accepted")
 
 
 def sh(args: list[str], **kw) -> subprocess.CompletedProcess:
@@ -203,9 +206,25 @@ def run_reroll(init: Path, name: str, seed: int, steps: int, every: int, out: Pa
     split = {k: statistics.median(r[k] for r in rows[1:] if k in r) for k in
              ("time/step_s", "time/generate_s", "time/train_s", "time/wait_for_rollouts_s")
              if any(k in r for r in rows[1:])}
-    why = {k: statistics.fmean(r[k] for r in rows[1:] if k in r) for k in WHY
-           if any(k in r for r in rows[1:])}
-    return {"curve": curve, "split": split, "why": why, "steps": last["step"]}
+    return {"curve": curve, "split": split, "why": why_of(rows), "steps": last["step"]}
+
+
+def why_of(rows: list[dict]) -> dict[str, float]:
+    """``WHY``'s per-step means and ``RUNNING``'s increase a step (from 0 before the first
+    step) over the step rows of a run's metrics (row 0 is the start), and the drafter's
+    acceptance where it proposed any token."""
+    steps = rows[1:]
+    out = {k: statistics.fmean(r[k] for r in steps if k in r) for k in WHY
+           if any(k in r for r in steps)}
+    total = {}
+    for k in RUNNING:
+        seen = [r for r in steps if k in r]
+        if seen:
+            total[k] = seen[-1][k]
+            out[k + " a step"] = total[k] / len(seen)
+    if total.get("draft/tokens_proposed"):
+        out["draft/acceptance"] = total["draft/tokens_accepted"] / total["draft/tokens_proposed"]
+    return out
 
 
 def run_baseline(name: str, init: Path, seed: int, steps: int, every: int,

@@ -68,3 +68,21 @@ def test_every_paper_headline_belongs_to_a_method_row_and_every_method_row_has_o
                     {"row": "siri", **run([(0, 0.0, 0.3, 0), (5, 25.0, 0.36, 60)])}], 0.35)
     siri = line.splitlines()[-1]
     assert siri.endswith(f"| x2.00 |  | {t.PAPER['siri']} |")
+
+
+def test_why_averages_per_step_figures_and_takes_running_totals_as_their_rate(t):
+    rows = [{"step": 0},
+            {"step": 1, "length/mean": 100.0, "pipeline/dropped_zero_variance": 2,
+             "draft/tokens_proposed": 10, "draft/tokens_accepted": 4},
+            {"step": 2, "length/mean": 200.0, "pipeline/dropped_zero_variance": 5,
+             "draft/tokens_proposed": 30, "draft/tokens_accepted": 9},
+            {"step": 3, "length/mean": 300.0, "pipeline/dropped_zero_variance": 9,
+             "draft/tokens_proposed": 40, "draft/tokens_accepted": 18}]
+    why = t.why_of(rows)
+    assert why["length/mean"] == 200.0  # (100 + 200 + 300) / 3
+    assert why["pipeline/dropped_zero_variance a step"] == 3.0  # 9 dropped over 3 steps
+    assert why["draft/acceptance"] == 18 / 40  # accepted over proposed, running totals
+    assert "draft/samples_drafted a step" not in why  # a counter the run never logged
+    none = t.why_of([{"step": 0}, {"step": 1, "draft/tokens_proposed": 0,
+                                   "draft/tokens_accepted": 0}])
+    assert "draft/acceptance" not in none  # nothing proposed: no acceptance to report
