@@ -8,7 +8,9 @@
    shares with it, and the stalls' mean cost per step); two asynchronous
    runs with partial rollouts (16 groups, max_staleness 1, 12- and 24-token responses),
    each simulated without resume costs, and `fit_resume_wall` on what the simulation misses
-   a step against the tokens and requests resumed (`fit_resume`: the engine's own share).
+   a step against the tokens and requests resumed: the per-token term is the engine's own
+   prefill time per resumed token (`fit_resume`, on every step of every run), the
+   per-request term is fitted over the resuming runs.
 2. Predict, with that cost model and the response lengths recorded by the 16-group run (by
    the task's own synchronous run for the long-tail task), the throughput of the variants
    below, each also run for real, and compare.
@@ -205,7 +207,14 @@ def main() -> None:
               f"{walls[-1]['simulated_s']:.4f} s simulated without resume costs, "
               f"{c['resumed_per_step']:.1f} requests and {c['resumed_tokens_per_step']:.0f} "
               f"tokens resumed")
-    cost.update(fit_resume_wall(walls))
+    # the per-token term is the engine's own prefill of a resumed token (fitted on every
+    # step of every run); the runs' wall time beyond it fits the per-request term alone
+    cost.update(fit_resume_wall(walls, token_s=engine["engine_resume_token_s"]))
+    for k, w in zip([k for k in cal if k not in list(CALIBRATION)[:SYNC_CAL]], walls):
+        rest = w["measured_s"] - w["simulated_s"] - cost["resume_token_s"] * w["resumed_tokens"]
+        print(f"{k}: beside the engine's prefill, {1e3 * rest / max(w['resumed'], 1e-9):.3f} "
+              f"ms a resumed request (fitted over the runs: "
+              f"{1e3 * cost['resume_row_s']:.3f})")
     print("cost model:", json.dumps({k: float(f"{v:.4g}") for k, v in cost.items()}))
     rows = []
     for name, ov in VARIANTS.items():

@@ -33,7 +33,9 @@ second term takes). The engine's busy time is a fraction of a resume's cost in w
 (the driver aborts, copies and re-adds each request on the engine's core, and the engine
 waits for it), so the cost model's ``resume_token_s`` and ``resume_row_s`` come from
 `fit_resume_wall`: what the simulator misses, a step, on runs that resume, against their
-resumed tokens and requests. Resumed tokens a step are the engine's
+resumed tokens and requests, the per-token term fixed at the engine's own prefill time
+per resumed token (well determined: every step of every run) and the per-request term
+fitted over the runs (two runs would only solve for both terms). Resumed tokens a step are the engine's
 ``engine/resumed_tokens`` where a run logged it, else estimated from its recorded
 rollouts (`resumed_tokens`).
 
@@ -171,7 +173,8 @@ def fit_resume(run_dirs: list[str | Path], *, skip: int = 1) -> dict[str, float]
             "engine_token_s": tok, "engine_sample_s": start}
 
 
-def fit_resume_wall(runs: list[dict[str, float]]) -> dict[str, float]:
+def fit_resume_wall(runs: list[dict[str, float]], *,
+                    token_s: float | None = None) -> dict[str, float]:
     """``resume_token_s`` and ``resume_row_s`` in wall time, from runs with partial rollouts
     that the generation side holds back: for each, ``measured_s`` (its time a step),
     ``simulated_s`` (the simulator's, on the same cost model with both resume costs 0),
@@ -179,10 +182,24 @@ def fit_resume_wall(runs: list[dict[str, float]]) -> dict[str, float]:
     ``measured_s - simulated_s = resume_token_s * resumed_tokens + resume_row_s * resumed``:
     whatever a resume costs the generation side, on the engine (its prefill) or beside it
     (the driver aborting, copying and re-adding the request, on the engine's core), and
-    whatever else the model misses on those runs. With one prefix length the two columns
-    are proportional and the per-token term takes it all."""
+    whatever else the model misses on those runs.
+
+    ``token_s`` (the engine's own prefill time per resumed token, ``engine_resume_token_s``
+    of `fit_resume`, fitted on every step of every run) fixes the per-token term, and only
+    ``resume_row_s`` is fitted, one unknown over the runs: the time a resume costs beside
+    the engine is the driver's work per request, which does not grow with the prefix.
+    Without it both terms are fitted, which two runs only solve (any noise in either run
+    moves both terms; see benchmarks/docs/sim.md), and with one prefix length the two
+    columns are proportional and the per-token term takes it all."""
     if not any(r["resumed"] for r in runs):
         raise ValueError("fit_resume_wall: no run resumed a request")
+    if token_s is not None:
+        if token_s < 0:
+            raise ValueError(f"fit_resume_wall: token_s must be >= 0, got {token_s}")
+        (row,) = nnls([[r["resumed"]] for r in runs],
+                      [r["measured_s"] - r["simulated_s"] - token_s * r["resumed_tokens"]
+                       for r in runs])
+        return {"resume_token_s": token_s, "resume_row_s": row}
     tok, row = nnls([[r["resumed_tokens"], r["resumed"]] for r in runs],
                     [r["measured_s"] - r["simulated_s"] for r in runs])
     return {"resume_token_s": tok, "resume_row_s": row}

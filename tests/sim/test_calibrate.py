@@ -107,6 +107,33 @@ def test_fit_resume_wall_by_hand():
         fit_resume_wall([{**runs[0], "resumed": 0, "resumed_tokens": 0}])
 
 
+def test_fit_resume_wall_with_the_engines_per_token_cost_fits_one_term_by_hand():
+    runs = [{"measured_s": 0.30, "simulated_s": 0.15, "resumed": 100, "resumed_tokens": 1000},
+            {"measured_s": 0.235, "simulated_s": 0.10, "resumed": 50, "resumed_tokens": 1100}]
+    # token_s 1e-4: left beside it 0.15 - 0.10 = 0.05 and 0.135 - 0.11 = 0.025, a request
+    # (100 x 0.05 + 50 x 0.025) / (100^2 + 50^2) = 6.25 / 12500 = 5e-4 (the data's own)
+    assert fit_resume_wall(runs, token_s=1e-4) == pytest.approx(
+        {"resume_token_s": 1e-4, "resume_row_s": 5e-4})
+    # token_s 5e-5: left 0.10 and 0.08, (10 + 4) / 12500 = 1.12e-3 (a least-squares fit:
+    # 1.0e-3 and 1.6e-3 a request in the two runs)
+    assert fit_resume_wall(runs, token_s=5e-5) == pytest.approx(
+        {"resume_token_s": 5e-5, "resume_row_s": 1.12e-3})
+    # token_s 2e-4 leaves -0.05 and -0.085: the request's cost stays >= 0
+    assert fit_resume_wall(runs, token_s=2e-4) == pytest.approx(
+        {"resume_token_s": 2e-4, "resume_row_s": 0.0})
+    # 10 ms more on the first run: the two-term solve moves both terms, 1000 t + 100 r =
+    # 0.16 and 1100 t + 50 r = 0.135 give t = 0.11 / 1200 = 9.1667e-5 and r = (0.16 -
+    # 0.091667) / 100 = 6.8333e-4; with t fixed, r = (100 x 0.06 + 50 x 0.025) / 12500 =
+    # 5.8e-4 and t stays
+    noisy = [{**runs[0], "measured_s": 0.31}, runs[1]]
+    assert fit_resume_wall(noisy) == pytest.approx(
+        {"resume_token_s": 0.11 / 1200, "resume_row_s": (0.16 - 1000 * 0.11 / 1200) / 100})
+    assert fit_resume_wall(noisy, token_s=1e-4) == pytest.approx(
+        {"resume_token_s": 1e-4, "resume_row_s": 5.8e-4})
+    with pytest.raises(ValueError, match="token_s must be >= 0"):
+        fit_resume_wall(runs, token_s=-1e-5)
+
+
 def test_fit_resume_refuses_runs_that_resumed_nothing(tmp_path):
     write(tmp_path / "s", [{"step": i, "time/generate_s": 0.1, "pipeline/tokens_generated": i,
                             "engine/requests_resumed": 0, "pipeline/started": i,
