@@ -123,7 +123,7 @@ QUICK = ("sync", "trl", "stacked")
 # their increase a step; a drafter's acceptance is its accepted over proposed tokens
 WHY = ("prune/pruned_frac", "pipeline/samples_in_batch", "offpol/ess", "length/mean",
        "length/clipped_share", "control/arrol_pruned", "control/arrol_tokens_saved_est",
-       "arrol/head_s", "staleness/mean_lag")
+       "arrol/head_s", "staleness/mean_lag", "shaping/shaped_share")
 RUNNING = ("pipeline/started", "pipeline/dropped_zero_variance", "draft/samples_drafted",
            "draft/tokens_proposed", "draft/tokens_accepted")
 

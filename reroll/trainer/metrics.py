@@ -122,6 +122,9 @@ def batch_metrics(groups: Sequence[Group], before: dict, after: dict, *, wait_s:
         out["replay/samples_in_batch"] = float(sum(r.reused for r in rollouts))
     out.update(env_metrics(rollouts))
     out.update(tree_metrics(rollouts))
+    shaped = [r for r in fresh if r.shaping]
+    if shaped:  # a control rule changed these rewards (e.g. DOT's cuts: Rollout.shaping)
+        out["shaping/shaped_share"] = len(shaped) / len(fresh)
     lags = [r.min_version for r in rollouts]
     if lags:
         out["staleness/oldest_version_in_batch"] = float(min(lags))

@@ -140,6 +140,11 @@ def test_groups_of_different_sizes_collate_log_and_checkpoint_as_they_are(tiny, 
     assert m["length/mean"] == pytest.approx(15 / 7) and m["length/max"] == 3
     assert m["throughput/trajectories_per_s"] == 7
     assert not any(k.startswith("engine/fail") for k in m)  # counters the engine lacks
+    assert "shaping/shaped_share" not in m  # no control rule shaped a reward
+    rollouts[6].shaping["dot"] = -1.0  # one of the 7 cut by a shaper
+    m = batch_metrics(groups, empty, empty, wait_s=0.0, train_s=0.0, step_s=1.0)
+    assert m["shaping/shaped_share"] == pytest.approx(1 / 7)
+    rollouts[6].shaping.clear()
     fleet = {**empty, "engine": {"failovers": 8.0, "server_failures": 1.0, "servers_alive": 1.0,
                                  "tokens_generated": 5.0}}
     m = batch_metrics(groups, empty, fleet, wait_s=0.0, train_s=0.0, step_s=1.0)
