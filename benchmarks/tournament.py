@@ -13,7 +13,7 @@ Per row: training wall time and generated tokens to ``--target`` on the seed-mea
 how many seeds reach it alone), final held-out accuracy (mean and std over seeds), median step
 time and its split (generate / train / wait for rollouts, from reroll's own metrics), and
 where a method does not pay, the figure that says why (``WHY``: its own counters, averaged
-over the run).
+over the run; the bookkeeping is benchmarks/tournament_table.py).
 
 Each run is appended to ``--results`` (JSON lines: row, seed, machine, commit, curve, ...), so
 rows can run at different times; ``--table`` prints the markdown table of the rows measured on
@@ -40,6 +40,21 @@ from pathlib import Path
 
 import machine  # benchmarks/machine.py
 import vs_trl  # benchmarks/vs_trl.py: TRL, the hand loop, the evaluator
+from tournament_table import (  # noqa: F401
+    PAPER,
+    RUNNING,
+    WHY,
+    curve_of,
+    limit_of,
+    reach,
+    read_rows,
+    seed_mean,
+    sooner,
+    summary,
+    table,
+    train_seconds,
+    why_of,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "reasoning.toml"
@@ -87,90 +102,15 @@ ROWS: dict[str, list[str]] = {
     "mc_grpo": ["preset=mc_grpo", "rollout.group_size=3", "rollout.batch_groups=21"],
     "stacked": ["preset=stacked"],
 }
-# each method's own headline claim, as its paper states it (their models, tasks and
-# hardware, not this workload's), printed beside the row; reroll's own rows have none
-PAPER = {
-    **dict.fromkeys(("async1", "async2", "async4"),
-                    "AReaL: up to 2.77x sooner end to end than synchronous, same accuracy"),
-    "april": "APRIL: rollout throughput +22.5% on average (up to +44%)",
-    "dapo_ds": "DAPO (whole recipe): 50 on AIME24 in half the steps of R1-Zero-Qwen-32B",
-    "duet": "DUET: 1.62x wall clock over full-budget GRPO, higher accuracy",
-    "arrol": "ARRoL: up to 1.7x training speed-up, +2.3 to +3.0 accuracy",
-    **dict.fromkeys(("ar3po", "ar3po_alloc", "ar3po_reuse"),
-                    "AR3PO: DAPO's accuracy at up to 4.2x lower rollout cost"),
-    "dars": "DARS: Pass@K gains at no extra inference cost at convergence",
-    "xrpo": "XRPO: up to 2.7x faster convergence, up to +4% pass@1",
-    "vade": "VADE: better accuracy and sample efficiency than filtering baselines",
-    "gdro_prompt": "Prompt-GDRO: +10.6% relative pass@8 over GRPO",
-    "gdro_rollout": "Rollout-GDRO: +10.1% relative pass@8 over GRPO",
-    "dots_rr": "DOTS+RR: GRPO's accuracy in 23-62% less RL time",
-    "spec_rl": "SPEC-RL: 2-3x shorter rollout time, no accuracy lost",
-    "das": "DAS: rollout time up to 50% lower, identical training curves",
-    "latr": "LATR: policy learning 131% faster on average, +4.2% pass@1",
-    "treerl": "TreeRL: above independent-chain RL at the same token budget (no single figure)",
-    **dict.fromkeys(("vcpo4", "vcpo8"),
-                    "VCPO: lag-2 async reaches sync's best AIME-25 accuracy 2.5x sooner"),
-    "siri": "SIRI: AIME24 +43.2% with 46.9% fewer tokens (1.5B, three cycles)",
-    "dot": "DOT: 78% fewer tokens on AIME24, accuracy above the starting policy",
-    "mc_grpo": "MC-GRPO: 2 samples a prompt within 1% of 8's accuracy",
-}
 BASELINES = ("trl", "hand")
 TARGET = 0.37  # the SFT start is 31.5%; sync GRPO reached 37% near step 50 (about 10 minutes)
 QUICK_TARGET = 0.35
 QUICK = ("sync", "trl", "stacked")
-# the figures that say why a method pays or not: per-step values, averaged over a run's
-# logged steps, and running totals (the pipeline's and the drafter's counters), given as
-# their increase a step; a drafter's acceptance is its accepted over proposed tokens
-WHY = ("prune/pruned_frac", "pipeline/samples_in_batch", "offpol/ess", "length/mean",
-       "length/clipped_share", "control/arrol_pruned", "control/arrol_tokens_saved_est",
-       "arrol/head_s", "staleness/mean_lag", "shaping/shaped_share")
-RUNNING = ("pipeline/started", "pipeline/dropped_zero_variance", "draft/samples_drafted",
-           "draft/tokens_proposed", "draft/tokens_accepted")
 
 
 def sh(args: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "reroll.cli", *args], cwd=REPO, check=True,
                           **kw)
-
-
-def read_rows(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] \
-        if path.exists() else []
-
-
-def train_seconds(rows: list[dict]) -> float:
-    """Training wall time so far: the clock between the first and last row, evaluation out."""
-    if len(rows) < 2:
-        return 0.0
-    return rows[-1]["time"] - rows[0]["time"] - sum(r.get("time/eval_s", 0.0) for r in rows[1:])
-
-
-def curve_of(rows: list[dict]) -> list[tuple]:
-    """(step, training seconds, held-out accuracy, tokens generated) at each evaluation."""
-    if not rows:
-        return []
-    start, evals, tokens = rows[0]["time"], 0.0, 0
-    curve = [(0, 0.0, rows[0]["eval/greedy_accuracy"], 0)]
-    for r in rows[1:]:
-        evals += r.get("time/eval_s", 0.0)
-        tokens = r.get("pipeline/tokens_generated", tokens)  # a running total
-        if "eval/greedy_accuracy" in r:
-            curve.append((r["step"], r["time"] - start - evals, r["eval/greedy_accuracy"],
-                          tokens))
-    return curve
-
-
-def limit_of(curve: list[tuple], target: float, cap_s: float | None, cap_x: float | None,
-             stop_at_target: bool) -> float | None:
-    """Training seconds at which a run stops: ``cap_s`` if given (a row capped at a multiple
-    of sync's time); else ``cap_x`` times its own time to ``target`` once it gets there
-    (sync); the time it reaches ``target`` when ``stop_at_target`` (the screen)."""
-    hit = reach(curve[1:], target)
-    if stop_at_target and hit is not None:
-        return hit[1]
-    if cap_s is not None:
-        return cap_s
-    return cap_x * hit[1] if cap_x is not None and hit is not None else None
 
 
 def run_reroll(init: Path, name: str, seed: int, steps: int, every: int, out: Path,
@@ -209,24 +149,6 @@ def run_reroll(init: Path, name: str, seed: int, steps: int, every: int, out: Pa
     return {"curve": curve, "split": split, "why": why_of(rows), "steps": last["step"]}
 
 
-def why_of(rows: list[dict]) -> dict[str, float]:
-    """``WHY``'s per-step means and ``RUNNING``'s increase a step (from 0 before the first
-    step) over the step rows of a run's metrics (row 0 is the start), and the drafter's
-    acceptance where it proposed any token."""
-    steps = rows[1:]
-    out = {k: statistics.fmean(r[k] for r in steps if k in r) for k in WHY
-           if any(k in r for r in steps)}
-    total = {}
-    for k in RUNNING:
-        seen = [r for r in steps if k in r]
-        if seen:
-            total[k] = seen[-1][k]
-            out[k + " a step"] = total[k] / len(seen)
-    if total.get("draft/tokens_proposed"):
-        out["draft/acceptance"] = total["draft/tokens_accepted"] / total["draft/tokens_proposed"]
-    return out
-
-
 def run_baseline(name: str, init: Path, seed: int, steps: int, every: int,
                  cap_s: float | None, extra: tuple[str, ...] = (),
                  trl_generation: str = vs_trl.TRL_FASTEST) -> dict:
@@ -261,80 +183,6 @@ def run_baseline(name: str, init: Path, seed: int, steps: int, every: int,
 def commit() -> str:
     return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True, cwd=REPO).stdout.strip()
-
-
-def seed_mean(curves: list[list]) -> list[tuple]:
-    """At each evaluation index every seed has: mean step, training seconds, accuracy, tokens."""
-    n = min(len(c) for c in curves)
-    return [tuple(statistics.fmean(c[i][j] for c in curves) if curves[0][i][j] is not None
-                  else None for j in range(4)) for i in range(n)]
-
-
-def reach(curve: list[tuple], target: float) -> tuple | None:
-    return next((p for p in curve if p[2] >= target), None)
-
-
-def summary(runs: list[dict], target: float) -> dict:
-    """Over a row's seeds: time and tokens to ``target`` on the seed-mean curve when every
-    seed was evaluated at the same steps (the full protocol); when they stopped at different
-    steps (the screen and --quick stop a row at the target), the mean of the seeds' own
-    times to it, given only when every seed reached it."""
-    curves = [r["curve"] for r in runs]
-    seeds_hits = [reach(c[1:], target) for c in curves]
-    if all([p[0] for p in c] == [p[0] for p in curves[0]] for c in curves):
-        hit = reach(seed_mean(curves)[1:], target)
-    elif all(seeds_hits):
-        hit = tuple(statistics.fmean(h[j] for h in seeds_hits) if seeds_hits[0][j] is not None
-                    else None for j in range(4))
-    else:
-        hit = None
-    finals = [r["curve"][-1][2] for r in runs]
-    return {"seeds": len(runs), "time_s": hit[1] if hit else None,
-            "tokens": hit[3] if hit else None,
-            "cap_s": max(r["curve"][-1][1] for r in runs),
-            "seeds_reaching": sum(h is not None for h in seeds_hits),
-            "seed_times": [h[1] if h else None for h in seeds_hits],
-            "final": statistics.fmean(finals),
-            "final_std": statistics.stdev(finals) if len(finals) > 1 else 0.0,
-            "split": {k: statistics.fmean(r["split"][k] for r in runs)
-                      for k in runs[0]["split"]},
-            "why": {k: statistics.fmean(r["why"].get(k, 0.0) for r in runs)
-                    for k in runs[0]["why"]}}
-
-
-def sooner(a: dict, b: dict) -> str:
-    """How many times sooner a reaches the target than b; a bound where b never does."""
-    if a["time_s"] is None:
-        return "not reached"
-    if b["time_s"] is None:
-        return f"x>{b['cap_s'] / a['time_s']:.2f}"
-    return f"x{b['time_s'] / a['time_s']:.2f}"
-
-
-def table(results: list[dict], target: float) -> str:
-    by: dict[str, list[dict]] = {}
-    for r in results:
-        by.setdefault(r["row"], []).append(r)
-    s = {name: summary(rs, target) for name, rs in by.items()}
-    lines = [f"| row | seeds | to {target:.0%} (s) | tokens to it | seeds reaching | final "
-             "(± std) | step s (gen / train / wait) | vs sync | why | paper's headline |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for name, x in s.items():
-        sp = x["split"]
-        split = f"{sp.get('time/step_s', 0):.1f}"
-        if "time/generate_s" in sp:
-            split += (f" ({sp['time/generate_s']:.1f} / {sp.get('time/train_s', 0):.1f} / "
-                      f"{sp.get('time/wait_for_rollouts_s', 0):.1f})")
-        why = ", ".join(f"{k} {v:.3g}" for k, v in x["why"].items())
-        t = f"{x['time_s']:.0f}" if x["time_s"] is not None else f"not by {x['cap_s']:.0f}"
-        if x["seeds"] > 1:  # each seed's own time to the target
-            t += " (" + ", ".join("-" if v is None else f"{v:.0f}" for v in x["seed_times"]) + ")"
-        tok = f"{x['tokens']:.0f}" if x["tokens"] is not None else "-"
-        vs = sooner(x, s["sync"]) if "sync" in s and name != "sync" else ""
-        lines.append(f"| {name} | {x['seeds']} | {t} | {tok} | {x['seeds_reaching']} | "
-                     f"{x['final']:.3f} ± {x['final_std']:.3f} | {split} | {vs} | {why} | "
-                     f"{PAPER.get(name, '')} |")
-    return "\n".join(lines)
 
 
 def workload_line(init: Path) -> str:
