@@ -28,9 +28,15 @@ def torch_threads(cfg: RunConfig) -> int:
     return cores if cfg.runtime.max_staleness == 0 else max(1, cores // 2)
 
 
+def engine_threads(cfg: RunConfig) -> int:
+    """Intra-op threads of the engine's decode thread: ``runtime.engine_threads``, or with 0
+    the trainer's (`torch_threads`)."""
+    return cfg.runtime.engine_threads or torch_threads(cfg)
+
+
 def prepare_process(cfg: RunConfig) -> None:
-    """Set this thread's torch threads (threads started afterwards, the engine's, inherit
-    them), with ``runtime.keep_freed_memory`` glibc's malloc thresholds (`reroll.memory`),
+    """Set this thread's torch threads (threads started afterwards inherit them; the
+    engine's decode thread sets its own, `engine_threads`), with ``runtime.keep_freed_memory`` glibc's malloc thresholds (`reroll.memory`),
     and with ``runtime.deterministic`` torch's deterministic kernels; imports the run's
     plug-in modules (``plugins``: a Ray actor's process registers them too)."""
     import torch
@@ -40,6 +46,9 @@ def prepare_process(cfg: RunConfig) -> None:
 
     import_plugins(cfg.plugins)
     torch.set_num_threads(torch_threads(cfg))
+    # a thread takes the count last set anywhere when it first asks for one: ask now, so
+    # that an engine thread setting its own (runtime.engine_threads) leaves this one's alone
+    torch.get_num_threads()
     if cfg.runtime.keep_freed_memory:
         keep_freed_memory()
     if cfg.runtime.deterministic:

@@ -36,7 +36,7 @@ from reroll.config import ConfigError, RunConfig, build, dump_toml, read_toml, t
 # a constant schedule runs on with more train.steps; a decaying one cannot be extended,
 # as its learning rate is 0 after its end; docs/runs.md).
 RESUMABLE = {"train.steps", "train.schedule_steps", "log_every", "ckpt_every", "record_every",
-             "eval", "out_dir", "runtime.threads", "runtime.kind", "runtime.engine_workers",
+             "eval", "out_dir", "runtime.threads", "runtime.engine_threads", "runtime.kind", "runtime.engine_workers",
              "runtime.scoring_workers", "runtime.engine_gpus", "runtime.trainer_gpus",
              "log",  # local and Ray runs are bitwise equal
              "runtime.deterministic", "train.fused_optimizer",  # which kernels

@@ -72,6 +72,13 @@ class RuntimeConfig:
     every core for each side in a synchronous run (max_staleness = 0: the sides take turns,
     so neither leaves a core idle), half of them each in an asynchronous one (both work at
     once; more would oversubscribe the cores)."""
+    engine_threads: int = ranged(0, "[0, inf)")
+    """torch intra-op threads of the engine's decode thread (the run's engine, its held-out
+    evaluations' engines, Ray's engine actors), where that side wants another count than the
+    trainer's. 0: runtime.threads' rule. A small model's decode step is too short to split
+    across threads, while its training passes are not: a synchronous run of such a model
+    goes fastest with the trainer on every core and the engine on one (threads = 0,
+    engine_threads = 1)."""
     pin_cores: bool = False
     """Ray runtime on one machine: pin engine replica i to the i-th core the run may use
     and the trainer actor to the core after the replicas (`reroll.runtime.cores`), so the

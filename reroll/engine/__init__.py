@@ -35,11 +35,11 @@ def openai_engine(model, tokenizer, *, version: int = 0, base_url: str | list[st
                         model_config=getattr(model, "config", None))
 
 
-def as_engine(built) -> Engine:
+def as_engine(built, threads: int = 0) -> Engine:
     """The asynchronous `Engine` for what an `ENGINES` builder returned: a step-wise core
-    decodes behind an `EngineService`; an engine that is asynchronous itself (OpenAIEngine)
-    is used as it is."""
-    return EngineService(built) if hasattr(built, "step") else built
+    decodes behind an `EngineService` (its thread at ``threads`` torch threads, 0: the
+    caller's); an engine that is asynchronous itself (OpenAIEngine) is used as it is."""
+    return EngineService(built, threads=threads) if hasattr(built, "step") else built
 
 
 __all__ = ["ENGINES", "SERVERS", "Engine", "EngineCore", "EngineService", "TorchEngine",

@@ -28,11 +28,23 @@ def _adopt(orig: Rollout, got: Rollout) -> None:
         orig.__dict__.update(got.__dict__)
 
 
+def _decode_threads(n: int) -> None:
+    """The decode thread's torch intra-op threads (a count is per thread under OpenMP)."""
+    import torch
+
+    torch.set_num_threads(n)
+    torch.get_num_threads()  # taken now: a later set elsewhere leaves this thread's alone
+
+
 class EngineService:
-    def __init__(self, core: EngineCore, *, max_steps_per_call: int = 64):
+    def __init__(self, core: EngineCore, *, max_steps_per_call: int = 64, threads: int = 0):
+        """``threads``: torch intra-op threads of the decode thread (0: the count it
+        inherits, the creating thread's)."""
         self.core = core
         self.max_steps = max_steps_per_call
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="reroll-engine")
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="reroll-engine",
+                                        **({"initializer": _decode_threads,
+                                            "initargs": (threads,)} if threads > 0 else {}))
         self._futures: dict[str, tuple[Rollout, asyncio.Future, Turn | None]] = {}
         self._submitted: list[str] = []
         self._forks: list[tuple[Rollout, list[Rollout], int]] = []  # for the core's next add

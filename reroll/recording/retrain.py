@@ -45,7 +45,7 @@ PLACEMENT = {"kind": "local", "engine_gpus": 0.0, "trainer_gpus": 0.0, "scoring_
 KEYS: dict[str, str | None] = {
     "algo": None, "train": None, "eval": None, "log_every": None, "ckpt_every": None,
     "out_dir": None, "preset": None, "model.device": None, "model.dtype": None,
-    "runtime.threads": None, "engine.device": None,
+    "runtime.threads": None, "runtime.engine_threads": None, "engine.device": None,
     **{f"runtime.{k}": "is where the recorded run's actors ran (a replay trains in this "
                        "process)" for k in PLACEMENT},
     "algo.dynamic_sampling": "decided which groups were kept when they were generated",
@@ -126,7 +126,7 @@ def replay_config(run_dir: Path, overrides: list[str], notes: list[str]):
                 f"the update only: algo.* (not "
                 f"{', '.join('algo.' + k for k in GENERATION_ALGO)}), train.*, eval.*, "
                 f"log_every, ckpt_every, model.device, model.dtype, engine.device, "
-                f"runtime.threads")
+                f"runtime.threads, runtime.engine_threads")
         items.append((key, item))
     for key, item in items:
         if key == "preset":

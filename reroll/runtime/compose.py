@@ -109,8 +109,8 @@ def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_com
         def make() -> Rollouts:
             from reroll.engine import as_engine
 
-            ctx = build_rollout.episode_context(cfg, tok, as_engine(parts.engine_core),
-                                                parts.scorer, shaping)
+            engine = as_engine(parts.engine_core, build.engine_threads(cfg))
+            ctx = build_rollout.episode_context(cfg, tok, engine, parts.scorer, shaping)
             ctx.grow = sched.grow if control.adaptive else None
             return Rollouts(sched, workflow, ctx, partial_rollouts=cfg.runtime.partial_rollouts)
 

@@ -272,7 +272,7 @@ def components(cfg: RunConfig, init_dir: Path, ckpt: Path | None, tok, task):
     gpus, device = cfg.runtime.engine_gpus, engine_device(cfg)
     core = RayEnginePool(init_dir, workers=workers, dtype=cfg.model.dtype,
                          max_batch=-(-build.engine_slots(cfg) // workers),
-                         version=trainer.version, threads=build.torch_threads(cfg),
+                         version=trainer.version, threads=build.engine_threads(cfg),
                          state_dict=trainer.weights(), engine=cfg.engine.name,
                          keep_memory=cfg.runtime.keep_freed_memory,
                          deterministic=cfg.runtime.deterministic, gpus=gpus,

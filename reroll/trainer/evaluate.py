@@ -45,6 +45,7 @@ class EvalPlan:
     workflow: str
     engine: Callable[[Any, str | None], Any]
     context: Callable[[Any, Any], Any]
+    threads: int = 0  # the decode thread's torch threads (0: the caller's)
 
 
 def plan(cfg: RunConfig, tok) -> EvalPlan:
@@ -59,7 +60,8 @@ def plan(cfg: RunConfig, tok) -> EvalPlan:
         engine=lambda model, device: build.build_engine(model, tok, cfg, max_batch=64,
                                                         device=device),
         context=lambda engine, scorer: build_rollout.episode_context(cfg, tok, engine,
-                                                                     scorer))
+                                                                     scorer),
+        threads=build.engine_threads(cfg))
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -82,7 +84,7 @@ async def _run(model, plan: EvalPlan, examples: list[Example], scorer, encode,
     from reroll.engine import EngineService
     from reroll.workflows import WORKFLOWS
 
-    engine = EngineService(plan.engine(model, device))
+    engine = EngineService(plan.engine(model, device), threads=plan.threads)
     ctx = plan.context(engine, scorer)
     groups = []
     for i, ex in enumerate(examples):
