@@ -42,6 +42,7 @@ import machine  # benchmarks/machine.py
 import vs_trl  # benchmarks/vs_trl.py: TRL, the hand loop, the evaluator
 from tournament_table import (  # noqa: F401
     PAPER,
+    REFERENCE,
     RUNNING,
     WHY,
     curve_of,
@@ -87,6 +88,12 @@ ROWS: dict[str, list[str]] = {
     "dots_rr": ["control.selector=dots", "replay.buffer_size=256"],
     "spec_rl": ["replay.draft=spec_rl"],
     "das": ["replay.draft=das"],
+    # the same two where prompts come back: a pool of 64 train prompts is an epoch every 8
+    # steps (4,000 are 500), so from step 9 each group has its prompt's last response to
+    # draft from; measured against sync GRPO on the same pool (`REFERENCE`)
+    "sync_pool": ["task.train_limit=64"],
+    "spec_rl_pool": ["replay.draft=spec_rl", "task.train_limit=64"],
+    "das_pool": ["replay.draft=das", "task.train_limit=64"],
     "latr": ["rollout.workflow=tree", "rollout.tree_branch=entropy"],
     # TreeRL forks where entropy is high (EPTree); reroll's entropy branching stands in
     "treerl": ["rollout.workflow=tree", "rollout.tree_branch=entropy",

@@ -9,6 +9,7 @@ scorer, workflow context, group starter, filters, shaping) is built by
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -240,7 +241,7 @@ def build_trainer(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
 
 
 def build_task(cfg: RunConfig, tok=None, model_path: Path | None = None):
-    """The task; given the tokenizer and model, prompts that leave the model no room to
+    """The task (its train split cut to ``task.train_limit``); given the tokenizer and model, prompts that leave the model no room to
     answer are refused (or skipped and counted with ``task.skip_long_prompts``) now, and
     one warning counts those that leave fewer than ``rollout.max_new_tokens`` positions."""
     import warnings
@@ -250,6 +251,13 @@ def build_task(cfg: RunConfig, tok=None, model_path: Path | None = None):
     from reroll.tasks.base import check_prompt_lengths
 
     task = TASKS.get(cfg.task.name)(cfg.task.seed, **cfg.task.args)
+    if cfg.task.train_limit:
+        from reroll.errors import ConfigError
+
+        if cfg.task.train_limit > len(task.train):
+            raise ConfigError(f"task.train_limit = {cfg.task.train_limit}, but task "
+                              f"{cfg.task.name!r} has {len(task.train)} train examples")
+        task = dataclasses.replace(task, train=task.train[:cfg.task.train_limit])
     if tok is not None and model_path is not None:
         where = f"task {cfg.task.name!r}" + (f" ({cfg.task.args['path']})"
                                              if "path" in cfg.task.args else "")

@@ -61,9 +61,10 @@ def test_summary_over_seeds(t):
 
 
 def test_every_paper_headline_belongs_to_a_method_row_and_every_method_row_has_one(t):
-    # reroll's own rows (sync, stacked) and the baselines carry no paper's claim
+    # reroll's own rows (sync, sync on the small pool, stacked) and the baselines carry no
+    # paper's claim
     assert set(t.PAPER) <= set(t.ROWS)
-    assert set(t.ROWS) - set(t.PAPER) == {"sync", "stacked"}
+    assert set(t.ROWS) - set(t.PAPER) == {"sync", "sync_pool", "stacked"}
     line = t.table([{"row": "sync", **run([(0, 0.0, 0.3, 0), (5, 50.0, 0.36, 100)])},
                     {"row": "siri", **run([(0, 0.0, 0.3, 0), (5, 25.0, 0.36, 60)])}], 0.35)
     siri = line.splitlines()[-1]
@@ -86,3 +87,15 @@ def test_why_averages_per_step_figures_and_takes_running_totals_as_their_rate(t)
     none = t.why_of([{"step": 0}, {"step": 1, "draft/tokens_proposed": 0,
                                    "draft/tokens_accepted": 0}])
     assert "draft/acceptance" not in none  # nothing proposed: no acceptance to report
+
+
+def test_a_pool_row_is_measured_against_sync_on_the_same_pool(t):
+    # every reference names a row, and the two rows differ only by the method's own keys
+    for name, ref in t.REFERENCE.items():
+        assert ref in t.ROWS and set(t.ROWS[ref]) < set(t.ROWS[name])
+    runs = [{"row": "sync", **run([(0, 0.0, 0.3, 0), (5, 50.0, 0.36, 100)])},
+            {"row": "sync_pool", **run([(0, 0.0, 0.3, 0), (5, 30.0, 0.36, 100)])},
+            {"row": "spec_rl_pool", **run([(0, 0.0, 0.3, 0), (5, 20.0, 0.36, 60)])}]
+    lines = t.table(runs, 0.35).splitlines()
+    assert "| x1.67 |" in lines[3]  # sync_pool against sync: 50 / 30
+    assert "| x1.50 (vs sync_pool) |" in lines[4]  # spec_rl_pool against its pool: 30 / 20

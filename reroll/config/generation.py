@@ -52,6 +52,11 @@ class TaskConfig:
     """Keyword arguments of the task builder, checked against its signature with the config."""
     seed: int = 0
     """Seed of the task's generator and of its train/test split."""
+    train_limit: int = ranged(0, "[0, inf)")
+    """Train (RL and SFT) on the first N examples of the train split only; 0: all of it. The
+    test split is the task's own either way. A small pool brings each prompt back every
+    N / rollout.batch_groups steps, which methods that reuse a prompt's earlier responses
+    (replay.draft, replay.reuse) need before they can act."""
     skip_long_prompts: bool = False
     """Drop (and count) examples whose prompt leaves the model no room to answer, instead of
     refusing the data when it loads."""
