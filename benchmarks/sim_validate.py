@@ -139,8 +139,8 @@ def counts(run_dir: Path, skip: int) -> dict:
     return {"resumed_per_step": (res[-1] - res[skip - 1]) / (len(res) - skip),
             "quiet_steps": quiet_steps([b - a for a, b in zip(res[skip - 1:], res[skip:])]),
             "resumed_tokens_per_step": (toks[-1] - toks[skip - 1]) / (len(toks) - skip),
-            # spans split where new weights came; they are resumes only if any were
             "lag": _mean_lag(list(lags.values())),
+            # spans split where new weights came: resumes only where the run resumed any
             "by_age": resumes_by_age(run_dir) if res and res[-1] > 0 else {},
             "updates": (skip + 1, last)}
 

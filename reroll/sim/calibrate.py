@@ -158,9 +158,8 @@ def resumes_by_age(run_dir: str | Path) -> dict[int, dict[int, int]]:
     for _, g in read_rollouts(run_dir):
         for r in g["rollouts"]:
             for s in [x for x in r["spans"] if x["source"] != "prompt"][1:]:
-                h = out.setdefault(s["version"], {})
-                h[s["version"] - g["start_version"]] = h.get(s["version"] - g["start_version"],
-                                                             0) + 1
+                h, age = out.setdefault(s["version"], {}), s["version"] - g["start_version"]
+                h[age] = h.get(age, 0) + 1
     return out
 
 
