@@ -44,7 +44,7 @@ from pathlib import Path
 
 from reroll.config_checks import load_checked
 from reroll.runlog import read_metrics, read_rollouts
-from reroll.sim.calibrate import fit, fit_resume, fit_resume_wall, resumed_tokens
+from reroll.sim.calibrate import fit, fit_resume, fit_resume_wall, resumed_tokens, resumes_by_age
 from reroll.sim.settings import SimRun, SimSettings
 from reroll.sim.simulate import simulate
 
@@ -115,7 +115,8 @@ def predicted(overrides: list[str], cost: dict, lengths: Path, steps: int, skip:
             "resumed_per_step": sum(p["resumed"] for p in per) / len(per),
             "resumed_tokens_per_step": sum(p["resumed_tokens"] for p in per) / len(per),
             "quiet_steps": quiet_steps([p["resumed"] for p in per]),
-            "lag": _mean_lag([p["lags"] for p in per])}
+            "lag": _mean_lag([p["lags"] for p in per]),
+            "by_age": {i: p.get("resumed_by_age", {}) for i, p in enumerate(r["per_step"], 1)}}
 
 
 def counts(run_dir: Path, skip: int) -> dict:
@@ -132,10 +133,27 @@ def counts(run_dir: Path, skip: int) -> dict:
             lag = step - 1 - g["start_version"]
             lags.setdefault(step, {}).setdefault(lag, 0)
             lags[step][lag] += 1
+    # an update's resumes are all recorded once the groups it caught are trained: the
+    # updates after the warm-up up to the last step less the largest lag
+    last = len(rows) - max((k for h in lags.values() for k in h), default=0)
     return {"resumed_per_step": (res[-1] - res[skip - 1]) / (len(res) - skip),
             "quiet_steps": quiet_steps([b - a for a, b in zip(res[skip - 1:], res[skip:])]),
             "resumed_tokens_per_step": (toks[-1] - toks[skip - 1]) / (len(toks) - skip),
-            "lag": _mean_lag(list(lags.values()))}
+            "lag": _mean_lag(list(lags.values())),
+            # spans split where new weights came: resumes only where the run resumed any
+            "by_age": resumes_by_age(run_dir) if res and res[-1] > 0 else {},
+            "updates": (skip + 1, last)}
+
+
+def by_age(hists: dict[int, dict[int, int]], updates: tuple[int, int]) -> str:
+    """Mean requests resumed at an update, by age (1, 2, ...), over ``updates`` (first and
+    last, inclusive), e.g. "117+100"; "-" where none resumed."""
+    vs = range(updates[0], updates[1] + 1)
+    ages = sorted({a for v in vs for a in hists.get(v, {})})
+    if not ages or not vs:
+        return "-"
+    return "+".join(f"{sum(hists.get(v, {}).get(a, 0) for v in vs) / len(vs):.0f}"
+                    for a in range(1, ages[-1] + 1))
 
 
 def quiet_steps(resumed: list[float]) -> int:
@@ -229,8 +247,9 @@ def main() -> None:
         rows.append((name, m, p, d))
     print("\n| variant | measured samples/s | predicted | predicted/measured | "
           "sim gen idle | sim train idle | resumed a step, measured / sim | "
-          "resumed tokens a step, measured / sim | quiet steps, measured / sim | "
-          "mean lag, measured / sim |\n|---|---|---|---|---|---|---|---|---|---|")
+          "resumed tokens a step, measured / sim | resumed at an update by age, measured / sim | "
+          "quiet steps, measured / sim | "
+          "mean lag, measured / sim |\n|---|---|---|---|---|---|---|---|---|---|---|")
     fitted = {"sync", *a.fit_also}  # sync is the run "cal 16x8" itself
     for name, m, p, d in rows:
         c = counts(d, a.skip)
@@ -238,6 +257,7 @@ def main() -> None:
               f"{p['samples_per_s'] / m:.3f} | {p['gen_idle']:.2f} | {p['train_idle']:.2f} | "
               f"{c['resumed_per_step']:.1f} / {p['resumed_per_step']:.1f} | "
               f"{c['resumed_tokens_per_step']:.0f} / {p['resumed_tokens_per_step']:.0f} | "
+              f"{by_age(c['by_age'], c['updates'])} / {by_age(p['by_age'], c['updates'])} | "
               f"{c['quiet_steps']} / {p['quiet_steps']} | "
               f"{c['lag']:.2f} / {p['lag']:.2f} |")
     sync_m, sync_p = rows[0][1], rows[0][2]["samples_per_s"]

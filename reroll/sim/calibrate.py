@@ -146,6 +146,23 @@ def resumed_tokens(run_dir: str | Path) -> list[float]:
     return [mean * r.get("engine/requests_resumed", 0.0) for r in rows]
 
 
+def resumes_by_age(run_dir: str | Path) -> dict[int, dict[int, int]]:
+    """Requests each weight update resumed, by age, from the recorded rollouts' spans:
+    ``{version: {age: count}}``. A sampled span after a sample's first began where the
+    update to its ``version`` resumed it; its age is that version less the group's start
+    version (1: admitted at the update before). Only recorded (trained) samples count: an
+    update's count is whole once every sample it resumed has been trained. A run with
+    partial rollouts only: without them a span also begins where the engine loaded new
+    weights in the middle of a response, which resumed nothing."""
+    out: dict[int, dict[int, int]] = {}
+    for _, g in read_rollouts(run_dir):
+        for r in g["rollouts"]:
+            for s in [x for x in r["spans"] if x["source"] != "prompt"][1:]:
+                h, age = out.setdefault(s["version"], {}), s["version"] - g["start_version"]
+                h[age] = h.get(age, 0) + 1
+    return out
+
+
 def fit_resume(run_dirs: list[str | Path], *, skip: int = 1) -> dict[str, float]:
     """The engine's own time per resumed request and per resumed token
     (``engine_resume_row_s``, ``engine_resume_token_s``: its prefill of prompt and prefix),

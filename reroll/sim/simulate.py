@@ -255,7 +255,7 @@ class Simulation:
         self.lags.update(lags)
         self.per_step.append({"samples": sum(len(g.rollouts) for g in batch),
                               "lags": dict(sorted(lags.items())), "resumed": 0,
-                              "resumed_tokens": 0})
+                              "resumed_tokens": 0, "resumed_by_age": {}})
         tokens = sum(len(r.tokens) for g in batch for r in g.rollouts)
         dt = self.s.train_step_s + self.s.train_token_s * tokens / self.s.train_devices
         self.train_s += dt
@@ -338,6 +338,10 @@ class Simulation:
         self.engine_version = self.trainer_version
         self.updating, self.horizon, self.waiting = False, None, True
         before = sum(d.resumed for d in self.devices)
+        if self.run.partial_rollouts:  # the rows interrupted now, by age (update - start)
+            ages = Counter(self.engine_version - row.key[0].start_version
+                           for d in self.devices for row in d.rows)
+            self.per_step[-1]["resumed_by_age"] = dict(sorted(ages.items()))
         tokens = sum(d.resumed_tokens for d in self.devices)
         for dev in self.devices:
             dev.pause(self.now, reprefill=self.run.partial_rollouts)

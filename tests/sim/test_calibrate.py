@@ -8,7 +8,14 @@ import json
 
 import pytest
 
-from reroll.sim.calibrate import fit, fit_resume, fit_resume_wall, nnls, resumed_tokens
+from reroll.sim.calibrate import (
+    fit,
+    fit_resume,
+    fit_resume_wall,
+    nnls,
+    resumed_tokens,
+    resumes_by_age,
+)
 from reroll.sim.gen_device import GenDevice, Row
 from reroll.sim.settings import SimSettings
 
@@ -52,6 +59,22 @@ def test_fit_separates_a_per_sample_cost_with_two_response_lengths(tmp_path):
         (0.01, 0.001, 0.004))
     assert (f["train_step_s"], f["train_token_s"]) == pytest.approx((0.05, 0.0), abs=1e-12)
     assert f["loop_s"] == pytest.approx(0.0, abs=1e-12)  # wall = wait + train exactly
+
+
+def test_resumes_by_age_from_the_recorded_spans(tmp_path):
+    def sample(*versions):  # a 3-token prompt, then a sampled span per version
+        return {"spans": [{"start": 0, "end": 3, "source": "prompt", "version": -1}]
+                + [{"start": 3 + i, "end": 4 + i, "source": "sampled", "version": v}
+                   for i, v in enumerate(versions)]}
+
+    # group A started at version 2: one member resumed at updates 3 and 4, one at 3 only,
+    # one never; group B started at 3: resumed at 4. Update 3: 2 of age 1; update 4: 1 of
+    # age 2 (A) and 1 of age 1 (B)
+    a = {"start_version": 2, "rollouts": [sample(2, 3, 4), sample(2, 3), sample(2)]}
+    b = {"start_version": 3, "rollouts": [sample(3, 4)]}
+    (tmp_path / "rollouts.jsonl").write_text(
+        json.dumps({"step": 5, "group": a}) + "\n" + json.dumps({"step": 6, "group": b}))
+    assert resumes_by_age(tmp_path) == {3: {1: 2}, 4: {2: 1, 1: 1}}
 
 
 def test_fit_resume_from_engine_time(tmp_path):

@@ -169,6 +169,16 @@ def test_generation_goes_on_during_the_loops_own_work():
     assert [p["resumed"] for p in stop["per_step"]] == [0, 2, 0]
 
 
+def test_an_updates_resumes_are_counted_by_age():
+    # the stop case above: the pair admitted at the update to version 1 (21) is caught
+    # running by the update to version 2 (30-32): 2 requests of age 2 - 1 = 1
+    stop = run(1, steps=3, train_step_s=9.0, sync_s=2.0)
+    assert [p["resumed_by_age"] for p in stop["per_step"]] == [{}, {1: 2}, {}]
+    # without partial rollouts nothing is interrupted, so nothing is counted
+    off = run(1, steps=3, train_step_s=9.0, sync_s=2.0, partial_rollouts=False)
+    assert [p["resumed_by_age"] for p in off["per_step"]] == [{}, {}, {}]
+
+
 def test_the_loops_work_shares_the_first_devices_processor():
     # as above, with the loop's 2 s of work on the generation device's processor: while
     # both have work each goes at half speed. Swap at 21 as before (the device was idle);

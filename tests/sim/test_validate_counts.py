@@ -35,3 +35,28 @@ def test_measured_counts_read_the_cumulative_counter_after_the_warm_up(sv, tmp_p
     assert c["resumed_per_step"] == pytest.approx(125 / 5)
     assert c["resumed_tokens_per_step"] == pytest.approx(1250 / 5)
     assert c["quiet_steps"] == 2
+
+
+def test_resumes_by_age_are_read_over_the_updates_whose_groups_were_all_trained(sv, tmp_path):
+    # 8 steps, largest lag 2: updates 4-6 (after the warm-up of 3, up to 8 - 2) are whole
+    rows = [{"step": i, "time": float(i), "pipeline/samples_in_batch": 2,
+             "engine/requests_resumed": float(i > 6), "time/generate_s": 0.1}
+            for i in range(1, 9)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    group = {"start_version": 5, "rollouts": [{"spans": [
+        {"start": 0, "end": 2, "source": "prompt", "version": -1},
+        {"start": 2, "end": 3, "source": "sampled", "version": 5},
+        {"start": 3, "end": 4, "source": "sampled", "version": 6}]}]}
+    (tmp_path / "rollouts.jsonl").write_text(json.dumps({"step": 8, "group": group}))
+    c = sv.counts(tmp_path, 3)
+    assert c["updates"] == (4, 6) and c["by_age"] == {6: {1: 1}}
+    # over updates 4-6: age 1 resumed 1 in 3 updates -> 0.33, shown rounded
+    assert sv.by_age(c["by_age"], c["updates"]) == "0"
+    assert sv.by_age({4: {1: 117, 2: 100}, 5: {1: 119, 2: 98}}, (4, 5)) == "118+99"
+    assert sv.by_age({4: {2: 9}}, (4, 4)) == "0+9"  # an age with none is shown as 0
+    assert sv.by_age({}, (4, 6)) == "-"
+    # without partial rollouts (the counter never moved) a span's new version resumed
+    # nothing: no resumes by age
+    rows = [{**r, "engine/requests_resumed": 0.0} for r in rows]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert sv.counts(tmp_path, 3)["by_age"] == {}
