@@ -36,6 +36,11 @@ class EvalConfig:
     every: int = ranged(0, "[0, inf)")
     """Evaluate greedy accuracy every this many RL steps during training (0: never; `reroll
     eval` evaluates any checkpoint afterwards)."""
+    at_start: bool = True
+    """With ``every`` > 0, evaluate once before the first step too (step 0 of the accuracy
+    curve). false leaves that evaluation out: row 0 of metrics.jsonl then only marks where the
+    training clock starts. For a caller that evaluates the starting checkpoint once itself
+    (benchmarks/tournament.py, whose rows all start from one checkpoint)."""
 
 
 @dataclass
