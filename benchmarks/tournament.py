@@ -6,7 +6,8 @@ so generation is most of a step. A row is reroll with some settings (``ROWS``), 
 GRPOTrainer or a minimal hand-written loop with the same hyperparameters
 (benchmarks/vs_trl.py). Each run is evaluated (held-out greedy accuracy, the config's
 ``eval`` section) every ``--eval-every`` steps and when it stops; evaluation time is left
-out of its wall time. Synchronous GRPO (``sync``) runs first in a seed; every other row of
+out of its wall time. The start, the same checkpoint for every row, is evaluated once per
+invocation (`start_accuracy`) and is every row's step-0 point. Synchronous GRPO (``sync``) runs first in a seed; every other row of
 that seed stops at ``--cap`` times sync's training time (TRL and the hand loop included).
 
 Per row: training wall time and generated tokens to ``--target`` on the seed-mean curve (and
@@ -120,29 +121,42 @@ def sh(args: list[str], **kw) -> subprocess.CompletedProcess:
                           **kw)
 
 
+def start_accuracy(init: Path, out: Path, extra: tuple[str, ...] = ()) -> float:
+    """Held-out greedy accuracy of ``init``, every row's step-0 point: one checkpoint, one set
+    of evaluation settings and greedy decoding for every row, so it is evaluated once (with
+    `reroll eval`, as a stopped row's last point is) instead of once per row."""
+    path = out / "start.json"
+    sh(["eval", str(CONFIG), "--checkpoint", str(init), "--output", str(path),
+        f"init={init}", *extra], stdout=subprocess.DEVNULL)
+    return json.loads(path.read_text())["eval/greedy_accuracy"]
+
+
 def run_reroll(init: Path, name: str, seed: int, steps: int, every: int, out: Path,
-               target: float, cap_s: float | None = None, cap_x: float | None = None,
-               stop_at_target: bool = False, extra: tuple[str, ...] = ()) -> dict:
-    """One reroll row: trains until ``steps`` or until ``limit_of`` says stop (a SIGINT:
-    reroll checkpoints and exits 130), then evaluates the last checkpoint unless that step
-    already was."""
+               target: float, start: float, cap_s: float | None = None,
+               cap_x: float | None = None, stop_at_target: bool = False,
+               extra: tuple[str, ...] = ()) -> dict:
+    """One reroll row from ``start``, ``init``'s accuracy (`start_accuracy`; the run itself
+    does not evaluate step 0: ``eval.at_start = false``): trains until ``steps`` or until
+    ``limit_of`` says stop (a SIGINT: reroll checkpoints and exits 130), then evaluates the
+    last checkpoint unless that step already was."""
     run = out / f"{name}-seed{seed}"
     cmd = [sys.executable, "-m", "reroll.cli", "train", str(CONFIG), f"out_dir={run}",
            f"init={init}", f"train.steps={steps}", f"eval.every={every}", "log_every=1",
-           f"ckpt_every={steps}", "record_every=0", f"train.seed={seed}", *extra, *ROWS[name]]
+           f"ckpt_every={steps}", "record_every=0", f"train.seed={seed}", "eval.at_start=false",
+           *extra, *ROWS[name]]
     log = open(out / f"{name}-seed{seed}.log", "w")
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     while proc.poll() is None:
         time.sleep(2)
         done = read_rows(run / "metrics.jsonl")
-        limit = limit_of(curve_of(done), target, cap_s, cap_x, stop_at_target)
+        limit = limit_of(curve_of(done, start), target, cap_s, cap_x, stop_at_target)
         if limit is not None and train_seconds(done) >= limit:
             proc.send_signal(signal.SIGINT)
             proc.wait()
     if proc.returncode not in (0, 130):
         raise SystemExit(f"{name} seed {seed} failed (exit {proc.returncode}); see {log.name}")
     rows = read_rows(run / "metrics.jsonl")
-    curve, last = curve_of(rows), rows[-1]
+    curve, last = curve_of(rows, start), rows[-1]
     if curve[-1][0] != last["step"]:  # stopped between evaluations: evaluate where it stopped
         ckpt = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
         sh(["eval", str(CONFIG), "--checkpoint", str(ckpt), "--output", str(run / "final.json"),
@@ -157,10 +171,11 @@ def run_reroll(init: Path, name: str, seed: int, steps: int, every: int, out: Pa
 
 
 def run_baseline(name: str, init: Path, seed: int, steps: int, every: int,
-                 cap_s: float | None, extra: tuple[str, ...] = (),
+                 cap_s: float | None, start: float, extra: tuple[str, ...] = (),
                  trl_generation: str = vs_trl.TRL_FASTEST) -> dict:
     """TRL (generating as ``vs_trl.TRL_GENERATION[trl_generation]``) or the hand loop with
-    the config's hyperparameters, in this process, on one torch thread (vs_trl.py's default:
+    the config's hyperparameters from ``start``, ``init``'s accuracy (`start_accuracy`), in
+    this process, on one torch thread (vs_trl.py's default:
     TRL's static-cache step at 2 threads took over 6.5 minutes on the busy 2-core box, 77-154 s
     at 1; benchmarks/docs/vs_trl.md)."""
     import torch
@@ -179,10 +194,10 @@ def run_baseline(name: str, init: Path, seed: int, steps: int, every: int,
     torch.set_num_threads(1)
     if name == "trl":  # TRL at its fastest setting here (vs_trl.TRL_FASTEST)
         times, curve = vs_trl.run_trl(model_dir, tok, task, ev, steps, every, seed, hp=hp,
-                                      cap_s=cap_s, generation=trl_generation)
+                                      cap_s=cap_s, generation=trl_generation, start=start)
     else:
         times, curve = vs_trl.run_hand(model_dir, tok, task, ev, steps, every, seed, hp=hp,
-                                       cap_s=cap_s)
+                                       cap_s=cap_s, start=start)
     return {"curve": [(s, t, acc, None) for s, t, acc in curve],
             "split": {"time/step_s": statistics.median(times)}, "why": {}, "steps": len(times)}
 
@@ -246,15 +261,17 @@ def main() -> None:
         init = out / "sft"
         sh(["sft", str(CONFIG), f"out_dir={init}"])
     a.results.parent.mkdir(parents=True, exist_ok=True)
+    start = start_accuracy(init, out, extra)  # every row's step 0 (the same checkpoint)
+    print(f"start ({init}): held-out greedy accuracy {start:.3f}", flush=True)
     mine: list[dict] = []
     for seed in range(a.seed, a.seed + a.seeds):
         cap = None
         for name in names:
             t0 = time.perf_counter()
             if name in BASELINES:
-                r = run_baseline(name, init, seed, a.steps, a.eval_every, cap, extra)
+                r = run_baseline(name, init, seed, a.steps, a.eval_every, cap, start, extra)
             else:  # sync runs to cap x its own time to the target, the rest to cap x that
-                r = run_reroll(init, name, seed, a.steps, a.eval_every, out, a.target,
+                r = run_reroll(init, name, seed, a.steps, a.eval_every, out, a.target, start,
                                cap_s=cap, cap_x=a.cap if name == "sync" else None,
                                stop_at_target=a.screen or a.quick,
                                extra=extra)

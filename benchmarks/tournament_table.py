@@ -66,12 +66,18 @@ def train_seconds(rows: list[dict]) -> float:
     return rows[-1]["time"] - rows[0]["time"] - sum(r.get("time/eval_s", 0.0) for r in rows[1:])
 
 
-def curve_of(rows: list[dict]) -> list[tuple]:
-    """(step, training seconds, held-out accuracy, tokens generated) at each evaluation."""
+def curve_of(rows: list[dict], start_accuracy: float | None = None) -> list[tuple]:
+    """(step, training seconds, held-out accuracy, tokens generated) at each evaluation. Step
+    0's accuracy is row 0's own, or ``start_accuracy`` where row 0 carries none (a run with
+    ``eval.at_start = false``, its start evaluated once for every row)."""
     if not rows:
         return []
+    acc0 = rows[0].get("eval/greedy_accuracy", start_accuracy)
+    if acc0 is None:
+        raise ValueError(f"curve_of: row 0 ({rows[0]}) has no eval/greedy_accuracy and no "
+                         f"start_accuracy was given")
     start, evals, tokens = rows[0]["time"], 0.0, 0
-    curve = [(0, 0.0, rows[0]["eval/greedy_accuracy"], 0)]
+    curve = [(0, 0.0, acc0, 0)]
     for r in rows[1:]:
         evals += r.get("time/eval_s", 0.0)
         tokens = r.get("pipeline/tokens_generated", tokens)  # a running total

@@ -105,9 +105,10 @@ TRL_FASTEST = "static"
 
 def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: int,
             device: str = "cpu", hp: Hyper = MAIN, cap_s: float | None = None,
-            generation: str = TRL_FASTEST):
+            generation: str = TRL_FASTEST, start: float | None = None):
     """TRL's GRPOTrainer with ``hp``, generating as ``TRL_GENERATION[generation]``; stops
-    after ``cap_s`` seconds of training (if given), with an evaluation at that step."""
+    after ``cap_s`` seconds of training (if given), with an evaluation at that step. Step 0's
+    accuracy is ``start`` where the caller evaluated the checkpoint already, else ``ev``'s."""
     if generation not in TRL_GENERATION:
         raise ValueError(f"run_trl: generation {generation!r} is none of {list(TRL_GENERATION)}")
     from datasets import Dataset
@@ -148,7 +149,7 @@ def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: i
         **TRL_GENERATION[generation])
     trainer = GRPOTrainer(model=str(model_dir), reward_funcs=reward, args=args,
                           train_dataset=ds, processing_class=tok, callbacks=[Clock()])
-    curve.append((0, 0.0, ev(trainer.model)))
+    curve.append((0, 0.0, ev(trainer.model) if start is None else start))
     trainer.train()
     return times, sorted(curve)
 
@@ -156,9 +157,10 @@ def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: i
 # ---- a minimal hand-written loop ---------------------------------------------------------
 def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: int,
              skip: bool = False, device: str = "cpu", hp: Hyper = MAIN,
-             cap_s: float | None = None, cache: str = "static"):
+             cap_s: float | None = None, cache: str = "static", start: float | None = None):
     """The minimal loop with ``hp``, stopped after ``cap_s`` seconds of training if given,
-    generating with transformers' ``cache`` ("static" or "dynamic", its default);
+    generating with transformers' ``cache`` ("static" or "dynamic", its default); step 0's
+    accuracy is ``start`` where the caller evaluated the checkpoint already, else ``ev``'s;
     ``skip``: the forward/backward only on samples with a nonzero
     advantage (the loss still divided by every sample's tokens: the same gradient), as
     reroll's `train.skip_zero_advantage` does."""
@@ -178,7 +180,7 @@ def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: 
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, fused=True)
     rng = random.Random(seed)
     encode = build_rollout.encode_prompt(tok)  # reroll's prompt ids: BOS, then the prompt
-    times, curve = [], [(0, 0.0, ev(model))]
+    times, curve = [], [(0, 0.0, ev(model) if start is None else start)]
     for step in range(1, steps + 1):
         t0 = time.perf_counter()
         exs = rng.sample(task.train, PROMPTS)

@@ -164,11 +164,12 @@ def load_tokenizer(path: Path):
 
 def cadence(cfg: RunConfig):
     """The RL loop's clock (`reroll.loop.Cadence`) from ``train.steps``, ``log_every``,
-    ``ckpt_every``, ``record_every`` and ``eval.every``."""
+    ``ckpt_every``, ``record_every``, ``eval.every`` and ``eval.at_start``."""
     from reroll.loop import Cadence
 
     return Cadence(steps=cfg.train.steps, log_every=cfg.log_every, ckpt_every=cfg.ckpt_every,
-                   record_every=cfg.record_every, eval_every=cfg.eval.every)
+                   record_every=cfg.record_every, eval_every=cfg.eval.every,
+                   eval_at_start=cfg.eval.at_start)
 
 
 def build_trainer(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):

@@ -51,13 +51,15 @@ class Cadence:
     """The loop's clock, in steps: train up to ``steps``; log every ``log_every`` and
     checkpoint every ``ckpt_every`` steps (and at the last); record the consumed groups every
     ``record_every`` and evaluate every ``eval_every`` steps (0: never; evaluation also
-    runs once before the first step). Built from the config by `reroll.build.cadence`."""
+    runs once before the first step, unless ``eval_at_start`` is false: row 0 is then logged
+    without it, the start of the clock). Built from the config by `reroll.build.cadence`."""
 
     steps: int
     log_every: int
     ckpt_every: int
     record_every: int = 0
     eval_every: int = 0
+    eval_at_start: bool = True
 
 
 class WeightTransport(Protocol):
@@ -80,7 +82,7 @@ def run(cadence: Cadence, *, trainer: TrainerHandle, source: BatchSource,
     bar = progress_bar(c.steps, step, enabled=progress, every=c.log_every)
     try:
         if c.eval_every and step == 0:  # the starting point of the accuracy curve
-            run_dir.log(0, timed(evaluate))
+            run_dir.log(0, timed(evaluate) if c.eval_at_start else {})
         before = source.stats()  # counters are monotone: a step's delta is after - before
         while step < c.steps:
             t0 = time.perf_counter()

@@ -99,3 +99,13 @@ def test_a_pool_row_is_measured_against_sync_on_the_same_pool(t):
     lines = t.table(runs, 0.35).splitlines()
     assert "| x1.67 |" in lines[3]  # sync_pool against sync: 50 / 30
     assert "| x1.50 (vs sync_pool) |" in lines[4]  # spec_rl_pool against its pool: 30 / 20
+
+
+def test_the_start_evaluated_once_is_step_0(t):
+    # a row run with eval.at_start = false: row 0 marks the clock only; its step-0 point is
+    # the start evaluated once for every row (0.30 here); the rest of the curve is unchanged
+    r = [{"step": 0, "time": 100.0}, *rows()[1:]]
+    assert t.curve_of(r, 0.30) == t.curve_of(rows()) == [(0, 0.0, 0.30, 0), (2, 20.0, 0.36, 2500)]
+    assert t.train_seconds(r) == 30.0
+    with pytest.raises(ValueError, match="row 0 .* has no eval/greedy_accuracy"):
+        t.curve_of(r)

@@ -1,7 +1,8 @@
 """benchmarks/vs_trl.py's baselines (TRL's GRPOTrainer and the hand-written loop) see reroll's
 prompt ids and reroll's reward on the reasoning workload (configs/reasoning.toml): the same
 BOS-then-characters prompt, the task's own verifier given the whole example (its ``fields``),
-and a verifier failure raised, never scored 0."""
+and a verifier failure raised, never scored 0; the hand loop takes a start evaluated once
+(benchmarks/tournament.py)."""
 
 import dataclasses
 import types
@@ -88,3 +89,22 @@ def test_trl_generation_settings_are_grpo_config_fields(vs_trl, tmp_path):
             assert getattr(args, key) == value
     with pytest.raises(ValueError, match="generation 'paged' is none of"):
         vs_trl.run_trl(None, None, None, None, 1, 1, 0, generation="paged")
+
+
+def test_the_hand_loop_takes_a_start_evaluated_once(vs_trl, tiny_dir, task):
+    # benchmarks/tournament.py evaluates the shared start once: given it, the loop's step-0
+    # point is that number and its evaluator runs only at the steps it is asked for (1, 2)
+    tok = build.load_tokenizer(tiny_dir)
+    calls = []
+
+    def ev(model):
+        calls.append(model.training)
+        return 0.5
+
+    hp = vs_trl.Hyper(CONFIG, prompts=2, samples=2, max_new=3, lr=1e-4, clip=0.2)
+    times, curve = vs_trl.run_hand(tiny_dir, tok, task, ev, 2, 1, 0, hp=hp, start=0.25)
+    assert len(times) == 2
+    assert [(s, acc) for s, _, acc in curve] == [(0, 0.25), (1, 0.5), (2, 0.5)]
+    assert len(calls) == 2
+    _, curve = vs_trl.run_hand(tiny_dir, tok, task, ev, 1, 1, 0, hp=hp)  # no start: evaluated
+    assert [(s, acc) for s, _, acc in curve] == [(0, 0.5), (1, 0.5)] and len(calls) == 4

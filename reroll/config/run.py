@@ -36,6 +36,18 @@ class EvalConfig:
     every: int = ranged(0, "[0, inf)")
     """Evaluate greedy accuracy every this many RL steps during training (0: never; `reroll
     eval` evaluates any checkpoint afterwards)."""
+    at_start: bool = True
+    """With ``every`` > 0, evaluate once before the first step too (step 0 of the accuracy
+    curve). false leaves that evaluation out: row 0 of metrics.jsonl then only marks where the
+    training clock starts. For a caller that evaluates the starting checkpoint once itself
+    (benchmarks/tournament.py, whose rows all start from one checkpoint)."""
+    max_batch: int = ranged(64, "[1, inf)")
+    """KV-cache slots of the evaluation's engine: how many held-out requests decode at once.
+    The cache is allocated whole (rows x the model's context), so this is memory; as many
+    slots as requests (``n_examples``, times ``k`` for the sampled run) start them all at
+    once, and the batch then only shrinks as responses end, where fewer slots leave the last
+    requests decoding in a thin tail. Rows never attend to each other (per-row masks): the
+    count changes when a request decodes, not what it reads."""
 
 
 @dataclass

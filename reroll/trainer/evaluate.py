@@ -50,15 +50,15 @@ class EvalPlan:
 
 def plan(cfg: RunConfig, tok) -> EvalPlan:
     """The run's evaluation plan: ``rollout.max_new_tokens``, ``eval.k``,
-    ``eval.temperature``, ``rollout.workflow``, and the run's own engine (at most 64 rows)
-    and episode context."""
+    ``eval.temperature``, ``rollout.workflow``, and the run's own engine (``eval.max_batch``
+    rows) and episode context."""
     from reroll import build, build_rollout
 
     return EvalPlan(
         max_new_tokens=cfg.rollout.max_new_tokens, k=cfg.eval.k,
         temperature=cfg.eval.temperature, workflow=cfg.rollout.workflow,
-        engine=lambda model, device: build.build_engine(model, tok, cfg, max_batch=64,
-                                                        device=device),
+        engine=lambda model, device: build.build_engine(
+            model, tok, cfg, max_batch=cfg.eval.max_batch, device=device),
         context=lambda engine, scorer: build_rollout.episode_context(cfg, tok, engine,
                                                                      scorer),
         threads=build.engine_threads(cfg))

@@ -1,5 +1,6 @@
 """Held-out evaluation: accuracy per difficulty level (``Example.fields["difficulty"]``) from
-known verdicts, and the metrics left as they were for examples without a level."""
+known verdicts, and the metrics left as they were for examples without a level; the
+evaluation's engine has ``eval.max_batch`` slots, and its greedy tokens do not depend on it."""
 
 import pytest
 
@@ -109,3 +110,40 @@ def test_held_out_eval_takes_the_first_n_examples_and_closes_only_its_own_scorer
     assert [s[3] for s in seen] == [1, 2] and seen[0][2] is built
     held_out.close()
     assert built.closed
+
+
+def test_eval_max_batch_sets_the_slots_and_not_the_tokens(tiny_dir, small_run, tmp_path,
+                                                          monkeypatch):
+    # 12 held-out prompts of the tiny run, greedy, with 2 slots (six waves, a thin tail) and
+    # with 12 (all at once): the engine has the slots asked for, and every response is the
+    # same token for token, so the accuracy is too
+    from reroll import build
+    from reroll.models import load
+
+    model, tok = load(tiny_dir)
+    slots, responses = [], []
+    real_engine, real_run = build.build_engine, ev._run
+
+    def engine(*args, **kwargs):
+        core = real_engine(*args, **kwargs)
+        slots.append(core.max_batch)
+        return core
+
+    async def run(*args):
+        groups = await real_run(*args)
+        responses.append([(r.tokens, r.completion, r.finish) for g in groups
+                          for r in g.rollouts])
+        return groups
+
+    monkeypatch.setattr(build, "build_engine", engine)
+    monkeypatch.setattr(ev, "_run", run)
+    metrics = []
+    for n in (2, 12):
+        cfg = small_run(tmp_path / f"run{n}", f"init={tiny_dir}", "eval.n_examples=12",
+                        "eval.k=1", "rollout.max_new_tokens=6", f"eval.max_batch={n}")
+        held_out = ev.HeldOutEval(cfg, tok, build.build_task(cfg))
+        metrics.append(held_out(model))
+        held_out.close()
+    assert slots == [2, 12]
+    assert len(responses[0]) == 12 and responses[0] == responses[1]
+    assert metrics[0] == metrics[1]
