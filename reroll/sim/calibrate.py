@@ -173,7 +173,8 @@ def readds(run_dir: str | Path) -> dict[int, dict[str, float]]:
     group's re-add to the last's, ``place_after_s`` the last re-add to the first
     placement (negative: the engine placed a request before the driver was done). Only
     the requests whose last resume was that update count (one resumed again later carries
-    the later update's times), and a group's re-add is its earliest member's."""
+    the later update's times), and a group's re-add is its earliest member's. A run with
+    partial rollouts only (`resumes_by_age`)."""
     adds: dict[int, dict[str, float]] = {}
     placed: dict[int, float] = {}
     for _, g in read_rollouts(run_dir):
