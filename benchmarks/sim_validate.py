@@ -44,7 +44,14 @@ from pathlib import Path
 
 from reroll.config_checks import load_checked
 from reroll.runlog import read_metrics, read_rollouts
-from reroll.sim.calibrate import fit, fit_resume, fit_resume_wall, resumed_tokens, resumes_by_age
+from reroll.sim.calibrate import (
+    fit,
+    fit_resume,
+    fit_resume_wall,
+    readds,
+    resumed_tokens,
+    resumes_by_age,
+)
 from reroll.sim.settings import SimRun, SimSettings
 from reroll.sim.simulate import simulate
 
@@ -265,6 +272,29 @@ def main() -> None:
         f"{n} {m / sync_m:.2f} / {p['samples_per_s'] / sync_p:.2f}" for n, m, p, _ in rows[1:]))
     worst = max(abs(p["samples_per_s"] / m - 1) for _, m, p, _ in rows)
     print(f"max |predicted/measured - 1| = {100 * worst:.1f}%")
+    print("\nresumed requests' way back into the engine (`calibrate.readds`, updates after "
+          "the warm-up):")
+    for name, d in [*[(k, d) for k, d in cal.items() if k not in list(CALIBRATION)[:SYNC_CAL]],
+                    *[(n, d) for n, _, _, d in rows]]:
+        if line := readd_line(d, a.skip):
+            print(f"  {name}: {line}")
+
+
+def readd_line(run_dir: Path, skip: int) -> str:
+    """Groups re-added an update, the driver's time a group, and the last re-add to the
+    first placement (least and most), over the updates after ``skip`` ("" if the run
+    resumed nothing: without partial rollouts a span also begins at a weight load)."""
+    rows = read_metrics(run_dir)
+    if not rows or not rows[-1].get("engine/requests_resumed"):
+        return ""
+    u = [x for v, x in readds(run_dir).items() if v > skip]
+    per = sorted(x["add_span_s"] / (x["groups"] - 1) for x in u if x["groups"] > 1)
+    if not per:
+        return ""
+    after = [x["place_after_s"] for x in u]
+    return (f"{sum(x['groups'] for x in u) / len(u):.1f} groups, "
+            f"{1e3 * per[len(per) // 2]:.2f} ms a group (median), first placement "
+            f"{1e3 * min(after):.0f}-{1e3 * max(after):.0f} ms after the last re-add")
 
 
 # Published setups (`--published`): a cost model of one H100/H800-class GPU for a dense 7-8B

@@ -163,6 +163,33 @@ def resumes_by_age(run_dir: str | Path) -> dict[int, dict[int, int]]:
     return out
 
 
+def readds(run_dir: str | Path) -> dict[int, dict[str, float]]:
+    """How each weight update's resumed requests went back into the engine, from the
+    recorded timings (a sample keeps its last ``engine_add`` and ``engine_prefill``):
+    ``{version: {"groups", "add_span_s", "place_after_s"}}``. The driver re-adds the
+    aborted requests a group at a time (`reroll.runtime.ray.RayEnginePool.add`: one call
+    to the engine each), all of them before the engine's next step
+    (`reroll.engine.service.EngineService._add_submitted`): ``add_span_s`` is the first
+    group's re-add to the last's, ``place_after_s`` the last re-add to the first
+    placement (negative: the engine placed a request before the driver was done). Only
+    the requests whose last resume was that update count (one resumed again later carries
+    the later update's times), and a group's re-add is its earliest member's. A run with
+    partial rollouts only (`resumes_by_age`)."""
+    adds: dict[int, dict[str, float]] = {}
+    placed: dict[int, float] = {}
+    for _, g in read_rollouts(run_dir):
+        for r in g["rollouts"]:
+            spans = [x for x in r["spans"] if x["source"] != "prompt"]
+            if len(spans) < 2:
+                continue
+            v, t = spans[-1]["version"], r["timings"]
+            a = adds.setdefault(v, {})
+            a[g["group_id"]] = min(a.get(g["group_id"], t["engine_add"]), t["engine_add"])
+            placed[v] = min(placed.get(v, t["engine_prefill"]), t["engine_prefill"])
+    return {v: {"groups": len(a), "add_span_s": max(a.values()) - min(a.values()),
+                "place_after_s": placed[v] - max(a.values())} for v, a in sorted(adds.items())}
+
+
 def fit_resume(run_dirs: list[str | Path], *, skip: int = 1) -> dict[str, float]:
     """The engine's own time per resumed request and per resumed token
     (``engine_resume_row_s``, ``engine_resume_token_s``: its prefill of prompt and prefix),

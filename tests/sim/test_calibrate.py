@@ -13,6 +13,7 @@ from reroll.sim.calibrate import (
     fit_resume,
     fit_resume_wall,
     nnls,
+    readds,
     resumed_tokens,
     resumes_by_age,
 )
@@ -75,6 +76,34 @@ def test_resumes_by_age_from_the_recorded_spans(tmp_path):
     (tmp_path / "rollouts.jsonl").write_text(
         json.dumps({"step": 5, "group": a}) + "\n" + json.dumps({"step": 6, "group": b}))
     assert resumes_by_age(tmp_path) == {3: {1: 2}, 4: {2: 1, 1: 1}}
+
+
+def test_readds_from_the_recorded_timings(tmp_path):
+    def sample(versions, add, placed):  # a 3-token prompt, a sampled span per version
+        return {"spans": [{"start": 0, "end": 3, "source": "prompt", "version": -1}]
+                + [{"start": 3 + i, "end": 4 + i, "source": "sampled", "version": v}
+                   for i, v in enumerate(versions)],
+                "timings": {"engine_add": add, "engine_prefill": placed}}
+
+    # update 4 resumed group A's two members (re-added at 10.000 and 10.001: the group's
+    # re-add is 10.000) and group B's one (10.004); the first placement is A's second
+    # member at 10.050. B's other member was resumed at 4 and again at 5 (its times are
+    # update 5's: re-added 11.000, placed 10.990, before the re-add: -0.010); one member
+    # never resumed counts nowhere. Update 4: 2 groups, 4 ms of re-adds, placed 46 ms
+    # after the last
+    a = {"group_id": "A", "start_version": 3,
+         "rollouts": [sample([3, 4], 10.000, 10.060), sample([3, 4], 10.001, 10.050),
+                      sample([3], 9.0, 9.1)]}
+    b = {"group_id": "B", "start_version": 3,
+         "rollouts": [sample([3, 4], 10.004, 10.080), sample([3, 4, 5], 11.000, 10.990)]}
+    (tmp_path / "rollouts.jsonl").write_text(
+        json.dumps({"step": 5, "group": a}) + "\n" + json.dumps({"step": 6, "group": b}))
+    got = readds(tmp_path)
+    assert sorted(got) == [4, 5]
+    assert got[4]["groups"] == 2
+    assert got[4]["add_span_s"] == pytest.approx(0.004)
+    assert got[4]["place_after_s"] == pytest.approx(0.046)
+    assert got[5] == {"groups": 1, "add_span_s": 0.0, "place_after_s": pytest.approx(-0.010)}
 
 
 def test_fit_resume_from_engine_time(tmp_path):
