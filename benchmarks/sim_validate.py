@@ -123,7 +123,8 @@ def predicted(overrides: list[str], cost: dict, lengths: Path, steps: int, skip:
             "resumed_tokens_per_step": sum(p["resumed_tokens"] for p in per) / len(per),
             "quiet_steps": quiet_steps([p["resumed"] for p in per]),
             "lag": _mean_lag([p["lags"] for p in per]),
-            "by_age": {i: p.get("resumed_by_age", {}) for i, p in enumerate(r["per_step"], 1)}}
+            "by_age": {i: p.get("resumed_by_age", {}) for i, p in enumerate(r["per_step"], 1)},
+            "ends": ends[skip - 1:] if skip else ends}
 
 
 def counts(run_dir: Path, skip: int) -> dict:
@@ -149,7 +150,8 @@ def counts(run_dir: Path, skip: int) -> dict:
             "lag": _mean_lag(list(lags.values())),
             # spans split where new weights came: resumes only where the run resumed any
             "by_age": resumes_by_age(run_dir) if res and res[-1] > 0 else {},
-            "updates": (skip + 1, last)}
+            "updates": (skip + 1, last),
+            "ends": [r["time"] for r in (rows[skip - 1:] if skip else rows)]}
 
 
 def by_age(hists: dict[int, dict[int, int]], updates: tuple[int, int]) -> str:
@@ -169,6 +171,32 @@ def quiet_steps(resumed: list[float]) -> int:
     step's new groups done before the next update. A lone step without resumes is not
     quiet: its batch was the last update's resumed requests, drained before the next."""
     return sum(a == 0 and b == 0 for a, b in zip(resumed, resumed[1:]))
+
+
+def intervals(ends: list[float]) -> tuple[float, float, float | None]:
+    """The time between consecutive updates (``ends``: each step's end, in seconds): mean,
+    population standard deviation and lag-1 autocorrelation (Pearson's r of each interval
+    with the next; None with fewer than 3 intervals or a constant run of them). Near -1:
+    long and short intervals alternate (generation ahead of the trainer one interval, behind
+    it the next)."""
+    d = [b - a for a, b in zip(ends, ends[1:])]
+    if not d:
+        return 0.0, 0.0, None
+    mean = sum(d) / len(d)
+    sd = (sum((x - mean) ** 2 for x in d) / len(d)) ** 0.5
+    x, y = d[:-1], d[1:]
+    if len(x) < 2:
+        return mean, sd, None
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    sxx, syy = sum((a - mx) ** 2 for a in x), sum((b - my) ** 2 for b in y)
+    if sxx == 0 or syy == 0:
+        return mean, sd, None
+    return mean, sd, sum((a - mx) * (b - my) for a, b in zip(x, y)) / (sxx * syy) ** 0.5
+
+
+def _intervals_text(ends: list[float]) -> str:
+    mean, sd, r = intervals(ends)
+    return f"{1e3 * mean:.0f} ms, sd {1e3 * sd:.0f}, r {'-' if r is None else f'{r:+.2f}'}"
 
 
 def _mean_lag(hists: list[dict[int, int]]) -> float:
@@ -278,6 +306,11 @@ def main() -> None:
                     *[(n, d) for n, _, _, d in rows]]:
         if line := readd_line(d, a.skip):
             print(f"  {name}: {line}")
+    print("\ntime between updates after the warm-up (`intervals`: mean, sd, lag-1 "
+          "autocorrelation r), measured / simulated:")
+    for name, _, p, d in rows[1:]:
+        print(f"  {name}: {_intervals_text(counts(d, a.skip)['ends'])} / "
+              f"{_intervals_text(p['ends'])}")
 
 
 def readd_line(run_dir: Path, skip: int) -> str:

@@ -60,3 +60,22 @@ def test_resumes_by_age_are_read_over_the_updates_whose_groups_were_all_trained(
     rows = [{**r, "engine/requests_resumed": 0.0} for r in rows]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert sv.counts(tmp_path, 3)["by_age"] == {}
+
+
+def test_intervals_between_updates_by_hand(sv):
+    # ends 0, 1, 3, 4, 6 -> intervals 1, 2, 1, 2: mean 1.5, population sd 0.5; each interval
+    # against the next, (1, 2), (2, 1), (1, 2), lies on y = 3 - x: r = -1 (alternation)
+    mean, sd, r = sv.intervals([0.0, 1.0, 3.0, 4.0, 6.0])
+    assert (mean, sd) == (1.5, 0.5)
+    assert r == pytest.approx(-1.0, abs=1e-12)  # a few roundings of small integers
+    # intervals 1, 1, 2, 3: mean 1.75, variance (0.5625 + 0.5625 + 0.0625 + 1.5625) / 4 =
+    # 0.6875; pairs x = 1, 1, 2 and y = 1, 2, 3: cov 1, sxx 2/3, syy 2 -> r = sqrt(3) / 2
+    mean, sd, r = sv.intervals([0.0, 1.0, 2.0, 4.0, 7.0])
+    assert mean == 1.75 and sd == pytest.approx(0.6875 ** 0.5, rel=1e-15)
+    assert r == pytest.approx(3 ** 0.5 / 2, rel=1e-12)
+
+
+def test_intervals_without_a_correlation(sv):
+    assert sv.intervals([0.0, 2.0, 4.0, 6.0]) == (2.0, 0.0, None)  # constant intervals
+    assert sv.intervals([0.0, 1.0, 3.0]) == (1.5, 0.5, None)  # one pair only
+    assert sv.intervals([5.0]) == (0.0, 0.0, None)
