@@ -37,8 +37,9 @@ def engine_threads(cfg: RunConfig) -> int:
 
 def prepare_process(cfg: RunConfig) -> None:
     """Set this thread's torch threads (threads started afterwards inherit them; the
-    engine's decode thread sets its own, `engine_threads`), with ``runtime.keep_freed_memory`` glibc's malloc thresholds (`reroll.memory`),
-    and with ``runtime.deterministic`` torch's deterministic kernels; imports the run's
+    engine's decode thread sets its own, `engine_threads`), with
+    ``runtime.keep_freed_memory`` glibc's malloc thresholds (`reroll.memory`), and with
+    ``runtime.deterministic`` torch's deterministic kernels; imports the run's
     plug-in modules (``plugins``: a Ray actor's process registers them too)."""
     import torch
 
@@ -242,8 +243,8 @@ def build_trainer(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
 
 
 def build_task(cfg: RunConfig, tok=None, model_path: Path | None = None):
-    """The task (its train split cut to ``task.train_limit``); given the tokenizer and model, prompts that leave the model no room to
-    answer are refused (or skipped and counted with ``task.skip_long_prompts``) now, and
+    """The task (its train split cut to ``task.train_limit``); given the tokenizer and
+    model, prompts that leave the model no room to answer are refused (or skipped and counted with ``task.skip_long_prompts``) now, and
     one warning counts those that leave fewer than ``rollout.max_new_tokens`` positions."""
     import warnings
 
