@@ -157,7 +157,9 @@ def run_reroll(init: Path, name: str, seed: int, steps: int, every: int, out: Pa
         raise SystemExit(f"{name} seed {seed} failed (exit {proc.returncode}); see {log.name}")
     rows = read_rows(run / "metrics.jsonl")
     curve, last = curve_of(rows, start), rows[-1]
-    if curve[-1][0] != last["step"]:  # stopped between evaluations: evaluate where it stopped
+    reached = stop_at_target and reach(curve[1:], target) is not None
+    if curve[-1][0] != last["step"] and not reached:  # stopped between evaluations: evaluate
+        # where it stopped (a run stopped at the target ends at the evaluation that reached it)
         ckpt = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
         sh(["eval", str(CONFIG), "--checkpoint", str(ckpt), "--output", str(run / "final.json"),
             f"init={init}", *extra], stdout=subprocess.DEVNULL)
@@ -225,6 +227,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=400, help="the most steps of any run")
     ap.add_argument("--eval-every", type=int, default=None, help="default 10 (--quick 5)")
+    ap.add_argument("--baseline-eval-every", type=int, default=None,
+                    help="TRL's and the hand loop's evaluation interval (default: "
+                         "--eval-every); finer can only bring their time to the target forward")
     ap.add_argument("--target", type=float, default=None,
                     help="held-out greedy accuracy to reach; default 0.37 (--quick 0.35)")
     ap.add_argument("--cap", type=float, default=None, help="every run stops at this "
@@ -240,6 +245,7 @@ def main() -> None:
     a.target = a.target if a.target is not None else (QUICK_TARGET if a.quick else TARGET)
     a.eval_every = a.eval_every or (5 if a.quick else 10)
     a.cap = a.cap or (1.5 if a.quick else 2.0)
+    a.baseline_eval_every = a.baseline_eval_every or a.eval_every
     extra = (f"eval.n_examples={a.eval_examples}",) if a.eval_examples else ()
     here = {"machine": machine.cpu(), "commit": commit()}
     if a.table:
@@ -269,7 +275,8 @@ def main() -> None:
         for name in names:
             t0 = time.perf_counter()
             if name in BASELINES:
-                r = run_baseline(name, init, seed, a.steps, a.eval_every, cap, start, extra)
+                r = run_baseline(name, init, seed, a.steps, a.baseline_eval_every, cap, start,
+                                 extra)
             else:  # sync runs to cap x its own time to the target, the rest to cap x that
                 r = run_reroll(init, name, seed, a.steps, a.eval_every, out, a.target, start,
                                cap_s=cap, cap_x=a.cap if name == "sync" else None,
@@ -280,6 +287,7 @@ def main() -> None:
                 cap = a.cap * (hit[1] if hit else r["curve"][-1][1])
             rec = {"row": name, "seed": seed, **here, "init": str(init), "target": a.target,
                    "screen": a.screen, "quick": a.quick, "extra": list(extra),
+                   "eval_every": a.baseline_eval_every if name in BASELINES else a.eval_every,
                    "load": os.getloadavg()[0], **r}
             mine.append(rec)
             with open(a.results, "a") as f:
