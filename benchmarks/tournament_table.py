@@ -131,13 +131,18 @@ def reach(curve: list[tuple], target: float) -> tuple | None:
 
 def summary(runs: list[dict], target: float) -> dict:
     """Over a row's seeds: time and tokens to ``target`` on the seed-mean curve when every
-    seed was evaluated at the same steps (the full protocol); when they stopped at different
-    steps (the screen and --quick stop a row at the target), the mean of the seeds' own
-    times to it, given only when every seed reached it."""
+    seed was evaluated at the same steps; under the full protocol (each seed stops at its own
+    cap, so the last evaluation's step differs), on the seed-mean curve of the evaluations
+    every seed has; when a row stopped at the target (the screen and --quick), the mean of
+    the seeds' own times to it, given only when every seed reached it."""
     curves = [r["curve"] for r in runs]
     seeds_hits = [reach(c[1:], target) for c in curves]
+    common = set.intersection(*({p[0] for p in c} for c in curves))
+    at_target = any(r.get("screen") or r.get("quick") for r in runs)
     if all([p[0] for p in c] == [p[0] for p in curves[0]] for c in curves):
         hit = reach(seed_mean(curves)[1:], target)
+    elif not at_target:
+        hit = reach(seed_mean([[p for p in c if p[0] in common] for c in curves])[1:], target)
     elif all(seeds_hits):
         hit = tuple(statistics.fmean(h[j] for h in seeds_hits) if seeds_hits[0][j] is not None
                     else None for j in range(4))

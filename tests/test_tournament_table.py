@@ -48,14 +48,29 @@ def test_summary_over_seeds(t):
     assert (s["time_s"], s["tokens"], s["seeds_reaching"]) == (15.0, 200.0, 2)
     assert s["seed_times"] == [30.0, 20.0]
     assert s["final"] == pytest.approx(0.35) and s["final_std"] == pytest.approx(0.0707106781)
-    # stopped at different steps: the mean of each seed's own time to the target
-    c = run([(0, 0.0, 0.3, 0), (5, 10.0, 0.36, 100)])
-    s = t.summary([a, c], 0.35)
+    # stopped at the target at different steps (the screen): the mean of each seed's own
+    # time to the target
+    c = {**run([(0, 0.0, 0.3, 0), (5, 10.0, 0.36, 100)]), "screen": True}
+    s = t.summary([{**a, "screen": True}, c], 0.35)
     assert (s["time_s"], s["tokens"], s["seed_times"]) == (20.0, 150.0, [30.0, 10.0])
     # a seed that never reaches it: no time, and the count says so
     d = run([(0, 0.0, 0.3, 0), (5, 10.0, 0.31, 100)])
     s = t.summary([c, d], 0.35)
     assert (s["time_s"], s["seeds_reaching"]) == (None, 1)
+    # the full protocol: every seed on the same evaluation grid, each stopped at its own cap
+    # (its last evaluation off the grid): the seed-mean curve of the shared evaluations, here
+    # (0.34 + 0.36) / 2 = 0.35 at step 10, at (100 + 90) / 2 s and (200 + 300) / 2 tokens.
+    # Each seed's own time (200 and 90 s) would average 145 s: not the seed-mean curve.
+    e = run([(0, 0.0, 0.3, 0), (10, 100.0, 0.34, 200), (20, 200.0, 0.38, 400),
+             (27, 270.0, 0.37, 540)])
+    f = run([(0, 0.0, 0.3, 0), (10, 90.0, 0.36, 300), (20, 190.0, 0.39, 600),
+             (23, 230.0, 0.40, 700)])
+    s = t.summary([e, f], 0.35)
+    assert (s["time_s"], s["tokens"], s["seed_times"]) == (95.0, 250.0, [200.0, 90.0])
+    assert s["final"] == pytest.approx(0.385) and s["cap_s"] == 270.0
+    # a row stopped at the target (the screen) keeps each seed's own time
+    s = t.summary([{**e, "screen": True}, {**f, "screen": True}], 0.35)
+    assert s["time_s"] == 145.0
     assert t.sooner({"time_s": 10.0}, {"time_s": 25.0, "cap_s": 50.0}) == "x2.50"
     assert t.sooner({"time_s": 10.0}, {"time_s": None, "cap_s": 50.0}) == "x>5.00"
 
