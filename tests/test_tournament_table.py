@@ -68,6 +68,15 @@ def test_summary_over_seeds(t):
     s = t.summary([e, f], 0.35)
     assert (s["time_s"], s["tokens"], s["seed_times"]) == (95.0, 250.0, [200.0, 90.0])
     assert s["final"] == pytest.approx(0.385) and s["cap_s"] == 270.0
+    assert s["reading"] == "seed-mean curve"
+    # a seed capped early leaves the shared curve too short to reach 0.37 (only step 10:
+    # 0.35): every seed reached it alone, so the mean of their own times, (200 + 190) / 2
+    g = run([(0, 0.0, 0.3, 0), (10, 90.0, 0.36, 300), (14, 190.0, 0.39, 600)])
+    s = t.summary([e, g], 0.37)
+    assert (s["time_s"], s["reading"]) == (195.0, "mean of the seeds' times")
+    # compared with a row read on its seed-mean curve (95 s, own mean 145 s): both on the
+    # mean of their seeds' own times, 195 / 145
+    assert t.sooner(t.summary([e, f], 0.35), s) == "x1.34"
     # a row stopped at the target (the screen) keeps each seed's own time
     s = t.summary([{**e, "screen": True}, {**f, "screen": True}], 0.35)
     assert s["time_s"] == 145.0
