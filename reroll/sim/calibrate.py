@@ -163,6 +163,25 @@ def resumes_by_age(run_dir: str | Path) -> dict[int, dict[int, int]]:
     return out
 
 
+def in_engine(run_dir: str | Path) -> dict[int, dict[str, dict[int, int]]]:
+    """Requests in the engine at each weight update, running (in a slot) or waiting for
+    one, by age, from the recorded rollouts' spans: ``{version: {"running": {age: n},
+    "waiting": {age: n}}}``. A sample of a group started before ``version`` that sampled
+    under ``version`` or later was in the engine at that update; it was running if it also
+    sampled under ``version - 1`` (a placed request keeps its slot until it finishes or an
+    update aborts it), else waiting. Only recorded (trained) samples count
+    (`resumes_by_age`)."""
+    out: dict[int, dict[str, dict[int, int]]] = {}
+    for _, g in read_rollouts(run_dir):
+        for r in g["rollouts"]:
+            vs = {x["version"] for x in r["spans"] if x["source"] != "prompt"}
+            for v in range(g["start_version"] + 1, max(vs, default=-1) + 1):
+                h = out.setdefault(v, {"running": {}, "waiting": {}})
+                h = h["running" if v - 1 in vs else "waiting"]
+                h[v - g["start_version"]] = h.get(v - g["start_version"], 0) + 1
+    return out
+
+
 def readds(run_dir: str | Path) -> dict[int, dict[str, float]]:
     """How each weight update's resumed requests went back into the engine, from the
     recorded timings (a sample keeps its last ``engine_add`` and ``engine_prefill``):

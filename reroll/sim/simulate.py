@@ -338,10 +338,13 @@ class Simulation:
         self.engine_version = self.trainer_version
         self.updating, self.horizon, self.waiting = False, None, True
         before = sum(d.resumed for d in self.devices)
-        if self.run.partial_rollouts:  # the rows interrupted now, by age (update - start)
-            ages = Counter(self.engine_version - row.key[0].start_version
-                           for d in self.devices for row in d.rows)
-            self.per_step[-1]["resumed_by_age"] = dict(sorted(ages.items()))
+        v, last = self.engine_version, self.per_step[-1]
+        for k, of in (("running", lambda d: d.rows), ("waiting", lambda d: d.queue)):
+            ages = Counter(v - row.key[0].start_version  # in the devices now, by age
+                           for d in self.devices for row in of(d))
+            last.setdefault("in_engine", {})[k] = dict(sorted(ages.items()))
+        if self.run.partial_rollouts:  # the rows interrupted now
+            last["resumed_by_age"] = last["in_engine"]["running"]
         tokens = sum(d.resumed_tokens for d in self.devices)
         for dev in self.devices:
             dev.pause(self.now, reprefill=self.run.partial_rollouts)

@@ -179,6 +179,21 @@ def test_an_updates_resumes_are_counted_by_age():
     assert [p["resumed_by_age"] for p in off["per_step"]] == [{}, {}, {}]
 
 
+def test_the_requests_in_the_devices_at_an_update_are_counted_by_age():
+    # the stop case above: at the update to version 2 the pair is running (age 1), with or
+    # without partial rollouts (without, nothing is interrupted, but it is there)
+    for partial in (True, False):
+        r = run(1, steps=3, train_step_s=9.0, sync_s=2.0, partial_rollouts=partial)
+        assert r["per_step"][1]["in_engine"] == {"running": {1: 2}, "waiting": {}}
+    # one slot: version 0's 4 samples run one after the other (done at 10, 20, 30, 40);
+    # step 1 takes the first two at 20 and trains 20-29: at the update the third is
+    # running (9 tokens in) and the fourth waits for the slot, both of age 1 - 0 = 1
+    one = run(1, steps=3, train_step_s=9.0, sync_s=2.0, max_rows=1)
+    assert one["step_ends_s"][0] == 29.0
+    assert one["per_step"][0]["in_engine"] == {"running": {1: 1}, "waiting": {1: 1}}
+    assert one["per_step"][0]["resumed_by_age"] == {1: 1}  # the waiting one had nothing
+
+
 def test_the_loops_work_shares_the_first_devices_processor():
     # as above, with the loop's 2 s of work on the generation device's processor: while
     # both have work each goes at half speed. Swap at 21 as before (the device was idle);

@@ -79,3 +79,18 @@ def test_intervals_without_a_correlation(sv):
     assert sv.intervals([0.0, 2.0, 4.0, 6.0]) == (2.0, 0.0, None)  # constant intervals
     assert sv.intervals([0.0, 1.0, 3.0]) == (1.5, 0.5, None)  # one pair only
     assert sv.intervals([5.0]) == (0.0, 0.0, None)
+
+
+def test_the_requests_in_the_engine_at_an_update_are_read_from_the_spans(tmp_path):
+    from reroll.sim.calibrate import in_engine
+
+    # a group started at version 5: sample A sampled under 5 and 6 (running at the update
+    # to 6, age 1); sample B only under 7: at the updates to 6 and 7 it waited for a slot
+    # (ages 1 and 2); A was done before the update to 7
+    span = lambda v: {"start": 0, "end": 1, "source": "sampled", "version": v}  # noqa: E731
+    prompt = {"start": 0, "end": 2, "source": "prompt", "version": -1}
+    group = {"start_version": 5, "rollouts": [{"spans": [prompt, span(5), span(6)]},
+                                              {"spans": [prompt, span(7)]}]}
+    (tmp_path / "rollouts.jsonl").write_text(json.dumps({"step": 9, "group": group}))
+    assert in_engine(tmp_path) == {6: {"running": {1: 1}, "waiting": {1: 1}},
+                                   7: {"running": {}, "waiting": {2: 1}}}
