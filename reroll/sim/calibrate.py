@@ -209,6 +209,20 @@ def readds(run_dir: str | Path) -> dict[int, dict[str, float]]:
                 "place_after_s": placed[v] - max(a.values())} for v, a in sorted(adds.items())}
 
 
+def readd_row_s(run_dir: str | Path, updates: tuple[int, int]) -> list[float]:
+    """The driver's re-add time per request in the engine (``update_row_s``), at each
+    update of ``updates`` (first, last) whose re-adds span two groups or more: `readds`'
+    span (first group's re-add to the last's: all groups but the last) scaled to every
+    group, over the requests in the engine then (`in_engine`), which it all re-adds."""
+    adds, there = readds(run_dir), in_engine(run_dir)
+    out = []
+    for v in range(updates[0], updates[1] + 1):
+        if v in adds and v in there and adds[v]["groups"] > 1:
+            g, n = adds[v]["groups"], sum(sum(h.values()) for h in there[v].values())
+            out.append(adds[v]["add_span_s"] * g / (g - 1) / n)
+    return out
+
+
 def fit_resume(run_dirs: list[str | Path], *, skip: int = 1) -> dict[str, float]:
     """The engine's own time per resumed request and per resumed token
     (``engine_resume_row_s``, ``engine_resume_token_s``: its prefill of prompt and prefix),

@@ -94,3 +94,20 @@ def test_the_requests_in_the_engine_at_an_update_are_read_from_the_spans(tmp_pat
     (tmp_path / "rollouts.jsonl").write_text(json.dumps({"step": 9, "group": group}))
     assert in_engine(tmp_path) == {6: {"running": {1: 1}, "waiting": {1: 1}},
                                    7: {"running": {}, "waiting": {2: 1}}}
+
+
+def test_the_drivers_re_add_time_per_request_in_the_engine_by_hand(tmp_path):
+    from reroll.sim.calibrate import readd_row_s
+
+    # update 6 resumes two groups of 2 (spans under 5 and 6), re-added 3 ms apart: the span
+    # covers one group of two, so the re-adds took 6 ms for the 4 requests: 1.5 ms each
+    span = lambda v: {"start": 0, "end": 1, "source": "sampled", "version": v}  # noqa: E731
+    lines = []
+    for gid, add in (("a", 100.0), ("b", 100.003)):
+        t = {"engine_add": add, "engine_prefill": 100.05}
+        group = {"group_id": gid, "start_version": 5, "rollouts": [
+            {"spans": [span(5), span(6)], "timings": t} for _ in range(2)]}
+        lines.append(json.dumps({"step": 9, "group": group}) + "\n")
+    (tmp_path / "rollouts.jsonl").write_text("".join(lines))
+    assert readd_row_s(tmp_path, (4, 8)) == [pytest.approx(0.0015, rel=1e-9)]
+    assert readd_row_s(tmp_path, (7, 8)) == []  # update 6 is not among them
