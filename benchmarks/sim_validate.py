@@ -6,8 +6,10 @@
    per token, a fixed cost per sample, training cost per step and per token, the loop's
    own work per step and per sample, during which generation goes on on the core it
    shares with it, and the stalls' mean cost per step); two asynchronous
-   runs with partial rollouts (16 groups, max_staleness 1, 12- and 24-token responses),
-   each simulated without resume costs, and `fit_resume_wall` on what the simulation misses
+   runs with partial rollouts (16 groups, max_staleness 1, 12- and 24-token responses):
+   their driver's re-add time a request after an update (`readd_row_s`: an update's stop
+   of trainer and engine a request in the engine), each run simulated with it and without
+   resume costs, and `fit_resume_wall` on what the simulation misses
    a step against the tokens and requests resumed: the per-token term is the engine's own
    prefill time per resumed token (`fit_resume`, on every step of every run), the
    per-request term is fitted over the resuming runs.
@@ -38,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +51,7 @@ from reroll.sim.calibrate import (
     fit,
     fit_resume,
     fit_resume_wall,
+    readd_row_s,
     readds,
     resumed_tokens,
     resumes_by_age,
@@ -245,6 +249,11 @@ def main() -> None:
     cost = fit(sync_cal, prompt_tokens=prompt, skip=a.skip)
     engine = fit_resume(list(cal.values()), skip=a.skip)
     print("engine's own time:", json.dumps({k: float(f"{v:.4g}") for k, v in engine.items()}))
+    # after an update the driver re-adds every request in the engine, a group at a time,
+    # before the engine steps or the trainer takes a batch: its median time a request
+    per = [x for k, d in cal.items() if k not in list(CALIBRATION)[:SYNC_CAL]
+           for x in readd_row_s(d, counts(d, a.skip)["updates"])]
+    cost["update_row_s"] = statistics.median(per) if per else 0.0
     walls = []
     for k, d in cal.items():
         if k in list(CALIBRATION)[:SYNC_CAL]:

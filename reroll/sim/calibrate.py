@@ -163,6 +163,25 @@ def resumes_by_age(run_dir: str | Path) -> dict[int, dict[int, int]]:
     return out
 
 
+def in_engine(run_dir: str | Path) -> dict[int, dict[str, dict[int, int]]]:
+    """Requests in the engine at each weight update, running (in a slot) or waiting for
+    one, by age, from the recorded rollouts' spans: ``{version: {"running": {age: n},
+    "waiting": {age: n}}}``. A sample of a group started before ``version`` that sampled
+    under ``version`` or later was in the engine at that update; it was running if it also
+    sampled under ``version - 1`` (a placed request keeps its slot until it finishes or an
+    update aborts it), else waiting. Only recorded (trained) samples count
+    (`resumes_by_age`)."""
+    out: dict[int, dict[str, dict[int, int]]] = {}
+    for _, g in read_rollouts(run_dir):
+        for r in g["rollouts"]:
+            vs = {x["version"] for x in r["spans"] if x["source"] != "prompt"}
+            for v in range(g["start_version"] + 1, max(vs, default=-1) + 1):
+                h = out.setdefault(v, {"running": {}, "waiting": {}})
+                h = h["running" if v - 1 in vs else "waiting"]
+                h[v - g["start_version"]] = h.get(v - g["start_version"], 0) + 1
+    return out
+
+
 def readds(run_dir: str | Path) -> dict[int, dict[str, float]]:
     """How each weight update's resumed requests went back into the engine, from the
     recorded timings (a sample keeps its last ``engine_add`` and ``engine_prefill``):
@@ -188,6 +207,20 @@ def readds(run_dir: str | Path) -> dict[int, dict[str, float]]:
             placed[v] = min(placed.get(v, t["engine_prefill"]), t["engine_prefill"])
     return {v: {"groups": len(a), "add_span_s": max(a.values()) - min(a.values()),
                 "place_after_s": placed[v] - max(a.values())} for v, a in sorted(adds.items())}
+
+
+def readd_row_s(run_dir: str | Path, updates: tuple[int, int]) -> list[float]:
+    """The driver's re-add time per request in the engine (``update_row_s``), at each
+    update of ``updates`` (first, last) whose re-adds span two groups or more: `readds`'
+    span (first group's re-add to the last's: all groups but the last) scaled to every
+    group, over the requests in the engine then (`in_engine`), which it all re-adds."""
+    adds, there = readds(run_dir), in_engine(run_dir)
+    out = []
+    for v in range(updates[0], updates[1] + 1):
+        if v in adds and v in there and adds[v]["groups"] > 1:
+            g, n = adds[v]["groups"], sum(sum(h.values()) for h in there[v].values())
+            out.append(adds[v]["add_span_s"] * g / (g - 1) / n)
+    return out
 
 
 def fit_resume(run_dirs: list[str | Path], *, skip: int = 1) -> dict[str, float]:

@@ -24,6 +24,7 @@ class Row:
     resumed: bool = False  # interrupted by a weight update, not yet decoding again
     check: int = 0  # tokens to generate until its checkpoint (0: none ahead)
     fresh: bool = True  # admitted, not yet decoded: pays row_s
+    group: object = None  # rows with the same one are added back together after an update
 
 
 class GenDevice:
@@ -141,13 +142,23 @@ class GenDevice:
         self.queue = [r for r in self.queue if not which(r.key)]
         return out
 
-    def pause(self, until: float, *, reprefill: bool) -> None:
-        """A weight update: stopped until ``until``; with partial rollouts every running
-        row is interrupted and resumed, prefilling its prompt and prefix again."""
-        self.sync_s += self.s.sync_s
+    def pause(self, until: float, *, reprefill: bool, stop: float | None = None) -> None:
+        """A weight update: stopped until ``until`` (for ``stop``, else ``sync_s``). With
+        partial rollouts every request is aborted and added back as the engine and its
+        driver do it: the running rows are interrupted (each prefills its prompt and prefix
+        again when placed), the waiting ones come back first and the running ones after
+        them (`reroll.engine.torch_engine.TorchEngine.abort`), a group's rows together at
+        its first place (`reroll.runtime.ray.RayEnginePool.add` adds a group at a time);
+        free slots take them in that order."""
+        self.sync_s += self.s.sync_s if stop is None else stop
         self.t = max(self.t, until)
         if reprefill:
             for r in self.rows:
                 r.prefill, r.resumed = r.ctx, True
             self.resumed += len(self.rows)
             self.resumed_tokens += sum(r.ctx for r in self.rows)
+            back, first = self.queue + self.rows, {}
+            for i, r in enumerate(back):
+                first.setdefault(id(r) if r.group is None else r.group, i)
+            back.sort(key=lambda r: first[id(r) if r.group is None else r.group])
+            self.queue, self.rows = back, []

@@ -28,7 +28,8 @@ class SimSettings:
     train_token_s * tokens / train_devices`` (data parallel: tokens are prompt + response of
     every sample). After it the loop does its own work for ``loop_s + loop_row_s * samples
     + stall_s`` (the trainer waits, generation goes on under the old weights); then publishing the weights stops the trainer and every generation device
-    for ``sync_s`` after the devices' current decode step."""
+    for ``sync_s`` after the devices' current decode step, with partial rollouts
+    ``update_row_s`` more per request in the engine."""
 
     gen_devices: int = 1
     """Generation devices (engine replicas); a group runs on the least loaded one."""
@@ -52,6 +53,13 @@ class SimSettings:
     resume_row_s: float = 0.0
     """Fixed cost of interrupting and resuming one running row at a weight update with
     partial rollouts (aborting, requeueing, scheduling it again), beside its prefill."""
+    update_row_s: float = 0.0
+    """With partial rollouts, a weight update's stop of the trainer and every device per
+    request in the engine (running or waiting): the driver re-adds every aborted request,
+    a group at a time, before the engine steps again and before the trainer can take its
+    batch (`reroll.engine.service.EngineService.update_weights`,
+    `reroll.runtime.ray.RayEnginePool.add`); `reroll.sim.calibrate.readd_row_s` measures
+    it from the resuming runs' timings."""
     resume_token_s: float = 0.0
     """Cost of a resumed row per token of its prompt and prefix, beside ``prefill_token_s``:
     a resumed row re-enters the engine with its own prefix, prefilled on its own (an

@@ -8,7 +8,8 @@ there. Time comes from the cost model: generation devices (`reroll.sim.gen_devic
 training step of ``train_step_s + train_token_s * tokens / train_devices``, the loop's own
 work after it (``loop_s``: the trainer waits, generation goes on, as in `reroll.loop.run`,
 which records and logs while the rollout pipeline keeps generating), and a weight update
-that stops trainer and generation for ``sync_s``.
+that stops trainer and generation for ``sync_s`` (``update_row_s`` more a request in the
+engine with partial rollouts, which it aborts and adds back in the engine's order).
 
 Early stops are the real rules too, on the simulated lengths. DUET (``run.duet_horizon``):
 the run's `reroll.methods.duet.MarkerGate` gives each sample its stop rule and keep draw
@@ -126,7 +127,8 @@ class Simulation:
             r.tokens, r.prompt_len = [0] * p, p
             r.control["sim_len"] = n
             check = prune.at if prune is not None and n > prune.at else 0
-            rows.append(Row(key=(g, r), ctx=p, left=n, prefill=p, check=check))
+            rows.append(Row(key=(g, r), ctx=p, left=n, prefill=p, check=check,
+                            group=g.group_id))
         self.left[g.group_id] += len(members)
         self.devices[d].add(rows)
         self._touched.add(d)
@@ -207,7 +209,7 @@ class Simulation:
         self._admit()
         self._take()
         if self.updating and all(d.chunk is None for d in self.devices):
-            self._push(self.now + self.s.sync_s, "synced")
+            self._push(self.now + self._stop(), "synced")
 
     def _complete(self, row: Row) -> None:
         """A member finished (or retired by a rule): its tokens, and its group if complete."""
@@ -326,25 +328,34 @@ class Simulation:
     def _publish(self) -> None:
         """The step is trained and the loop's work after it done: the weights go out once
         every device has finished the decode step under way; trainer and devices then stop
-        for ``sync_s``."""
+        (`_stop`)."""
         self.trainer_version += 1
         self.step_ends.append(self.now)
         self.per_step[-1]["started"] = self.sched.counters()["started"]  # as the loop logs it
         self.updating = True
         if all(d.chunk is None for d in self.devices):
-            self._push(self.now + self.s.sync_s, "synced")
+            self._push(self.now + self._stop(), "synced")
+
+    def _stop(self) -> float:
+        """``sync_s``, with partial rollouts ``update_row_s`` more a request in the engine."""
+        n = sum(d.load for d in self.devices) if self.run.partial_rollouts else 0
+        self.stop_s = self.s.sync_s + self.s.update_row_s * n
+        return self.stop_s
 
     def _synced(self) -> None:
         self.engine_version = self.trainer_version
         self.updating, self.horizon, self.waiting = False, None, True
         before = sum(d.resumed for d in self.devices)
-        if self.run.partial_rollouts:  # the rows interrupted now, by age (update - start)
-            ages = Counter(self.engine_version - row.key[0].start_version
-                           for d in self.devices for row in d.rows)
-            self.per_step[-1]["resumed_by_age"] = dict(sorted(ages.items()))
+        v, last = self.engine_version, self.per_step[-1]
+        for k, of in (("running", lambda d: d.rows), ("waiting", lambda d: d.queue)):
+            ages = Counter(v - row.key[0].start_version  # in the devices now, by age
+                           for d in self.devices for row in of(d))
+            last.setdefault("in_engine", {})[k] = dict(sorted(ages.items()))
+        if self.run.partial_rollouts:  # the rows interrupted now
+            last["resumed_by_age"] = last["in_engine"]["running"]
         tokens = sum(d.resumed_tokens for d in self.devices)
         for dev in self.devices:
-            dev.pause(self.now, reprefill=self.run.partial_rollouts)
+            dev.pause(self.now, reprefill=self.run.partial_rollouts, stop=self.stop_s)
         self.per_step[-1]["resumed"] = sum(d.resumed for d in self.devices) - before
         self.per_step[-1]["resumed_tokens"] = sum(d.resumed_tokens for d in self.devices) - tokens
         self._admit()

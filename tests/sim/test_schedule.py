@@ -83,8 +83,8 @@ def test_resume_cost_is_paid_once_per_interrupted_row():
     d.cut(0.5)  # a weight update comes during the first step
     d.finish_chunk()
     d.pause(d.t + 2.0, reprefill=True)
+    d.plan(None)  # both aborted and added back: placed again
     assert d.elapsed(1) == pytest.approx(2 * 0.25 + 1.0)  # both resumed, then one step
-    d.plan(None)
     d.finish_chunk()
     assert d.elapsed(1) == pytest.approx(1.0)  # paid once
     d.pause(d.t, reprefill=False)  # without partial rollouts nothing is redone
@@ -102,9 +102,9 @@ def test_resume_token_cost_is_paid_on_each_resumed_rows_prompt_and_prefix():
     d.finish_chunk()
     d.pause(d.t + 2.0, reprefill=True)
     assert d.resumed == 2 and d.resumed_tokens == (2 + 3) + (3 + 3)
-    # a: prompt 2 + 3 tokens, b: 3 + 3; both resumed, then one step
-    assert d.elapsed(1) == pytest.approx(2 * 0.25 + 0.01 * (5 + 6) + 1.0)
+    # a: prompt 2 + 3 tokens, b: 3 + 3; both placed again, resumed, then one step
     d.plan(None)
+    assert d.elapsed(1) == pytest.approx(2 * 0.25 + 0.01 * (5 + 6) + 1.0)
     d.finish_chunk()
     assert d.elapsed(1) == pytest.approx(1.0)  # paid once
 
@@ -179,6 +179,21 @@ def test_an_updates_resumes_are_counted_by_age():
     assert [p["resumed_by_age"] for p in off["per_step"]] == [{}, {}, {}]
 
 
+def test_the_requests_in_the_devices_at_an_update_are_counted_by_age():
+    # the stop case above: at the update to version 2 the pair is running (age 1), with or
+    # without partial rollouts (without, nothing is interrupted, but it is there)
+    for partial in (True, False):
+        r = run(1, steps=3, train_step_s=9.0, sync_s=2.0, partial_rollouts=partial)
+        assert r["per_step"][1]["in_engine"] == {"running": {1: 2}, "waiting": {}}
+    # one slot: version 0's 4 samples run one after the other (done at 10, 20, 30, 40);
+    # step 1 takes the first two at 20 and trains 20-29: at the update the third is
+    # running (9 tokens in) and the fourth waits for the slot, both of age 1 - 0 = 1
+    one = run(1, steps=3, train_step_s=9.0, sync_s=2.0, max_rows=1)
+    assert one["step_ends_s"][0] == 29.0
+    assert one["per_step"][0]["in_engine"] == {"running": {1: 1}, "waiting": {1: 1}}
+    assert one["per_step"][0]["resumed_by_age"] == {1: 1}  # the waiting one had nothing
+
+
 def test_the_loops_work_shares_the_first_devices_processor():
     # as above, with the loop's 2 s of work on the generation device's processor: while
     # both have work each goes at half speed. Swap at 21 as before (the device was idle);
@@ -200,3 +215,33 @@ def test_the_loops_work_grows_with_the_samples_and_carries_the_stalls():
     r = run(0, steps=3, loop_s=0.5, loop_row_s=0.25, stall_s=1.0)
     assert r["step_ends_s"] == [17.0, 34.0, 51.0]
     assert r["gen_idle"] == pytest.approx(7 / 17)
+
+
+def test_an_update_adds_the_waiting_rows_back_first_and_a_groups_together():
+    # two slots: a1 and b1 run, c1 and b2 wait. The update aborts the waiting first, then
+    # the running: c1, b2, a1, b1; a group's rows go back together at its first place
+    # (b1 beside b2): c1, b2, b1, a1. The two slots take c1 and b2.
+    d = GenDevice(SimSettings(decode_base_s=1.0, decode_row_s=0.0, prefill_token_s=0.0,
+                              max_rows=2))
+    d.add([Row(k, ctx=2, left=5, prefill=0, group=k[0]) for k in ("a1", "b1", "c1", "b2")])
+    d.plan(None)
+    d.cut(0.5)  # the update comes during the first step
+    d.finish_chunk()
+    d.pause(d.t, reprefill=True)
+    assert [r.key for r in d.queue] == ["c1", "b2", "b1", "a1"] and d.rows == []
+    d.plan(None)
+    assert [r.key for r in d.rows] == ["c1", "b2"] and [r.key for r in d.queue] == ["b1", "a1"]
+    assert d.resumed == 2  # the two that were running
+
+
+def test_an_updates_stop_grows_with_the_requests_in_the_engine():
+    # the stop case above with 0.5 s more a request in the engine: the update to 1 (19)
+    # finds none (2 s, to 21), the update to 2 (30) the pair admitted at 21 (2 + 2 x 0.5 =
+    # 3 s, to 33); placed again, the pair's last token takes 33-34, trained 34-43
+    r = run(1, steps=3, train_step_s=9.0, sync_s=2.0, update_row_s=0.5)
+    assert r["step_ends_s"] == [19.0, 30.0, 43.0]
+    assert [p["resumed"] for p in r["per_step"]] == [0, 2, 0]
+    # without partial rollouts nothing is aborted or added back: 2 s, as before
+    off = run(1, steps=3, train_step_s=9.0, sync_s=2.0, update_row_s=0.5,
+              partial_rollouts=False)
+    assert off["step_ends_s"] == [19.0, 30.0, 42.0]

@@ -79,3 +79,35 @@ def test_intervals_without_a_correlation(sv):
     assert sv.intervals([0.0, 2.0, 4.0, 6.0]) == (2.0, 0.0, None)  # constant intervals
     assert sv.intervals([0.0, 1.0, 3.0]) == (1.5, 0.5, None)  # one pair only
     assert sv.intervals([5.0]) == (0.0, 0.0, None)
+
+
+def test_the_requests_in_the_engine_at_an_update_are_read_from_the_spans(tmp_path):
+    from reroll.sim.calibrate import in_engine
+
+    # a group started at version 5: sample A sampled under 5 and 6 (running at the update
+    # to 6, age 1); sample B only under 7: at the updates to 6 and 7 it waited for a slot
+    # (ages 1 and 2); A was done before the update to 7
+    span = lambda v: {"start": 0, "end": 1, "source": "sampled", "version": v}  # noqa: E731
+    prompt = {"start": 0, "end": 2, "source": "prompt", "version": -1}
+    group = {"start_version": 5, "rollouts": [{"spans": [prompt, span(5), span(6)]},
+                                              {"spans": [prompt, span(7)]}]}
+    (tmp_path / "rollouts.jsonl").write_text(json.dumps({"step": 9, "group": group}))
+    assert in_engine(tmp_path) == {6: {"running": {1: 1}, "waiting": {1: 1}},
+                                   7: {"running": {}, "waiting": {2: 1}}}
+
+
+def test_the_drivers_re_add_time_per_request_in_the_engine_by_hand(tmp_path):
+    from reroll.sim.calibrate import readd_row_s
+
+    # update 6 resumes two groups of 2 (spans under 5 and 6), re-added 3 ms apart: the span
+    # covers one group of two, so the re-adds took 6 ms for the 4 requests: 1.5 ms each
+    span = lambda v: {"start": 0, "end": 1, "source": "sampled", "version": v}  # noqa: E731
+    lines = []
+    for gid, add in (("a", 100.0), ("b", 100.003)):
+        t = {"engine_add": add, "engine_prefill": 100.05}
+        group = {"group_id": gid, "start_version": 5, "rollouts": [
+            {"spans": [span(5), span(6)], "timings": t} for _ in range(2)]}
+        lines.append(json.dumps({"step": 9, "group": group}) + "\n")
+    (tmp_path / "rollouts.jsonl").write_text("".join(lines))
+    assert readd_row_s(tmp_path, (4, 8)) == [pytest.approx(0.0015, rel=1e-9)]
+    assert readd_row_s(tmp_path, (7, 8)) == []  # update 6 is not among them
