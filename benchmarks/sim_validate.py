@@ -186,16 +186,11 @@ def intervals(ends: list[float]) -> tuple[float, float, float | None]:
     d = [b - a for a, b in zip(ends, ends[1:])]
     if not d:
         return 0.0, 0.0, None
-    mean = sum(d) / len(d)
-    sd = (sum((x - mean) ** 2 for x in d) / len(d)) ** 0.5
-    x, y = d[:-1], d[1:]
-    if len(x) < 2:
-        return mean, sd, None
-    mx, my = sum(x) / len(x), sum(y) / len(y)
-    sxx, syy = sum((a - mx) ** 2 for a in x), sum((b - my) ** 2 for b in y)
-    if sxx == 0 or syy == 0:
-        return mean, sd, None
-    return mean, sd, sum((a - mx) * (b - my) for a, b in zip(x, y)) / (sxx * syy) ** 0.5
+    try:  # fewer than two pairs, or a constant run: no correlation
+        r = statistics.correlation(d[:-1], d[1:])
+    except statistics.StatisticsError:
+        r = None
+    return statistics.fmean(d), statistics.pstdev(d), r
 
 
 def _intervals_text(ends: list[float]) -> str:

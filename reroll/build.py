@@ -244,8 +244,9 @@ def build_trainer(cfg: RunConfig, init_dir: Path, ckpt: Path | None = None):
 
 def build_task(cfg: RunConfig, tok=None, model_path: Path | None = None):
     """The task (its train split cut to ``task.train_limit``); given the tokenizer and
-    model, prompts that leave the model no room to answer are refused (or skipped and counted with ``task.skip_long_prompts``) now, and
-    one warning counts those that leave fewer than ``rollout.max_new_tokens`` positions."""
+    model, prompts that leave the model no room to answer are refused (or skipped and
+    counted with ``task.skip_long_prompts``) now, and one warning counts those that leave
+    fewer than ``rollout.max_new_tokens`` positions."""
     import warnings
 
     from reroll.build_rollout import encode_prompt

@@ -59,11 +59,11 @@ def test_summary_over_seeds(t):
     assert (s["time_s"], s["seeds_reaching"]) == (None, 1)
     # the full protocol: every seed on the same evaluation grid, each stopped at its own cap
     # (its last evaluation off the grid): the seed-mean curve of the shared evaluations, here
-    # (0.34 + 0.36) / 2 = 0.35 at step 10, at (100 + 90) / 2 s and (200 + 300) / 2 tokens.
+    # (0.34 + 0.38) / 2 = 0.36 at step 10, at (100 + 90) / 2 s and (200 + 300) / 2 tokens.
     # Each seed's own time (200 and 90 s) would average 145 s: not the seed-mean curve.
     e = run([(0, 0.0, 0.3, 0), (10, 100.0, 0.34, 200), (20, 200.0, 0.38, 400),
              (27, 270.0, 0.37, 540)])
-    f = run([(0, 0.0, 0.3, 0), (10, 90.0, 0.36, 300), (20, 190.0, 0.39, 600),
+    f = run([(0, 0.0, 0.3, 0), (10, 90.0, 0.38, 300), (20, 190.0, 0.39, 600),
              (23, 230.0, 0.40, 700)])
     s = t.summary([e, f], 0.35)
     assert (s["time_s"], s["tokens"], s["seed_times"]) == (95.0, 250.0, [200.0, 90.0])

@@ -83,6 +83,7 @@ class Simulation:
         self.waiting = True  # the trainer waits for a batch
         self.plans: dict[int, tuple | None] = {}  # device -> (device, chunk end, token)
         self.updating = False  # weights being published: no new chunk starts
+        self.stop_s = 0.0  # the update under way stops trainer and devices this long
         self.loop_left: float | None = None  # the loop's work still to do after a step
         self.loop_since = 0.0  # when loop_left was last brought up to date
         self.loop_end: tuple | None = None  # its valid "looped" event
