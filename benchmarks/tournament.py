@@ -43,6 +43,8 @@ import machine  # benchmarks/machine.py
 import vs_trl  # benchmarks/vs_trl.py: TRL, the hand loop, the evaluator
 from tournament_table import (  # noqa: F401
     PAPER,
+    README_END,
+    README_START,
     REFERENCE,
     RUNNING,
     WHY,
@@ -50,6 +52,8 @@ from tournament_table import (  # noqa: F401
     limit_of,
     reach,
     read_rows,
+    readme_table,
+    replace_block,
     seed_mean,
     sooner,
     summary,
@@ -241,6 +245,8 @@ def main() -> None:
     ap.add_argument("--results", type=Path, default=RESULTS)
     ap.add_argument("--table", action="store_true", help="print the table and stop")
     ap.add_argument("--commit", default=None, help="--table: rows of this commit")
+    ap.add_argument("--readme", action="store_true",
+                    help="--table: write the compact table into README.md between its markers")
     a = ap.parse_args()
     a.target = a.target if a.target is not None else (QUICK_TARGET if a.quick else TARGET)
     a.eval_every = a.eval_every or (5 if a.quick else 10)
@@ -254,6 +260,11 @@ def main() -> None:
         rows = [r for r in rows if r["commit"] == pick and r["machine"] == rows[-1]["machine"]]
         print(f"{rows[-1]['machine']}, commit {pick}\n" if rows else "no results")
         print(table(rows, a.target) if rows else "")
+        if a.readme and rows:
+            readme = REPO / "README.md"
+            readme.write_text(replace_block(readme.read_text(), readme_table(
+                rows, a.target, rows[-1]["machine"], pick)))
+            print(f"wrote the table into {readme}")
         return
     names = list(QUICK) if a.quick else (
         [*BASELINES, *ROWS] if a.rows == "all" else a.rows.split(","))

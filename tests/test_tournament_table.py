@@ -133,3 +133,24 @@ def test_the_start_evaluated_once_is_step_0(t):
     assert t.train_seconds(r) == 30.0
     with pytest.raises(ValueError, match="row 0 .* has no eval/greedy_accuracy"):
         t.curve_of(r)
+
+
+def test_the_readme_table_and_its_block(t):
+    sync = [{**run([(0, 0, 0.30, 0), (10, 80.0, 0.39, 0), (20, 160.0, 0.40, 0)]), "row": "sync"},
+            {**run([(0, 0, 0.30, 0), (10, 90.0, 0.36, 0), (20, 170.0, 0.38, 0)]), "row": "sync"}]
+    trl = [{**run([(0, 0, 0.30, None), (5, 200.0, 0.36, None), (10, 400.0, 0.37, None)]),
+            "row": "trl"},
+           {**run([(0, 0, 0.30, None), (5, 220.0, 0.39, None), (10, 440.0, 0.39, None)]),
+            "row": "trl"}]
+    lines = t.readme_table(sync + trl, 0.37, "CPU X", "abc1234").splitlines()
+    assert lines[0].startswith("CPU X, commit `abc1234`, target 37% held-out")
+    # sync: the seed-mean curve is at 0.375 at step 10, (80 + 90) / 2 = 85 s; its seeds reach
+    # 0.37 at 80 s and 170 s; finals 0.40 and 0.38: 39.0% +- 1.4% (sample std 0.0141).
+    # TRL: 0.375 at step 5, (200 + 220) / 2 = 210 s; seeds at 400 s and 220 s; finals 0.37,
+    # 0.39. sync against TRL 210 / 85 = x2.47, TRL against sync 85 / 210 = x0.40.
+    assert lines[4] == "| sync | 2 | 85 (80, 170) | 2/2 | 39.0% ± 1.4% | 1.0 |  | x2.47 |"
+    assert lines[5] == "| trl | 2 | 210 (400, 220) | 2/2 | 38.0% ± 1.4% | 1.0 | x0.40 |  |"
+    text = f"a\n{t.README_START}\nold\n{t.README_END}\nb\n"
+    assert t.replace_block(text, "new") == f"a\n{t.README_START}\nnew\n{t.README_END}\nb\n"
+    with pytest.raises(ValueError, match="markers"):
+        t.replace_block("no markers here", "new")
