@@ -146,13 +146,16 @@ def summary(runs: list[dict], target: float) -> dict:
     elif not at_target:
         hit = reach(seed_mean([[p for p in c if p[0] in common] for c in curves])[1:], target)
     own = (statistics.fmean(h[1] for h in seeds_hits) if all(seeds_hits) else None)
+    # a seed that never reached the target ran to its cap without it: its own time is more
+    # than its last evaluation's, so this mean is a floor under the mean of the own times
+    floor = statistics.fmean(h[1] if h else c[-1][1] for h, c in zip(seeds_hits, curves))
     if hit is None and all(seeds_hits):
         hit = tuple(statistics.fmean(h[j] for h in seeds_hits) if seeds_hits[0][j] is not None
                     else None for j in range(4))
         reading = "mean of the seeds' times"
     finals = [r["curve"][-1][2] for r in runs]
     return {"seeds": len(runs), "time_s": hit[1] if hit else None, "reading": reading,
-            "own_time_s": own,
+            "own_time_s": own, "own_floor_s": floor,
             "tokens": hit[3] if hit else None,
             "cap_s": max(r["curve"][-1][1] for r in runs),
             "seeds_reaching": sum(h is not None for h in seeds_hits),
@@ -168,12 +171,17 @@ def summary(runs: list[dict], target: float) -> dict:
 def sooner(a: dict, b: dict) -> str:
     """How many times sooner a reaches the target than b; a bound where b never does. Two
     rows read differently (one on its seed-mean curve, one as the mean of its seeds' times)
-    are both compared on the mean of their seeds' own times."""
+    are both compared on the mean of their seeds' own times. Where b's seed-mean curve never
+    reaches it over several seeds (each stopped at its own cap), the bound is on the seeds'
+    own means too: b's seeds that never reached it count at their caps (a floor), against
+    the mean of a's seeds' own times."""
     if a.get("reading", "") != b.get("reading", "") and a["own_time_s"] and b["own_time_s"]:
         return f"x{b['own_time_s'] / a['own_time_s']:.2f}"
     if a["time_s"] is None:
         return "not reached"
-    if b["time_s"] is None:
+    if b["time_s"] is None:  # b's seeds that never reached it count at their caps: a floor
+        if a.get("seeds", 1) > 1 and b.get("seeds", 1) > 1 and a["own_time_s"]:
+            return f"x>{b['own_floor_s'] / a['own_time_s']:.2f}"  # on the seeds' own means
         return f"x>{b['cap_s'] / a['time_s']:.2f}"
     return f"x{b['time_s'] / a['time_s']:.2f}"
 
@@ -182,6 +190,20 @@ def sooner(a: dict, b: dict) -> str:
 # earlier responses, on a train pool small enough for prompts to come back, against sync GRPO
 # on that same pool
 REFERENCE = {"spec_rl_pool": "sync_pool", "das_pool": "sync_pool"}
+
+
+def time_cell(x: dict) -> str:
+    """A summary's time to the target: the seed-mean curve's (``*``: the mean of the seeds'
+    own times), or that it was not reached (by the cap, with one seed); with several seeds,
+    each seed's own time after it ("-": not reached by that seed's cap)."""
+    if x["time_s"] is not None:
+        t = f"{x['time_s']:.0f}" + (" *" if x["reading"] != "seed-mean curve" and x["seeds"] > 1
+                                    else "")
+    else:
+        t = "not reached" if x["seeds"] > 1 else f"not by {x['cap_s']:.0f}"
+    if x["seeds"] > 1:
+        t += " (" + ", ".join("-" if v is None else f"{v:.0f}" for v in x["seed_times"]) + ")"
+    return t
 
 
 def table(results: list[dict], target: float) -> str:
@@ -199,11 +221,7 @@ def table(results: list[dict], target: float) -> str:
             split += (f" ({sp['time/generate_s']:.1f} / {sp.get('time/train_s', 0):.1f} / "
                       f"{sp.get('time/wait_for_rollouts_s', 0):.1f})")
         why = ", ".join(f"{k} {v:.3g}" for k, v in x["why"].items())
-        t = f"{x['time_s']:.0f}" if x["time_s"] is not None else f"not by {x['cap_s']:.0f}"
-        if x["seeds"] > 1:  # each seed's own time to the target
-            t += " (" + ", ".join("-" if v is None else f"{v:.0f}" for v in x["seed_times"]) + ")"
-            if x["time_s"] is not None and x["reading"] != "seed-mean curve":
-                t += " *"  # the shared evaluations' mean curve never reached it
+        t = time_cell(x)
         tok = f"{x['tokens']:.0f}" if x["tokens"] is not None else "-"
         ref = REFERENCE.get(name, "sync")
         vs = sooner(x, s[ref]) if ref in s and name != ref else ""
@@ -237,10 +255,7 @@ def readme_table(results: list[dict], target: float, machine: str, commit: str) 
              f"| row | seeds | training s to {target:.0%} (each seed) | seeds reaching | "
              "final ± std | s a step | vs sync | vs TRL |", "|---|---|---|---|---|---|---|---|"]
     for name, x in s.items():
-        t = f"{x['time_s']:.0f}" if x["time_s"] is not None else f"not by {x['cap_s']:.0f}"
-        if x["time_s"] is not None and x["reading"] != "seed-mean curve" and x["seeds"] > 1:
-            t += " *"
-        t += " (" + ", ".join("-" if v is None else f"{v:.0f}" for v in x["seed_times"]) + ")"
+        t = time_cell(x)
         vs = [sooner(x, s[ref]) if ref in s and ref != name else "" for ref in ("sync", "trl")]
         lines.append(f"| {name} | {x['seeds']} | {t} | {x['seeds_reaching']}/{x['seeds']} | "
                      f"{x['final']:.1%} ± {x['final_std']:.1%} | "

@@ -80,6 +80,16 @@ def test_summary_over_seeds(t):
     # a row stopped at the target (the screen) keeps each seed's own time
     s = t.summary([{**e, "screen": True}, {**f, "screen": True}], 0.35)
     assert s["time_s"] == 145.0
+    # over several seeds, a row whose seed-mean curve never reaches 0.35 (one seed reached it
+    # at 20 s, one ran to its cap, 30 s, without): its seeds' floor is (20 + 30) / 2 = 25 s;
+    # the other row's seeds reach it at 30 s and 10 s, own mean 20 s: x>1.25
+    h = run([(0, 0.0, 0.3, 0), (5, 20.0, 0.36, 100)])
+    k = run([(0, 0.0, 0.3, 0), (5, 15.0, 0.30, 100), (7, 30.0, 0.32, 140)])
+    slow = t.summary([h, k], 0.35)
+    assert (slow["time_s"], slow["own_time_s"], slow["own_floor_s"]) == (None, None, 25.0)
+    fast = t.summary([a, {**run([(0, 0.0, 0.3, 0), (5, 10.0, 0.36, 100)])}], 0.35)
+    assert fast["own_time_s"] == 20.0  # a at 30 s, the other at 10 s
+    assert t.sooner(fast, slow) == "x>1.25"
     assert t.sooner({"time_s": 10.0}, {"time_s": 25.0, "cap_s": 50.0}) == "x2.50"
     assert t.sooner({"time_s": 10.0}, {"time_s": None, "cap_s": 50.0}) == "x>5.00"
 
