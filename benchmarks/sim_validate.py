@@ -31,7 +31,9 @@ metrics.jsonl, and predicted over the same steps.
 ``--quick``: 20 steps a run (14 runs of about 30 s each on a quiet machine). A run whose
 metrics.jsonl is in ``--out`` is not run again; ``--reuse`` runs nothing, only refits and
 predicts; ``--fit-also 'longtail sync'`` adds that run to the synchronous calibration runs
-(its row is then a fit, marked so, not a prediction).
+(its row is then a fit, marked so, not a prediction); ``--repeats 3`` runs each predicted
+variant with train.seed 0, 1 and 2 and compares the prediction with their mean (a 20-step
+run's throughput moves 6-11% between seeds).
 Ends with ``max |predicted/measured - 1| = P%``.
 """
 
@@ -214,6 +216,9 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true",
                     help="run nothing: refit and predict from the run directories in --out "
                          "(calibration runs missing there are left out, variants skipped)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of each predicted variant (train.seed 0, 1, ...): each row is "
+                         "compared with their mean (one 20-step run moves 6-11%% between seeds)")
     ap.add_argument("--fit-also", action="append", default=[], metavar="VARIANT",
                     help="a synchronous variant's run (e.g. 'longtail sync') joins the "
                          "calibration runs; its row is then marked as fitted, not predicted")
@@ -281,9 +286,14 @@ def main() -> None:
         if d is None or lengths is None:
             print(f"{name}: no run in {out}, left out")
             continue
-        m = measured(d, a.skip)
+        seeds = [d] + [train(out, f"{name} seed{k}", [*ov, f"train.seed={k}"], steps, a.reuse)
+                       for k in range(1, a.repeats)]
+        each = [measured(x, a.skip) for x in seeds if x is not None]
         p = predicted(ov, cost, lengths, steps, a.skip)
-        rows.append((name, m, p, d))
+        rows.append((name, statistics.fmean(each), p, d))
+        if len(each) > 1:
+            print(f"{name}: measured samples/s by seed {', '.join(f'{x:.1f}' for x in each)}, "
+                  f"mean {rows[-1][1]:.1f} (sd {statistics.stdev(each):.1f})")
     print("\n| variant | measured samples/s | predicted | predicted/measured | "
           "sim gen idle | sim train idle | resumed a step, measured / sim | "
           "resumed tokens a step, measured / sim | resumed at an update by age, measured / sim | "
