@@ -195,14 +195,17 @@ REFERENCE = {"spec_rl_pool": "sync_pool", "das_pool": "sync_pool"}
 def time_cell(x: dict) -> str:
     """A summary's time to the target: the seed-mean curve's (``*``: the mean of the seeds'
     own times), or that it was not reached (by the cap, with one seed); with several seeds,
-    each seed's own time after it ("-": not reached by that seed's cap)."""
+    each seed's own time after it ("-": not reached by that seed's cap) and their mean."""
     if x["time_s"] is not None:
         t = f"{x['time_s']:.0f}" + (" *" if x["reading"] != "seed-mean curve" and x["seeds"] > 1
                                     else "")
     else:
         t = "not reached" if x["seeds"] > 1 else f"not by {x['cap_s']:.0f}"
     if x["seeds"] > 1:
-        t += " (" + ", ".join("-" if v is None else f"{v:.0f}" for v in x["seed_times"]) + ")"
+        t += " (" + ", ".join("-" if v is None else f"{v:.0f}" for v in x["seed_times"])
+        if x["own_time_s"] is not None and x["reading"] == "seed-mean curve":
+            t += f"; mean {x['own_time_s']:.0f}"  # what a row read the other way is set against
+        t += ")"
     return t
 
 

@@ -157,9 +157,10 @@ def test_the_readme_table_and_its_block(t):
     # sync: the seed-mean curve is at 0.375 at step 10, (80 + 90) / 2 = 85 s; its seeds reach
     # 0.37 at 80 s and 170 s; finals 0.40 and 0.38: 39.0% +- 1.4% (sample std 0.0141).
     # TRL: 0.375 at step 5, (200 + 220) / 2 = 210 s; seeds at 400 s and 220 s; finals 0.37,
-    # 0.39. sync against TRL 210 / 85 = x2.47, TRL against sync 85 / 210 = x0.40.
-    assert lines[4] == "| sync | 2 | 85 (80, 170) | 2/2 | 39.0% ± 1.4% | 1.0 |  | x2.47 |"
-    assert lines[5] == "| trl | 2 | 210 (400, 220) | 2/2 | 38.0% ± 1.4% | 1.0 | x0.40 |  |"
+    # 0.39. sync against TRL 210 / 85 = x2.47, TRL against sync 85 / 210 = x0.40. Each row's
+    # seeds' own mean beside: (80 + 170) / 2 = 125 and (400 + 220) / 2 = 310.
+    assert lines[4] == "| sync | 2 | 85 (80, 170; mean 125) | 2/2 | 39.0% ± 1.4% | 1.0 |  | x2.47 |"
+    assert lines[5] == "| trl | 2 | 210 (400, 220; mean 310) | 2/2 | 38.0% ± 1.4% | 1.0 | x0.40 |  |"
     text = f"a\n{t.README_START}\nold\n{t.README_END}\nb\n"
     assert t.replace_block(text, "new") == f"a\n{t.README_START}\nnew\n{t.README_END}\nb\n"
     with pytest.raises(ValueError, match="markers"):
