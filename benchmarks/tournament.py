@@ -8,7 +8,9 @@ GRPOTrainer or a minimal hand-written loop with the same hyperparameters
 ``eval`` section) every ``--eval-every`` steps and when it stops; evaluation time is left
 out of its wall time. The start, the same checkpoint for every row, is evaluated once per
 invocation (`start_accuracy`) and is every row's step-0 point. Synchronous GRPO (``sync``) runs first in a seed; every other row of
-that seed stops at ``--cap`` times sync's training time (TRL and the hand loop included).
+that seed stops at ``--cap`` times sync's training time (TRL and the hand loop included);
+under ``--screen`` and ``--quick`` every row also stops at the evaluation that reaches the
+target, sync too (its cap is then ``--cap`` times that time).
 
 Per row: training wall time and generated tokens to ``--target`` on the seed-mean curve (and
 how many seeds reach it alone), final held-out accuracy (mean and std over seeds), median step
@@ -178,10 +180,12 @@ def run_reroll(init: Path, name: str, seed: int, steps: int, every: int, out: Pa
 
 def run_baseline(name: str, init: Path, seed: int, steps: int, every: int,
                  cap_s: float | None, start: float, extra: tuple[str, ...] = (),
-                 trl_generation: str = vs_trl.TRL_FASTEST) -> dict:
+                 trl_generation: str = vs_trl.TRL_FASTEST,
+                 stop_at: float | None = None) -> dict:
     """TRL (generating as ``vs_trl.TRL_GENERATION[trl_generation]``) or the hand loop with
     the config's hyperparameters from ``start``, ``init``'s accuracy (`start_accuracy`), in
-    this process, on one torch thread (vs_trl.py's default:
+    this process, on one torch thread, stopped at ``cap_s`` or at an evaluation that
+    reaches ``stop_at`` (vs_trl.py's default:
     TRL's static-cache step at 2 threads took over 6.5 minutes on the busy 2-core box, 77-154 s
     at 1; benchmarks/docs/vs_trl.md)."""
     import torch
@@ -200,10 +204,11 @@ def run_baseline(name: str, init: Path, seed: int, steps: int, every: int,
     torch.set_num_threads(1)
     if name == "trl":  # TRL at its fastest setting here (vs_trl.TRL_FASTEST)
         times, curve = vs_trl.run_trl(model_dir, tok, task, ev, steps, every, seed, hp=hp,
-                                      cap_s=cap_s, generation=trl_generation, start=start)
+                                      cap_s=cap_s, generation=trl_generation, start=start,
+                                      stop_at=stop_at)
     else:
         times, curve = vs_trl.run_hand(model_dir, tok, task, ev, steps, every, seed, hp=hp,
-                                       cap_s=cap_s, start=start)
+                                       cap_s=cap_s, start=start, stop_at=stop_at)
     return {"curve": [(s, t, acc, None) for s, t, acc in curve],
             "split": {"time/step_s": statistics.median(times)}, "why": {}, "steps": len(times)}
 
@@ -287,7 +292,7 @@ def main() -> None:
             t0 = time.perf_counter()
             if name in BASELINES:
                 r = run_baseline(name, init, seed, a.steps, a.baseline_eval_every, cap, start,
-                                 extra)
+                                 extra, stop_at=a.target if a.screen or a.quick else None)
             else:  # sync runs to cap x its own time to the target, the rest to cap x that
                 r = run_reroll(init, name, seed, a.steps, a.eval_every, out, a.target, start,
                                cap_s=cap, cap_x=a.cap if name == "sync" else None,

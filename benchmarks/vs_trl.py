@@ -105,10 +105,12 @@ TRL_FASTEST = "static"
 
 def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: int,
             device: str = "cpu", hp: Hyper = MAIN, cap_s: float | None = None,
-            generation: str = TRL_FASTEST, start: float | None = None):
+            generation: str = TRL_FASTEST, start: float | None = None,
+            stop_at: float | None = None):
     """TRL's GRPOTrainer with ``hp``, generating as ``TRL_GENERATION[generation]``; stops
-    after ``cap_s`` seconds of training (if given), with an evaluation at that step. Step 0's
-    accuracy is ``start`` where the caller evaluated the checkpoint already, else ``ev``'s."""
+    after ``cap_s`` seconds of training (if given), with an evaluation at that step, or at an
+    evaluation that reaches ``stop_at`` (if given). Step 0's accuracy is ``start`` where the
+    caller evaluated the checkpoint already, else ``ev``'s."""
     if generation not in TRL_GENERATION:
         raise ValueError(f"run_trl: generation {generation!r} is none of {list(TRL_GENERATION)}")
     from datasets import Dataset
@@ -135,6 +137,7 @@ def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: i
             capped = cap_s is not None and sum(times) >= cap_s
             if state.global_step % every == 0 or capped:
                 curve.append((state.global_step, sum(times), ev(model)))
+                capped = capped or (stop_at is not None and curve[-1][2] >= stop_at)
             if capped:
                 control.should_training_stop = True
 
@@ -157,8 +160,10 @@ def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: i
 # ---- a minimal hand-written loop ---------------------------------------------------------
 def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: int,
              skip: bool = False, device: str = "cpu", hp: Hyper = MAIN,
-             cap_s: float | None = None, cache: str = "static", start: float | None = None):
-    """The minimal loop with ``hp``, stopped after ``cap_s`` seconds of training if given,
+             cap_s: float | None = None, cache: str = "static", start: float | None = None,
+             stop_at: float | None = None):
+    """The minimal loop with ``hp``, stopped after ``cap_s`` seconds of training if given, or
+    at an evaluation that reaches ``stop_at`` if given,
     generating with transformers' ``cache`` ("static" or "dynamic", its default); step 0's
     accuracy is ``start`` where the caller evaluated the checkpoint already, else ``ev``'s;
     ``skip``: the forward/backward only on samples with a nonzero
@@ -228,6 +233,7 @@ def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: 
         capped = cap_s is not None and sum(times) >= cap_s
         if step % every == 0 or capped:
             curve.append((step, sum(times), ev(model)))
+            capped = capped or (stop_at is not None and curve[-1][2] >= stop_at)
         if capped:
             break
     return times, curve

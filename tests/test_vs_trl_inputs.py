@@ -108,3 +108,31 @@ def test_the_hand_loop_takes_a_start_evaluated_once(vs_trl, tiny_dir, task):
     assert len(calls) == 2
     _, curve = vs_trl.run_hand(tiny_dir, tok, task, ev, 1, 1, 0, hp=hp)  # no start: evaluated
     assert [(s, acc) for s, _, acc in curve] == [(0, 0.5), (1, 0.5)] and len(calls) == 4
+
+
+def _evaluator(values):
+    """An evaluator returning ``values`` in turn (then the last), counting its calls."""
+    it = iter(values)
+    calls = []
+
+    def ev(model):
+        calls.append(1)
+        return next(it, values[-1])
+
+    return ev, calls
+
+
+@pytest.mark.parametrize("baseline", ["hand", "trl"])
+def test_a_baseline_stops_at_the_evaluation_that_reaches_the_target(vs_trl, tiny_dir, task,
+                                                                   baseline):
+    # tournament.py's screen and --quick: 0.3 at step 1, 0.6 at step 2 reaches 0.5, so the
+    # run ends there (2 of 5 steps), not at its step budget
+    if baseline == "trl":
+        pytest.importorskip("trl")
+    tok = build.load_tokenizer(tiny_dir)
+    ev, calls = _evaluator([0.3, 0.6, 0.7])
+    hp = vs_trl.Hyper(CONFIG, prompts=2, samples=2, max_new=3, lr=1e-4, clip=0.2)
+    run = vs_trl.run_trl if baseline == "trl" else vs_trl.run_hand
+    times, curve = run(tiny_dir, tok, task, ev, 5, 1, 0, hp=hp, start=0.25, stop_at=0.5)
+    assert len(times) == 2 and len(calls) == 2
+    assert [(s, acc) for s, _, acc in curve] == [(0, 0.25), (1, 0.3), (2, 0.6)]
