@@ -42,7 +42,8 @@ class GenDevice:
         self.resumed_tokens = 0  # their prompt and prefix tokens, prefilled again
         self.arrived: list[Row] = []  # rows the last chunk brought to their checkpoint
         self.share = 1.0  # wall time per unit of work (2: the core is shared half and half)
-        self._next_share: float | None = None  # applies when the running chunk ends
+        self._since = 0.0  # when the running chunk last changed speed (its start, else)
+        self._done = 0.0  # the chunk's work (at full speed) done before ``_since``
 
     @property
     def load(self) -> int:
@@ -51,12 +52,16 @@ class GenDevice:
     def add(self, rows: list[Row]) -> None:
         self.queue += rows
 
-    def set_share(self, share: float) -> None:
-        """Wall time per unit of work from the next chunk on (the running one keeps its)."""
-        if self.chunk is None:
-            self.share = share
-        else:
-            self._next_share = share
+    def set_share(self, share: float, now: float) -> float | None:
+        """Wall time per unit of work from ``now`` on: a processor's share changes at once,
+        in the middle of a decode step too (the running chunk's work done so far stays done,
+        the rest goes at the new speed). Returns the running chunk's new end (None: none
+        runs)."""
+        if self.chunk is not None:
+            self._done += (now - self._since) / self.share
+            self._since = now
+        self.share = share
+        return None if self.chunk is None else self.end(self.chunk[1])
 
     # ---- cost model ----------------------------------------------------------------------
     def _prefill_s(self) -> float:
@@ -66,20 +71,28 @@ class GenDevice:
                 + self.s.row_s * sum(r.fresh for r in self.rows))
 
     def elapsed(self, j: int) -> float:
-        """Time of the current batch's first ``j`` decode steps (with its pending prefill)."""
+        """Work of the current batch's first ``j`` decode steps (with its pending prefill),
+        at full speed."""
         s, n = self.s, len(self.rows)
         ctx = sum(r.ctx for r in self.rows)
-        return self.share * (self._prefill_s() + j * (s.decode_base_s + s.decode_row_s * n)
-                             + s.decode_ctx_s * (j * ctx + n * j * (j - 1) / 2))
+        return (self._prefill_s() + j * (s.decode_base_s + s.decode_row_s * n)
+                + s.decode_ctx_s * (j * ctx + n * j * (j - 1) / 2))
+
+    def end(self, j: int) -> float:
+        """When the current batch's ``j``-th decode step ends: the chunk's work after
+        ``_since`` at the present speed (a chunk not yet started begins at ``self.t``)."""
+        if self.chunk is None:
+            return self.t + self.share * self.elapsed(j)
+        return self._since + self.share * (self.elapsed(j) - self._done)
 
     def steps_to(self, t: float, most: int) -> int:
         """Decode steps of the current batch, from ``self.t``, until the one under way at
         ``t`` has finished (the first that ends at or after ``t``), at least one and at most
         ``most``."""
         lo, hi = 1, most
-        while lo < hi:  # the smallest j in [1, most] with self.t + elapsed(j) >= t
+        while lo < hi:  # the smallest j in [1, most] with end(j) >= t
             mid = (lo + hi) // 2
-            if self.t + self.elapsed(mid) >= t - 1e-12:
+            if self.end(mid) >= t - 1e-12:
                 hi = mid
             else:
                 lo = mid + 1
@@ -96,10 +109,10 @@ class GenDevice:
             self.chunk = None
             return None
         k = min(min(r.left, r.check or r.left) for r in self.rows)
-        if horizon is not None and self.t + self.elapsed(k) > horizon:
+        if horizon is not None and self.end(k) > horizon:
             k = self.steps_to(horizon, k)
-        self.chunk = (self.t, k)
-        return self.t + self.elapsed(k)
+        self.chunk, self._since, self._done = (self.t, k), self.t, 0.0
+        return self.end(k)
 
     def cut(self, t: float) -> float | None:
         """Shorten the running chunk to end with the decode step under way at ``t``;
@@ -108,15 +121,15 @@ class GenDevice:
             return None
         k = self.steps_to(t, self.chunk[1])
         self.chunk = (self.t, k)
-        return self.t + self.elapsed(k)
+        return self.end(k)
 
     def finish_chunk(self) -> list[Row]:
         """Apply the chunk: every row gains its tokens; returns the rows that finished (the
         ones still running that reached their checkpoint go to ``arrived``)."""
         _, k = self.chunk
-        dt = self.elapsed(k)
-        self.t += dt
-        self.busy_s += dt
+        end = self.end(k)
+        self.busy_s += end - self.t
+        self.t = end
         self.arrived = []
         for r in self.rows:
             r.ctx, r.left, r.prefill, r.resumed, r.fresh = r.ctx + k, r.left - k, 0, False, False
@@ -128,8 +141,6 @@ class GenDevice:
         done = [r for r in self.rows if r.left <= 0]
         self.rows = [r for r in self.rows if r.left > 0]
         self.chunk = None
-        if self._next_share is not None:
-            self.share, self._next_share = self._next_share, None
         return done
 
     def drop(self, which) -> list[Row]:

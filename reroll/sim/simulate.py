@@ -287,8 +287,14 @@ class Simulation:
             return
         self.loop_left, self.loop_since = work, self.now
         if self.s.loop_on_gen:
-            self.devices[0].set_share(2.0)
-            self._recut(0, self.now)  # the decode step under way ends at full speed
+            self._share(2.0)
+
+    def _share(self, share: float) -> None:
+        """The first device's processor is shared (2.0) or its own (1.0) from now on, the
+        decode step under way included: its chunk's end moves."""
+        end = self.devices[0].set_share(share, self.now)
+        if end is not None:
+            self._chunk_event(0, end)
 
     def _loop_rate(self) -> float:
         """The loop's work done per second: half while it shares a busy processor."""
@@ -320,7 +326,7 @@ class Simulation:
     def _looped(self) -> None:
         self.loop_left = self.loop_end = None
         if self.s.loop_on_gen:
-            self.devices[0].set_share(1.0)
+            self._share(1.0)
         self.horizon = self.now
         for i in range(len(self.devices)):
             self._recut(i, self.now)

@@ -209,6 +209,38 @@ def test_the_loops_work_shares_the_first_devices_processor():
     assert [p["resumed"] for p in short["per_step"]] == [0, 2, 0]
 
 
+def test_a_decode_step_under_way_slows_when_the_loop_takes_half_its_processor():
+    # training ends in the middle of a decode step, and the loop's work slows that step at
+    # once (a processor is shared from the moment both have work; before, the step under way
+    # ran to its end at full speed beside the loop's half: 1.5 processors). Async 1 without
+    # partial rollouts, an admitted sample's first step 2 s longer. Version 0's 4 samples:
+    # first step 1 + 4 x 2 = 9 s, done at 18; step 1 trains 18-22.5, the loop's 1.5 s
+    # 22.5-24 (the device idle: all 4 started); the swap admits a pair (first step 5 s,
+    # 24-29); step 2 trains 24-28.5, then the loop and that step's last 0.5 s share the
+    # processor: the step ends at 29.5, one more by 31.5, when the loop's 1.5 s end too
+    # (at 0.5 a second): swap at 31.5 (the old way: 2.25 steps by 31.5, swap at 33). A new
+    # pair beside the old (8 left): 4 + 8 s, the old pair done at 43.5; step 3 trains
+    # 43.5-48, the new pair done at 45.5, the loop alone 48-49.5
+    r = run(1, steps=3, train_step_s=4.5, loop_s=1.5, row_s=2.0, loop_on_gen=True,
+            partial_rollouts=False)
+    assert r["step_ends_s"] == [24.0, 31.5, 49.5]
+
+
+def test_a_share_change_rerates_the_chunk_under_way():
+    # one row of 10 tokens, 1 s a decode step: at 2.5 the processor is halved, so the 7.5 s
+    # of work left take 15 s (end 17.5) and step j ends at 2.5 + 2 (j - 2.5); at 4.0 it is
+    # whole again with 3.25 s of work done (2.5 + 1.5 / 2): step j ends at 4 + j - 3.25
+    d = GenDevice(SimSettings(decode_base_s=1.0, decode_row_s=0.0, prefill_token_s=0.0))
+    d.add([Row(key="a", ctx=1, left=10, prefill=0)])
+    assert d.plan(None) == 10.0
+    assert d.set_share(2.0, 2.5) == 17.5
+    assert d.cut(5.0) == 5.5  # the step under way at 5.0 is the 4th: 2.5 + 2 x 1.5
+    assert d.set_share(1.0, 4.0) == 4.75  # 4 + 4 - 3.25
+    assert d.finish_chunk() == []
+    assert (d.t, d.busy_s, d.rows[0].left) == (4.75, 4.75, 6)
+    assert d.plan(None) == 10.75  # the next chunk at full speed: 6 steps
+
+
 def test_the_loops_work_grows_with_the_samples_and_carries_the_stalls():
     # synchronous: nothing generates during the loop's work, which is loop_s + loop_row_s
     # a sample + stall_s = 0.5 + 0.25 x 2 + 1 = 2 s after each 10 + 5 s, before the step ends
