@@ -115,9 +115,9 @@ ROWS: dict[str, list[str]] = {
     # MC-GRPO's 2 samples plus the pivot; 21 groups of 3 keep ~64 samples a step
     "mc_grpo": ["preset=mc_grpo", "rollout.group_size=3", "rollout.batch_groups=21"],
     "stacked": ["preset=stacked"],
-    # stacked with VADE's prompt selection: the two rows that gained in steps (VADE) and in
-    # step time (stacked); whether they compose is what the row measures
-    "stacked_vade": ["preset=stacked", "control.selector=vade"],
+    # stacked without VADE's prompt selection (the preset before VADE joined it): what VADE
+    # adds inside the preset
+    "stacked_no_vade": ["preset=stacked", "control.selector=uniform"],
 }
 BASELINES = ("trl", "hand")
 TARGET = 0.37  # the SFT start is 31.5%; sync GRPO reached 37% near step 50 (about 10 minutes)

@@ -249,7 +249,7 @@ JOB = Path(__file__).resolve().parent.parent / "configs" / "reasoning.toml"
 
 
 def test_the_stacked_preset_takes_effect_on_the_reasoning_job():
-    """preset=stacked (async one version ahead, SIRI's length schedule) on
+    """preset=stacked (async one version ahead, SIRI's length schedule, VADE's prompts) on
     configs/reasoning.toml: the job leaves runtime.max_staleness at its default so the
     preset's 1 holds, with a behaviour correction and no override warning; the job alone
     stays synchronous with the fixed limit."""
@@ -258,7 +258,9 @@ def test_the_stacked_preset_takes_effect_on_the_reasoning_job():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         cfg = load_checked(str(JOB), ["preset=stacked"])
-    assert (cfg.runtime.max_staleness, cfg.control.length) == (1, "siri")
+    assert (cfg.runtime.max_staleness, cfg.control.length, cfg.control.selector) == (
+        1, "siri", "vade")
     assert cfg.algo.correction != "none"
     plain = load_checked(str(JOB), [])
-    assert (plain.runtime.max_staleness, plain.control.length) == (0, "fixed")
+    assert (plain.runtime.max_staleness, plain.control.length, plain.control.selector) == (
+        0, "fixed", "uniform")

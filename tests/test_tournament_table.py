@@ -95,10 +95,10 @@ def test_summary_over_seeds(t):
 
 
 def test_every_paper_headline_belongs_to_a_method_row_and_every_method_row_has_one(t):
-    # reroll's own rows (sync, sync on the small pool, stacked, stacked with VADE) and the
+    # reroll's own rows (sync, sync on the small pool, stacked, stacked without VADE) and the
     # baselines carry no paper's claim
     assert set(t.PAPER) <= set(t.ROWS)
-    assert set(t.ROWS) - set(t.PAPER) == {"sync", "sync_pool", "stacked", "stacked_vade"}
+    assert set(t.ROWS) - set(t.PAPER) == {"sync", "sync_pool", "stacked", "stacked_no_vade"}
     line = t.table([{"row": "sync", **run([(0, 0.0, 0.3, 0), (5, 50.0, 0.36, 100)])},
                     {"row": "siri", **run([(0, 0.0, 0.3, 0), (5, 25.0, 0.36, 60)])}], 0.35)
     siri = line.splitlines()[-1]
