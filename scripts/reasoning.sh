@@ -29,6 +29,19 @@ else
   sft_note="SFT took $(($(date +%s) - sft_start))s"
 fi
 $R eval "$CONFIG" --checkpoint "$RUN/sft" --output "$RUN/eval_before.json" "$@"
+# Stage 2's accuracy climbs steeply with its length, and where it lands moves between CPUs
+# (docs/reasoning.md: 225 steps gave 31.5% on one x86 CPU and 18.0% on another, 250 gave 32.5%
+# there), so say so when the checkpoint lands outside the 20-60% the job is built for.
+$PY - "$RUN" <<'PY'
+import json, sys
+run = sys.argv[1]
+acc = json.load(open(f"{run}/eval_before.json"))["eval/greedy_accuracy"]
+if not 0.2 <= acc <= 0.6:
+    more = "more" if acc < 0.2 else "fewer"
+    print(f"note: the SFT checkpoint's greedy accuracy {100 * acc:.1f}% is outside the 20-60% "
+          f"this job is built for; stage 2 with {more} steps moves it (keep stage 1: "
+          f"rm -r {run}/sft && RUN={run} bash scripts/reasoning.sh sft.steps=N)")
+PY
 
 # Response lengths at temperature 1 on the SFT checkpoint (tokens), and sampled accuracy.
 $PY - "$CONFIG" "$RUN" "$LENGTH_SAMPLES" "$@" <<'PY'
