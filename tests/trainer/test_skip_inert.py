@@ -43,6 +43,13 @@ def run(model, start, algo, batches, skip, weights=None, **kw):
     ref = copy.deepcopy(model) if algo.kl_coef > 0 else None
     t = Trainer(model, build_objective(algo),
                 TrainerOptions(pad_id=0, lr=1e-2, skip_inert=skip, **kw), ref_model=ref)
+    # AdamW's eps above any gradient of pure rounding noise (at most n_terms * eps32 * the
+    # largest gradient, ~3e-6 here): at its default 1e-8 such a gradient's sign, which the
+    # summation order decides, moves its weight by a full lr, and the next step's gradients
+    # then differ by more than rounding (seen on an Intel Xeon: 1.0e-5 against a 3.5e-6
+    # bound). At 1e-4 a noise gradient moves its weight by at most lr |g| / eps, to first order.
+    for group in t.opt.param_groups:
+        group["eps"] = 1e-4
     rows, grads, real_fwd = [], [], t._forward
     t._forward = lambda m, b, entropy=False, **kw: (  # the loss's passes (with autograd)
         rows.append(len(b)) if torch.is_grad_enabled() else None) or real_fwd(m, b, entropy, **kw)
