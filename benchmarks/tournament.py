@@ -55,10 +55,12 @@ from tournament_table import (  # noqa: F401
     reach,
     read_rows,
     readme_table,
+    recorded,
     replace_block,
     seed_mean,
     sooner,
     summary,
+    sync_cap,
     table,
     train_seconds,
     why_of,
@@ -250,6 +252,10 @@ def main() -> None:
                     help="each reroll row stops when it reaches the target (time to it only)")
     ap.add_argument("--eval-examples", type=int, default=None,
                     help="held-out prompts per evaluation (default: the config's 200)")
+    ap.add_argument("--sync-from-results", action="store_true",
+                    help="where --results holds a sync run of the seed on this machine and "
+                         "commit with the same start, target, protocol and evaluation "
+                         "settings, cap the seed's rows by it instead of running sync again")
     ap.add_argument("--results", type=Path, default=RESULTS)
     ap.add_argument("--table", action="store_true", help="print the table and stop")
     ap.add_argument("--commit", default=None, help="--table: rows of this commit")
@@ -291,7 +297,18 @@ def main() -> None:
     mine: list[dict] = []
     for seed in range(a.seed, a.seed + a.seeds):
         cap = None
+        if a.sync_from_results:
+            rec = recorded(read_rows(a.results), "sync", seed, **here, init=str(init),
+                           target=a.target, screen=a.screen, quick=a.quick,
+                           extra=list(extra), eval_every=a.eval_every)
+            if rec is not None:
+                mine.append(rec)
+                cap = sync_cap(rec, a.cap)
+                print(f"sync seed {seed}: recorded in {a.results}; cap {cap:.0f} s",
+                      flush=True)
         for name in names:
+            if name == "sync" and cap is not None:
+                continue  # recorded
             t0 = time.perf_counter()
             if name in BASELINES:
                 r = run_baseline(name, init, seed, a.steps, a.baseline_eval_every, cap, start,
@@ -301,14 +318,13 @@ def main() -> None:
                                cap_s=cap, cap_x=a.cap if name == "sync" else None,
                                stop_at_target=a.screen or a.quick,
                                extra=extra)
-            if name == "sync":
-                hit = reach(r["curve"][1:], a.target)
-                cap = a.cap * (hit[1] if hit else r["curve"][-1][1])
             rec = {"row": name, "seed": seed, **here, "init": str(init), "target": a.target,
                    "screen": a.screen, "quick": a.quick, "extra": list(extra),
                    "eval_every": a.baseline_eval_every if name in BASELINES else a.eval_every,
                    "load": os.getloadavg()[0], **r}
             mine.append(rec)
+            if name == "sync":
+                cap = sync_cap(rec, a.cap)
             with open(a.results, "a") as f:
                 f.write(json.dumps(rec) + "\n")
             print(f"{name} seed {seed}: {r['steps']} steps, final {r['curve'][-1][2]:.3f}, "

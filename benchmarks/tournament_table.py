@@ -100,6 +100,20 @@ def limit_of(curve: list[tuple], target: float, cap_s: float | None, cap_x: floa
     return cap_x * hit[1] if cap_x is not None and hit is not None else None
 
 
+def sync_cap(sync: dict, cap: float) -> float:
+    """The training seconds a seed's other rows stop at: ``cap`` times the time its sync run
+    (a results record) took to its target, or to its end where it never got there."""
+    hit = reach(sync["curve"][1:], sync["target"])
+    return cap * (hit[1] if hit else sync["curve"][-1][1])
+
+
+def recorded(results: list[dict], row: str, seed: int, **same) -> dict | None:
+    """The latest record of ``row`` and ``seed`` in ``results`` whose fields equal ``same``
+    (machine, commit, start, target, protocol, evaluation settings), or None."""
+    return next((r for r in reversed(results) if r["row"] == row and r["seed"] == seed
+                 and all(r.get(k) == v for k, v in same.items())), None)
+
+
 def why_of(rows: list[dict]) -> dict[str, float]:
     """``WHY``'s per-step means and ``RUNNING``'s increase a step (from 0 before the first
     step) over the step rows of a run's metrics (row 0 is the start), and the drafter's

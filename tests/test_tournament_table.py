@@ -36,6 +36,22 @@ def test_when_a_run_stops(t):
     assert t.limit_of(curve, 0.40, 70.0, None, stop_at_target=True) == 70.0
 
 
+def test_a_recorded_sync_run_caps_a_later_invocations_rows(t):
+    sync = {"row": "sync", "seed": 2, "machine": "m", "commit": "c", "target": 0.37,
+            "curve": [(0, 0.0, 0.32, 0), (10, 60.0, 0.35, 0), (20, 130.0, 0.38, 0),
+                      (30, 200.0, 0.40, 0)]}
+    assert t.sync_cap(sync, 2.0) == 260.0  # 2 x the 130 s to 37%, not x its 200 s end
+    never = {**sync, "target": 0.45}
+    assert t.sync_cap(never, 2.0) == 400.0  # never reached: 2 x its end
+    older = {**sync, "curve": [(0, 0.0, 0.32, 0), (10, 90.0, 0.37, 0)]}
+    other = {**sync, "commit": "d"}
+    results = [older, sync, other, {**sync, "row": "trl"}, {**sync, "seed": 1}]
+    assert t.recorded(results, "sync", 2, machine="m", commit="c") is sync  # the latest
+    assert t.recorded(results, "sync", 2, commit="d") is other
+    assert t.recorded(results, "sync", 2, commit="c", target=0.35) is None
+    assert t.recorded(results, "sync", 3) is None
+
+
 def run(curve):
     return {"curve": curve, "split": {"time/step_s": 1.0}, "why": {}}
 
