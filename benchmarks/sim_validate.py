@@ -50,9 +50,9 @@ from pathlib import Path
 from reroll.config_checks import load_checked
 from reroll.runlog import read_metrics, read_rollouts
 from reroll.sim.calibrate import (
-    fit,
     fit_resume,
     fit_resume_wall,
+    fit_tasks,
     readd_row_s,
     readds,
     resumed_tokens,
@@ -105,6 +105,11 @@ def train(out: Path, name: str, overrides: list[str], steps: int,
         subprocess.run([sys.executable, "-m", "reroll.cli", "train", *args, "--no-progress"],
                        check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
     return d
+
+
+def task_of(overrides: list[str]) -> str:
+    """The task a variant's or calibration run's overrides train on."""
+    return load_checked(str(CONFIG), [*BASE, *overrides]).task.name
 
 
 def measured(run_dir: Path, skip: int) -> float:
@@ -236,6 +241,7 @@ def main() -> None:
                          f"nothing to calibrate on")
     prompt = _prompt_tokens(cal["cal 16x8"])
     sync_cal = [d for k, d in cal.items() if k in list(CALIBRATION)[:SYNC_CAL]]
+    tasks = [task_of(CALIBRATION[k]) for k in cal if k in list(CALIBRATION)[:SYNC_CAL]]
     synchronous = [k for k, v in VARIANTS.items() if k != "sync"
                    and not any(o.startswith("runtime.max_staleness") for o in v)]
     for name in a.fit_also:
@@ -246,7 +252,10 @@ def main() -> None:
         if d is None:
             raise SystemExit(f"sim_validate --fit-also: no {name!r} run in {out}")
         sync_cal.append(d)
-    cost = fit(sync_cal, prompt_tokens=prompt, skip=a.skip)
+        tasks.append(task_of(VARIANTS[name]))
+    # one cost model per task: each its own cost a decoded token, every other term shared
+    costs = fit_tasks(sync_cal, tasks, prompt_tokens=prompt, skip=a.skip)
+    cost = costs[tasks[0]]  # the main job's: the resume terms are fitted on its runs
     engine = fit_resume(list(cal.values()), skip=a.skip)
     print("engine's own time:", json.dumps({k: float(f"{v:.4g}") for k, v in engine.items()}))
     # after an update the driver re-adds every request in the engine, a group at a time,
@@ -277,7 +286,11 @@ def main() -> None:
         print(f"{k}: beside the engine's prefill, {1e3 * rest / max(w['resumed'], 1e-9):.3f} "
               f"ms a resumed request (fitted over the runs: "
               f"{1e3 * cost['resume_row_s']:.3f})")
+    for t in costs:  # the resume and update terms are every task's
+        costs[t] = {**cost, "decode_row_s": costs[t]["decode_row_s"]}
     print("cost model:", json.dumps({k: float(f"{v:.4g}") for k, v in cost.items()}))
+    print("a decoded token by task:", ", ".join(f"{t} {1e6 * c['decode_row_s']:.2f} us"
+                                                for t, c in costs.items()))
     rows = []
     for name, ov in VARIANTS.items():
         d = cal["cal 16x8"] if name == "sync" else train(out, name, ov, steps, a.reuse)
@@ -289,7 +302,7 @@ def main() -> None:
         seeds = [d] + [train(out, f"{name} seed{k}", [*ov, f"train.seed={k}"], steps, a.reuse)
                        for k in range(1, a.repeats)]
         each = [measured(x, a.skip) for x in seeds if x is not None]
-        p = predicted(ov, cost, lengths, steps, a.skip)
+        p = predicted(ov, costs[task_of(ov)], lengths, steps, a.skip)
         rows.append((name, statistics.fmean(each), p, d))
         if len(each) > 1:
             print(f"{name}: measured samples/s by seed {', '.join(f'{x:.1f}' for x in each)}, "

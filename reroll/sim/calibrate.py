@@ -11,7 +11,8 @@ a step decodes length/max times with the batch's rows:
   different batches and different response lengths separate the three terms: a fixed
   response length alone would fold each batch's fixed costs into the per-decode-step
   one); prefill at the fixed prompt length, submission and scoring are row_s, and the
-  context term is left 0 (not identifiable at short contexts);
+  context term is left 0 (not identifiable at short contexts); with runs of several tasks
+  (`fit_tasks`) each task has a ``decode_row_s`` of its own;
 - the trainer's side: non-negative least squares of ``time/train_s = train_step_s +
   train_token_s * tokens`` (prompt + response), the update itself;
 - the rest of a step, ``wall time - wait - time/train_s``, is the loop's own work
@@ -88,12 +89,27 @@ def unstalled(ys: list[float], factor: float = 2.0) -> list[bool]:
 
 
 def fit(run_dirs: list[str | Path], *, prompt_tokens: int, skip: int = 1) -> dict[str, float]:
-    """Cost-model fields (`reroll.sim.settings.SimSettings`) from synchronous runs' metrics;
-    the first ``skip`` steps of each run (warm-up) are left out, and so is each term's
-    stalled steps (`unstalled`)."""
+    """Cost-model fields (`reroll.sim.settings.SimSettings`) from synchronous runs' metrics
+    of one task; the first ``skip`` steps of each run (warm-up) are left out, and so is each
+    term's stalled steps (`unstalled`)."""
+    return fit_tasks(run_dirs, [""] * len(run_dirs), prompt_tokens=prompt_tokens,
+                     skip=skip)[""]
+
+
+def fit_tasks(run_dirs: list[str | Path], tasks: list[str], *, prompt_tokens: int,
+              skip: int = 1) -> dict[str, dict[str, float]]:
+    """One cost model per task (``tasks[i]`` is run ``i``'s), fitted together: every term is
+    shared but ``decode_row_s``, the cost of a decoded token, which each task other than
+    ``tasks[0]`` (the reference) may raise by a term of its own (a generation column of its
+    tokens, zero on the other tasks' steps; non-negative, as the rest). The engine's
+    measured time a token differs between tasks on one model (on the long-tail task 40% over
+    the main job's at the same batch), and a shared term splits the difference, too slow on
+    one task and too fast on the other. A task with one calibration run has its term solved
+    from that run's residual: it predicts that task at other lengths and schedules."""
+    others = list(dict.fromkeys(t for t in tasks if t != tasks[0]))
     gen_x, gen_y, train_x, train_y, loop_x, loop_y = [], [], [], [], [], []
     stalled, steps = 0.0, 0
-    for d in run_dirs:
+    for d, task in zip(run_dirs, tasks):
         rows = [r for r in read_metrics(d) if "time/train_s" in r]
         pairs = list(zip(rows, rows[1:]))[max(0, skip - 1):]
         waits = [r["time/wait_for_rollouts_s"] for _, r in pairs]
@@ -105,7 +121,9 @@ def fit(run_dirs: list[str | Path], *, prompt_tokens: int, skip: int = 1) -> dic
                                                unstalled(trains), unstalled(loops)):
             n = r["pipeline/samples_in_batch"]
             if kw:
-                gen_x.append([r["length/max"], n * r["length/mean"], n])
+                tokens = n * r["length/mean"]
+                gen_x.append([r["length/max"], tokens, n,
+                              *[tokens if task == t else 0.0 for t in others]])
                 gen_y.append(w)
             if kt:
                 train_x.append([1.0, n * (prompt_tokens + r["length/mean"])])
@@ -115,13 +133,15 @@ def fit(run_dirs: list[str | Path], *, prompt_tokens: int, skip: int = 1) -> dic
                 loop_y.append(lp)
     if not gen_y:
         raise ValueError(f"no consecutive step rows in the metrics of {run_dirs}")
-    base, row, sample = nnls(gen_x, gen_y)
+    base, row, sample, *extra = nnls(gen_x, gen_y)
     step, token = nnls(train_x, train_y)
     loop, loop_row = nnls(loop_x, loop_y)
-    return {"decode_base_s": base, "decode_row_s": row, "row_s": sample, "decode_ctx_s": 0.0,
-            "prefill_token_s": 0.0, "train_step_s": step, "train_token_s": token,
-            "loop_s": loop, "loop_row_s": loop_row, "stall_s": stalled / steps, "sync_s": 0.0,
-            "prompt_tokens": prompt_tokens}
+    shared = {"decode_base_s": base, "row_s": sample, "decode_ctx_s": 0.0,
+              "prefill_token_s": 0.0, "train_step_s": step, "train_token_s": token,
+              "loop_s": loop, "loop_row_s": loop_row, "stall_s": stalled / steps,
+              "sync_s": 0.0, "prompt_tokens": prompt_tokens}
+    return {t: {**shared, "decode_row_s": row + e}
+            for t, e in zip([tasks[0], *others], [0.0, *extra])}
 
 
 def stall_excess(ys: list[float], factor: float = 2.0) -> float:

@@ -12,6 +12,7 @@ from reroll.sim.calibrate import (
     fit,
     fit_resume,
     fit_resume_wall,
+    fit_tasks,
     nnls,
     readds,
     resumed_tokens,
@@ -35,16 +36,17 @@ def write(d, rows):
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def three_runs(tmp_path, steps, stall=None, loop=(0.0, 0.0)):
+def three_runs(tmp_path, steps, stall=None, loop=(0.0, 0.0), runs=None):
     """Runs a (32 samples of up to 6 tokens), b (8 of 6) and c (8 of 12), their wait for
     rollouts 0.01 s a decode step + 0.001 s a token + 0.004 s a sample (plus ``stall``:
     {step index: extra seconds}), training 0.05 s a step, the loop's own work
     ``loop[0] + loop[1]`` a sample."""
-    for name, n, mx in (("a", 32, 6), ("b", 8, 6), ("c", 8, 12)):
+    for name, n, mx, token_s in runs or (("a", 32, 6, 0.001), ("b", 8, 6, 0.001),
+                                         ("c", 8, 12, 0.001)):
         rows, t = [], 0.0
         for step in range(steps):
             mean = mx - 0.5 * (step % 2)
-            wait = 0.01 * mx + 0.001 * n * mean + 0.004 * n + (stall or {}).get(step, 0.0)
+            wait = 0.01 * mx + token_s * n * mean + 0.004 * n + (stall or {}).get(step, 0.0)
             t += wait + 0.05 + loop[0] + loop[1] * n
             rows.append({"step": step + 1, "time": t, "pipeline/samples_in_batch": n,
                          "length/mean": mean, "length/max": mx, "time/train_s": 0.05,
@@ -60,6 +62,28 @@ def test_fit_separates_a_per_sample_cost_with_two_response_lengths(tmp_path):
         (0.01, 0.001, 0.004))
     assert (f["train_step_s"], f["train_token_s"]) == pytest.approx((0.05, 0.0), abs=1e-12)
     assert f["loop_s"] == pytest.approx(0.0, abs=1e-12)  # wall = wait + train exactly
+
+
+def test_each_task_has_its_own_cost_a_token_and_shares_the_rest(tmp_path):
+    # runs a, b, c of one task as above (0.001 s a token); d, of a second task, decodes a
+    # token in 0.0025 s with every other cost the same: 16 samples of up to 10 tokens
+    three_runs(tmp_path, steps=4, runs=(("a", 32, 6, 0.001), ("b", 8, 6, 0.001),
+                                        ("c", 8, 12, 0.001), ("d", 16, 10, 0.0025)))
+    f = fit_tasks([tmp_path / k for k in "abcd"], ["main", "main", "main", "tail"],
+                  prompt_tokens=7, skip=0)
+    assert sorted(f) == ["main", "tail"]
+    for task, token_s in (("main", 0.001), ("tail", 0.0025)):
+        assert (f[task]["decode_base_s"], f[task]["decode_row_s"], f[task]["row_s"]) == \
+            pytest.approx((0.01, token_s, 0.004))
+    assert {k: v for k, v in f["main"].items() if k != "decode_row_s"} == \
+        {k: v for k, v in f["tail"].items() if k != "decode_row_s"}
+    # one task: fit's model, the same numbers as fit_tasks with one label
+    g = fit([tmp_path / k for k in "abc"], prompt_tokens=7, skip=0)
+    assert g == fit_tasks([tmp_path / k for k in "abc"], ["x"] * 3, prompt_tokens=7,
+                          skip=0)["x"]
+    # d alone in the one-task fit: the shared token cost splits the two, exact on neither
+    h = fit([tmp_path / k for k in "abcd"], prompt_tokens=7, skip=0)
+    assert 0.001 < h["decode_row_s"] < 0.0025
 
 
 def test_resumes_by_age_from_the_recorded_spans(tmp_path):
