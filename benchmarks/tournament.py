@@ -50,6 +50,7 @@ from tournament_table import (  # noqa: F401
     REFERENCE,
     RUNNING,
     WHY,
+    capping_sync,
     curve_of,
     limit_of,
     reach,
@@ -253,9 +254,14 @@ def main() -> None:
     ap.add_argument("--eval-examples", type=int, default=None,
                     help="held-out prompts per evaluation (default: the config's 200)")
     ap.add_argument("--sync-from-results", action="store_true",
-                    help="where --results holds a sync run of the seed on this machine and "
-                         "commit with the same start, target, protocol and evaluation "
-                         "settings, cap the seed's rows by it instead of running sync again")
+                    help="where --sync-results holds a sync run of the seed on this machine "
+                         "and commit with the same start, target, protocol and evaluation "
+                         "settings, cap the seed's rows by it instead of running sync again "
+                         "(at --cap 1 a screen run stands for the full protocol's: both stop "
+                         "at the evaluation that reaches the target)")
+    ap.add_argument("--sync-results", type=Path, default=None,
+                    help="the file --sync-from-results reads (default: --results); a sync "
+                         "run taken from another file is copied into --results")
     ap.add_argument("--results", type=Path, default=RESULTS)
     ap.add_argument("--table", action="store_true", help="print the table and stop")
     ap.add_argument("--commit", default=None, help="--table: rows of this commit")
@@ -298,12 +304,16 @@ def main() -> None:
     for seed in range(a.seed, a.seed + a.seeds):
         cap = None
         if a.sync_from_results:
-            rec = recorded(read_rows(a.results), "sync", seed, **here, init=str(init),
-                           target=a.target, screen=a.screen, quick=a.quick,
-                           extra=list(extra), eval_every=a.eval_every)
+            src = a.sync_results or a.results
+            same = dict(**here, init=str(init), target=a.target, quick=a.quick,
+                        extra=list(extra), eval_every=a.eval_every)
+            rec = capping_sync(read_rows(src), seed, a.cap, a.screen, **same)
             if rec is not None:
                 mine.append(rec)
                 cap = sync_cap(rec, a.cap)
+                if src.resolve() != a.results.resolve():
+                    with open(a.results, "a") as f:
+                        f.write(json.dumps(rec) + "\n")
                 print(f"sync seed {seed}: recorded in {a.results}; cap {cap:.0f} s",
                       flush=True)
         for name in names:
@@ -319,7 +329,7 @@ def main() -> None:
                                stop_at_target=a.screen or a.quick,
                                extra=extra)
             rec = {"row": name, "seed": seed, **here, "init": str(init), "target": a.target,
-                   "screen": a.screen, "quick": a.quick, "extra": list(extra),
+                   "screen": a.screen, "quick": a.quick, "cap": a.cap, "extra": list(extra),
                    "eval_every": a.baseline_eval_every if name in BASELINES else a.eval_every,
                    "load": os.getloadavg()[0], **r}
             mine.append(rec)

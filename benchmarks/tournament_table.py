@@ -114,6 +114,18 @@ def recorded(results: list[dict], row: str, seed: int, **same) -> dict | None:
                  and all(r.get(k) == v for k, v in same.items())), None)
 
 
+def capping_sync(results: list[dict], seed: int, cap: float, screen: bool,
+                 **same) -> dict | None:
+    """The recorded sync run of ``seed`` that caps a later invocation's rows: the latest
+    of the same protocol and ``same`` fields; at ``cap`` 1 under the full protocol a screen
+    run stands in where there is none (sync then stops at the evaluation that reaches the
+    target under either protocol: the same run)."""
+    rec = recorded(results, "sync", seed, **same, screen=screen)
+    if rec is None and cap == 1 and not screen:
+        rec = recorded(results, "sync", seed, **same, screen=True)
+    return rec
+
+
 def why_of(rows: list[dict]) -> dict[str, float]:
     """``WHY``'s per-step means and ``RUNNING``'s increase a step (from 0 before the first
     step) over the step rows of a run's metrics (row 0 is the start), and the drafter's

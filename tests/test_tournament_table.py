@@ -50,6 +50,14 @@ def test_a_recorded_sync_run_caps_a_later_invocations_rows(t):
     assert t.recorded(results, "sync", 2, commit="d") is other
     assert t.recorded(results, "sync", 2, commit="c", target=0.35) is None
     assert t.recorded(results, "sync", 3) is None
+    # a screen run caps a full-protocol invocation at cap 1 only (it stopped at the target)
+    screen = {**sync, "screen": True}
+    assert t.capping_sync([screen], 2, 1.0, False, commit="c") is screen
+    assert t.capping_sync([screen], 2, 2.0, False, commit="c") is None
+    assert t.capping_sync([screen], 2, 2.0, True, commit="c") is screen
+    full = {**sync, "screen": False}
+    assert t.capping_sync([full, screen], 2, 1.0, False, commit="c") is full  # its own first
+    assert t.capping_sync([full], 2, 1.0, True, commit="c") is None  # ran past the target
 
 
 def run(curve):
