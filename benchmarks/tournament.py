@@ -314,7 +314,7 @@ def main() -> None:
                 if src.resolve() != a.results.resolve():
                     with open(a.results, "a") as f:
                         f.write(json.dumps(rec) + "\n")
-                print(f"sync seed {seed}: recorded in {a.results}; cap {cap:.0f} s",
+                print(f"sync seed {seed}: recorded in {src}; cap {cap:.0f} s",
                       flush=True)
         for name in names:
             if name == "sync" and cap is not None:
