@@ -299,6 +299,9 @@ def main() -> None:
         if d is None or lengths is None:
             print(f"{name}: no run in {out}, left out")
             continue
+        if task_of(ov) not in costs:
+            print(f"{name}: no calibration run of task {task_of(ov)!r} in {out}, left out")
+            continue
         seeds = [d] + [train(out, f"{name} seed{k}", [*ov, f"train.seed={k}"], steps, a.reuse)
                        for k in range(1, a.repeats)]
         each = [measured(x, a.skip) for x in seeds if x is not None]

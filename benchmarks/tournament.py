@@ -258,7 +258,8 @@ def main() -> None:
                          "and commit with the same start, target, protocol and evaluation "
                          "settings, cap the seed's rows by it instead of running sync again "
                          "(at --cap 1 a screen run stands for the full protocol's: both stop "
-                         "at the evaluation that reaches the target)")
+                         "at the evaluation that reaches the target); needs --init, the "
+                         "start the recorded runs name")
     ap.add_argument("--sync-results", type=Path, default=None,
                     help="the file --sync-from-results reads (default: --results); a sync "
                          "run taken from another file is copied into --results")
@@ -292,6 +293,9 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown rows {unknown}; known: {', '.join([*BASELINES, *ROWS])}")
     names = ["sync"] + [n for n in names if n != "sync"]  # sync first: it sets the cap
+    if a.sync_from_results and a.init is None:
+        raise SystemExit("--sync-from-results needs --init: the recorded sync runs are "
+                         "matched by the start checkpoint they name")
     out = Path(tempfile.mkdtemp(prefix="reroll-tournament-"))
     init = a.init
     if init is None:
@@ -307,11 +311,11 @@ def main() -> None:
             src = a.sync_results or a.results
             same = dict(**here, init=str(init), target=a.target, quick=a.quick,
                         extra=list(extra), eval_every=a.eval_every)
-            rec = capping_sync(read_rows(src), seed, a.cap, a.screen, **same)
+            rec = capping_sync(read_rows(src), seed, a.cap, a.screen, a.steps, **same)
             if rec is not None:
                 mine.append(rec)
                 cap = sync_cap(rec, a.cap)
-                if src.resolve() != a.results.resolve():
+                if rec not in read_rows(a.results):  # copied once, beside the new rows
                     with open(a.results, "a") as f:
                         f.write(json.dumps(rec) + "\n")
                 print(f"sync seed {seed}: recorded in {src}; cap {cap:.0f} s",
@@ -329,7 +333,8 @@ def main() -> None:
                                stop_at_target=a.screen or a.quick,
                                extra=extra)
             rec = {"row": name, "seed": seed, **here, "init": str(init), "target": a.target,
-                   "screen": a.screen, "quick": a.quick, "cap": a.cap, "extra": list(extra),
+                   "screen": a.screen, "quick": a.quick, "cap": a.cap, "max_steps": a.steps,
+                   "extra": list(extra),
                    "eval_every": a.baseline_eval_every if name in BASELINES else a.eval_every,
                    "load": os.getloadavg()[0], **r}
             mine.append(rec)

@@ -115,14 +115,21 @@ def recorded(results: list[dict], row: str, seed: int, **same) -> dict | None:
 
 
 def capping_sync(results: list[dict], seed: int, cap: float, screen: bool,
-                 **same) -> dict | None:
-    """The recorded sync run of ``seed`` that caps a later invocation's rows: the latest
-    of the same protocol and ``same`` fields; at ``cap`` 1 under the full protocol a screen
-    run stands in where there is none (sync then stops at the evaluation that reaches the
-    target under either protocol: the same run)."""
-    rec = recorded(results, "sync", seed, **same, screen=screen)
+                 max_steps: int | None = None, **same) -> dict | None:
+    """The recorded sync run of ``seed`` that caps a later invocation's rows: the latest of
+    the same protocol and ``same`` fields (under the full protocol, of the same ``cap``:
+    sync ran to ``cap`` times its own time, which the summary's final accuracy reads); at
+    ``cap`` 1 under the full protocol a screen run stands in where there is none (sync then
+    stops at the evaluation that reaches the target under either protocol: the same run).
+    A run that never reached the target counts only if it had ``max_steps`` too: with fewer
+    it may have stopped short, and its end would set too small a cap."""
+    rec = recorded(results, "sync", seed, **same, screen=screen,
+                   **({} if screen else {"cap": cap}))
     if rec is None and cap == 1 and not screen:
         rec = recorded(results, "sync", seed, **same, screen=True)
+    if rec is not None and reach(rec["curve"][1:], rec["target"]) is None \
+            and rec.get("max_steps") != max_steps:
+        return None
     return rec
 
 

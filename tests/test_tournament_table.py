@@ -55,9 +55,18 @@ def test_a_recorded_sync_run_caps_a_later_invocations_rows(t):
     assert t.capping_sync([screen], 2, 1.0, False, commit="c") is screen
     assert t.capping_sync([screen], 2, 2.0, False, commit="c") is None
     assert t.capping_sync([screen], 2, 2.0, True, commit="c") is screen
-    full = {**sync, "screen": False}
+    full = {**sync, "screen": False, "cap": 1.0}
     assert t.capping_sync([full, screen], 2, 1.0, False, commit="c") is full  # its own first
     assert t.capping_sync([full], 2, 1.0, True, commit="c") is None  # ran past the target
+    # the full protocol's sync ran to its own cap: a cap-2 run does not cap a cap-1.5 one
+    full2 = {**full, "cap": 2.0}
+    assert t.capping_sync([full2], 2, 2.0, False, commit="c") is full2
+    assert t.capping_sync([full2], 2, 1.5, False, commit="c") is None
+    # a run that never reached the target caps by its end only with the same most steps
+    short = {**never, "screen": True, "max_steps": 50}
+    assert t.capping_sync([short], 2, 2.0, True, 50, commit="c") is short
+    assert t.capping_sync([short], 2, 2.0, True, 300, commit="c") is None
+    assert t.capping_sync([screen], 2, 2.0, True, 300, commit="c") is screen  # reached
 
 
 def run(curve):

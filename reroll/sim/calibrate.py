@@ -106,6 +106,9 @@ def fit_tasks(run_dirs: list[str | Path], tasks: list[str], *, prompt_tokens: in
     the main job's at the same batch), and a shared term splits the difference, too slow on
     one task and too fast on the other. A task with one calibration run has its term solved
     from that run's residual: it predicts that task at other lengths and schedules."""
+    if not run_dirs or len(tasks) != len(run_dirs):
+        raise ValueError(f"fit_tasks: {len(run_dirs)} runs and {len(tasks)} task labels: "
+                         "one label a run, at least one run")
     others = list(dict.fromkeys(t for t in tasks if t != tasks[0]))
     gen_x, gen_y, train_x, train_y, loop_x, loop_y = [], [], [], [], [], []
     stalled, steps = 0.0, 0

@@ -81,6 +81,8 @@ def test_each_task_has_its_own_cost_a_token_and_shares_the_rest(tmp_path):
     g = fit([tmp_path / k for k in "abc"], prompt_tokens=7, skip=0)
     assert g == fit_tasks([tmp_path / k for k in "abc"], ["x"] * 3, prompt_tokens=7,
                           skip=0)["x"]
+    with pytest.raises(ValueError, match="3 runs and 2 task labels"):
+        fit_tasks([tmp_path / k for k in "abc"], ["main", "main"], prompt_tokens=7)
     # d alone in the one-task fit: the shared token cost splits the two, exact on neither
     h = fit([tmp_path / k for k in "abcd"], prompt_tokens=7, skip=0)
     assert 0.001 < h["decode_row_s"] < 0.0025
