@@ -6,11 +6,15 @@ admission), time/train_s, time/step_s, and the trained batch (pipeline/samples_i
 length/mean, length/max). In a synchronous run every row of a step is admitted together, so
 a step decodes length/max times with the batch's rows:
 
-- generation: non-negative least squares of ``wait = decode_base_s * length_max +
-  decode_row_s * tokens + row_s * samples`` over the steps of every run given (runs with
-  different batches and different response lengths separate the three terms: a fixed
+- generation: non-negative least squares of ``wait = sync_s + decode_base_s * length_max
+  + decode_row_s * tokens + row_s * samples`` over the steps of every run given (runs with
+  different batches and different response lengths separate the four terms: a fixed
   response length alone would fold each batch's fixed costs into the per-decode-step
-  one); prefill at the fixed prompt length, submission and scoring are row_s, and the
+  one). ``sync_s`` is what an update costs whatever the batch (the weights sent and
+  loaded, the next batch's admission begun): the wait starts when the loop publishes, so
+  the swap is inside it; without the term the fit spread it over the samples and decode
+  steps and put a decoded token far below the engine's own time (3.5 against 26.5 us on
+  the main job). Prefill at the fixed prompt length, submission and scoring are row_s, and the
   context term is left 0 (not identifiable at short contexts); with runs of several tasks
   (`fit_tasks`) each task has a ``decode_row_s`` of its own;
 - the trainer's side: non-negative least squares of ``time/train_s = train_step_s +
@@ -19,9 +23,7 @@ a step decodes length/max times with the batch's rows:
   (recording the rollouts, metrics, fetching and publishing the weights): non-negative
   least squares of ``loop_s + loop_row_s * samples``, time the trainer waits while
   generation goes on (`reroll.loop.run` records and logs while the rollout pipeline keeps
-  generating; recording grows with the batch). The weight swap itself
-  (``sync_s``, a stop of both sides) is left 0: in a synchronous run it is part of the
-  next wait, which the generation terms take.
+  generating; recording grows with the batch).
 
 A run with partial rollouts interrupts the rows running at each weight update and resumes
 them, prefilling their prompt and prefix again; a synchronous run never does, so its fit
@@ -125,7 +127,7 @@ def fit_tasks(run_dirs: list[str | Path], tasks: list[str], *, prompt_tokens: in
             n = r["pipeline/samples_in_batch"]
             if kw:
                 tokens = n * r["length/mean"]
-                gen_x.append([r["length/max"], tokens, n,
+                gen_x.append([1.0, r["length/max"], tokens, n,
                               *[tokens if task == t else 0.0 for t in others]])
                 gen_y.append(w)
             if kt:
@@ -136,13 +138,13 @@ def fit_tasks(run_dirs: list[str | Path], tasks: list[str], *, prompt_tokens: in
                 loop_y.append(lp)
     if not gen_y:
         raise ValueError(f"no consecutive step rows in the metrics of {run_dirs}")
-    base, row, sample, *extra = nnls(gen_x, gen_y)
+    sync, base, row, sample, *extra = nnls(gen_x, gen_y)
     step, token = nnls(train_x, train_y)
     loop, loop_row = nnls(loop_x, loop_y)
     shared = {"decode_base_s": base, "row_s": sample, "decode_ctx_s": 0.0,
               "prefill_token_s": 0.0, "train_step_s": step, "train_token_s": token,
               "loop_s": loop, "loop_row_s": loop_row, "stall_s": stalled / steps,
-              "sync_s": 0.0, "prompt_tokens": prompt_tokens}
+              "sync_s": sync, "prompt_tokens": prompt_tokens}
     return {t: {**shared, "decode_row_s": row + e}
             for t, e in zip([tasks[0], *others], [0.0, *extra])}
 

@@ -87,7 +87,8 @@ class SimSettings:
     (the driver pinned beside engine 0: `runtime.pin_cores` on a CPU machine): while both
     have work, each goes at half speed."""
     sync_s: float = 0.0
-    """Weight publication: trainer and generation devices stop this long per update."""
+    """Weight publication: trainer and generation devices stop this long per update
+    (`reroll.sim.calibrate.fit` takes it from the synchronous waits' fixed part)."""
     lengths: str = "fixed"
     """Response lengths: fixed (rollout.max_new_tokens), lognormal (a long tail: median
     ``length_median``, log-space spread ``length_sigma``, cut at max_new_tokens) or the path

@@ -62,6 +62,17 @@ def test_fit_separates_a_per_sample_cost_with_two_response_lengths(tmp_path):
         (0.01, 0.001, 0.004))
     assert (f["train_step_s"], f["train_token_s"]) == pytest.approx((0.05, 0.0), abs=1e-12)
     assert f["loop_s"] == pytest.approx(0.0, abs=1e-12)  # wall = wait + train exactly
+    assert f["sync_s"] == pytest.approx(0.0, abs=1e-12)  # no fixed cost an update
+
+
+def test_fit_takes_an_updates_fixed_cost_apart_from_the_per_sample_one(tmp_path):
+    # the same three runs, each wait 0.02 s longer: an update's fixed cost (the weights
+    # sent and loaded), which batches of 32 and 8 samples separate from the 0.004 s a sample
+    three_runs(tmp_path, steps=4, stall={s: 0.02 for s in range(4)})
+    f = fit([tmp_path / k for k in "abc"], prompt_tokens=7, skip=0)
+    assert (f["sync_s"], f["decode_base_s"], f["decode_row_s"], f["row_s"]) == pytest.approx(
+        (0.02, 0.01, 0.001, 0.004))
+    assert f["stall_s"] == pytest.approx(0.0, abs=1e-12)  # the same on every step: no stall
 
 
 def test_each_task_has_its_own_cost_a_token_and_shares_the_rest(tmp_path):
