@@ -19,13 +19,14 @@ where a method does not pay, the figure that says why (``WHY``: its own counters
 over the run; the bookkeeping is benchmarks/tournament_table.py).
 
 Each run is appended to ``--results`` (JSON lines: row, seed, machine, commit, curve, ...), so
-rows can run at different times; ``--table`` prints the markdown table of the rows measured on
-one machine and commit (the latest unless ``--commit``), the one README shows.
+rows can run at different times; ``--table`` prints the markdown table of one protocol's rows
+measured on one machine and commit (the latest unless ``--commit``): the full protocol's, or
+with ``--screen`` the screen's. README shows one of each (``--readme``).
 
     python benchmarks/tournament.py --quick --init runs/reasoning/sft   # sync, TRL, stacked
-    python benchmarks/tournament.py --rows all --seeds 1                 # the screen
+    python benchmarks/tournament.py --screen --rows all --seeds 1        # the screen
     python benchmarks/tournament.py --rows sync,trl,stacked,async2 --seeds 3
-    python benchmarks/tournament.py --table
+    python benchmarks/tournament.py --table --screen
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import machine  # benchmarks/machine.py
 import vs_trl  # benchmarks/vs_trl.py: TRL, the hand loop, the evaluator
 from tournament_table import (  # noqa: F401
     PAPER,
+    README_BLOCKS,
     README_END,
     README_START,
     REFERENCE,
@@ -53,6 +55,8 @@ from tournament_table import (  # noqa: F401
     capping_sync,
     curve_of,
     limit_of,
+    pick,
+    protocol_of,
     reach,
     read_rows,
     readme_table,
@@ -264,10 +268,15 @@ def main() -> None:
                     help="the file --sync-from-results reads (default: --results); a sync "
                          "run taken from another file is copied into --results")
     ap.add_argument("--results", type=Path, default=RESULTS)
-    ap.add_argument("--table", action="store_true", help="print the table and stop")
-    ap.add_argument("--commit", default=None, help="--table: rows of this commit")
+    ap.add_argument("--table", action="store_true",
+                    help="print the table of one protocol's rows and stop: the full "
+                         "protocol's at --cap, or with --screen (--quick) the screen's "
+                         "(the quick run's)")
+    ap.add_argument("--commit", default=None,
+                    help="--table: rows of this commit (default: the last row's of the protocol)")
     ap.add_argument("--readme", action="store_true",
-                    help="--table: write the compact table into README.md between its markers")
+                    help="--table: write the compact table into README.md between its "
+                         "protocol's markers")
     a = ap.parse_args()
     a.target = a.target if a.target is not None else (QUICK_TARGET if a.quick else TARGET)
     a.eval_every = a.eval_every or (5 if a.quick else 10)
@@ -276,16 +285,16 @@ def main() -> None:
     extra = (f"eval.n_examples={a.eval_examples}",) if a.eval_examples else ()
     here = {"machine": machine.cpu(), "commit": commit()}
     if a.table:
-        rows = read_rows(a.results)
-        pick = a.commit or (rows[-1]["commit"] if rows else None)
-        rows = [r for r in rows if r["commit"] == pick and r["machine"] == rows[-1]["machine"]]
-        print(f"{rows[-1]['machine']}, commit {pick}\n" if rows else "no results")
+        protocol = "quick" if a.quick else "screen" if a.screen else "full"
+        rows = pick(read_rows(a.results), protocol=protocol, cap=a.cap, commit=a.commit)
+        print(f"{rows[-1]['machine']}, commit {rows[-1]['commit']}, {protocol} protocol\n"
+              if rows else f"no results of the {protocol} protocol")
         print(table(rows, a.target) if rows else "")
-        if a.readme and rows:
+        if a.readme and rows and protocol in README_BLOCKS:
             readme = REPO / "README.md"
             readme.write_text(replace_block(readme.read_text(), readme_table(
-                rows, a.target, rows[-1]["machine"], pick)))
-            print(f"wrote the table into {readme}")
+                rows, a.target, rows[-1]["machine"], rows[-1]["commit"], protocol), protocol))
+            print(f"wrote the {protocol} protocol's table into {readme}")
         return
     names = list(QUICK) if a.quick else (
         [*BASELINES, *ROWS] if a.rows == "all" else a.rows.split(","))
