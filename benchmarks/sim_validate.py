@@ -2,7 +2,7 @@
 
 1. Calibrate: five short synchronous runs (16 and 4 groups of 8 a step with 6-token
    responses, 4 groups with 12-token ones, 16 groups with 24-token ones, and the long-tail
-   task's 16 groups with 16-token responses; rollouts recorded), and `reroll.sim.calibrate.fit` on their metrics (decode cost per step and
+   task's 16 groups with 16-token responses; rollouts recorded), and `reroll.sim.calibrate.fit` on their metrics (a fixed cost per update, decode cost per step and
    per token, a fixed cost per sample, training cost per step and per token, the loop's
    own work per step and per sample, during which generation goes on on the core it
    shares with it, and the stalls' mean cost per step); two asynchronous

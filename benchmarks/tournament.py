@@ -278,6 +278,7 @@ def main() -> None:
                     help="--table: write the compact table into README.md between its "
                          "protocol's markers")
     a = ap.parse_args()
+    asked = a.target  # --table: the rows' own target unless one is asked for
     a.target = a.target if a.target is not None else (QUICK_TARGET if a.quick else TARGET)
     a.eval_every = a.eval_every or (5 if a.quick else 10)
     a.cap = a.cap or (1.5 if a.quick else 2.0)
@@ -286,14 +287,24 @@ def main() -> None:
     here = {"machine": machine.cpu(), "commit": commit()}
     if a.table:
         protocol = "quick" if a.quick else "screen" if a.screen else "full"
-        rows = pick(read_rows(a.results), protocol=protocol, cap=a.cap, commit=a.commit)
-        print(f"{rows[-1]['machine']}, commit {rows[-1]['commit']}, {protocol} protocol\n"
-              if rows else f"no results of the {protocol} protocol")
-        print(table(rows, a.target) if rows else "")
-        if a.readme and rows and protocol in README_BLOCKS:
+        rows = pick(read_rows(a.results), protocol=protocol, cap=a.cap, commit=a.commit,
+                    target=asked)
+        if not rows:
+            print(f"no results of the {protocol} protocol at cap {a.cap:g} in {a.results}")
+            return
+        target = rows[-1]["target"]
+        print(f"{rows[-1]['machine']}, commit {rows[-1]['commit']}, {protocol} protocol, "
+              f"cap {a.cap:g}\n")
+        print(table(rows, target))
+        if a.readme:
+            if protocol not in README_BLOCKS or a.cap != 2.0 or \
+                    a.results.resolve() != RESULTS.resolve():
+                raise SystemExit(f"--readme: README's tables are the full protocol's and the "
+                                 f"screen's at cap 2 from {RESULTS} (the command their "
+                                 "markers name); this table is not one of them")
             readme = REPO / "README.md"
             readme.write_text(replace_block(readme.read_text(), readme_table(
-                rows, a.target, rows[-1]["machine"], rows[-1]["commit"], protocol), protocol))
+                rows, target, rows[-1]["machine"], rows[-1]["commit"], protocol), protocol))
             print(f"wrote the {protocol} protocol's table into {readme}")
         return
     names = list(QUICK) if a.quick else (

@@ -296,23 +296,30 @@ def protocol_of(record: dict) -> str:
     return "quick" if record.get("quick") else "screen" if record.get("screen") else "full"
 
 
-def pick(results: list[dict], *, protocol: str, cap: float, commit: str | None = None
-         ) -> list[dict]:
-    """The rows one table compares: of ``commit`` (default: the last row's of ``protocol``),
-    on that row's machine, from its start checkpoint, of ``protocol``; under the full
-    protocol of ``cap`` too (a row
-    recorded before rows carried their cap ran at the default, 2). Rows of two protocols
-    never share a table: a screen run stops at the target, a full one runs on to its cap,
-    and their finals mean different things."""
-    mine = [r for r in results if protocol_of(r) == protocol
-            and (protocol != "full" or r.get("cap", 2.0) == cap)]
-    if commit is not None:
-        mine = [r for r in mine if r["commit"] == commit]
+def pick(results: list[dict], *, protocol: str, cap: float, commit: str | None = None,
+         target: float | None = None) -> list[dict]:
+    """The rows one table compares: of ``protocol`` and ``cap`` (a row recorded before rows
+    carried their cap ran at its protocol's default: 1.5 quick, else 2), of ``commit`` and
+    ``target`` where given, and then of the last such row's commit, machine, start
+    checkpoint, target and evaluation overrides. Rows of two protocols never share a table:
+    a screen run stops at the target, a full one runs on to its cap, and their finals mean
+    different things; but under the full protocol at cap 1 a screen sync run stands for the
+    full protocol's (both stop at the evaluation that reaches the target), as
+    `capping_sync` lets it cap the seed's rows."""
+    def fits(r: dict) -> bool:
+        if protocol == "full" and cap == 1.0 and r["row"] == "sync" and \
+                protocol_of(r) == "screen":
+            return True
+        own = r.get("cap", 1.5 if protocol_of(r) == "quick" else 2.0)
+        return protocol_of(r) == protocol and own == cap
+
+    mine = [r for r in results if fits(r) and (commit is None or r["commit"] == commit)
+            and (target is None or r.get("target") == target)]
     if not mine:
         return []
     last = mine[-1]
-    return [r for r in mine if r["commit"] == last["commit"] and r["machine"] == last["machine"]
-            and r.get("init") == last.get("init")]
+    same = ("commit", "machine", "init", "target", "extra")
+    return [r for r in mine if all(r.get(k) == last.get(k) for k in same)]
 
 
 def readme_table(results: list[dict], target: float, machine: str, commit: str,

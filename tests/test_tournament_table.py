@@ -213,9 +213,9 @@ def test_the_readme_table_and_its_block(t):
 def test_a_table_takes_one_protocols_rows_of_one_machine_and_commit(t):
     def rec(row, commit, **kw):
         return {"row": row, "seed": 0, "machine": kw.pop("machine", "M"), "commit": commit,
-                **kw}
+                "target": kw.pop("target", 0.37), **kw}
     rs = [rec("sync", "a", screen=True), rec("sync", "a"),  # a full-protocol row before caps
-          rec("stacked", "a", cap=2.0), rec("sync", "a", cap=1.0),  # equal time: cap 1
+          rec("stacked", "a", cap=2.0), rec("stacked", "a", cap=1.0),  # equal time: cap 1
           rec("trl", "a", quick=True, screen=False), rec("sync", "b", screen=True),
           rec("sync", "b", screen=True, machine="N", init="x"),
           rec("sync", "b", screen=True, machine="N")]
@@ -223,10 +223,22 @@ def test_a_table_takes_one_protocols_rows_of_one_machine_and_commit(t):
                                               "screen", "screen", "screen"]
     full = t.pick(rs, protocol="full", cap=2.0)
     assert [(r["row"], r.get("cap")) for r in full] == [("sync", None), ("stacked", 2.0)]
-    assert [r["row"] for r in t.pick(rs, protocol="full", cap=1.0)] == ["sync"]
+    # at cap 1 a screen sync run stands for the full protocol's (it stops where that would)
+    assert [(r["row"], t.protocol_of(r))
+            for r in t.pick(rs, protocol="full", cap=1.0, commit="a")] == \
+        [("sync", "screen"), ("stacked", "full")]
     # the screen's last row is b's on machine N with no start named: b's rows on N from
     # that start only (not the one from x); a's when asked for
     assert [(r["commit"], r["machine"]) for r in t.pick(rs, protocol="screen", cap=2.0)] == \
         [("b", "N")]
     assert [r["commit"] for r in t.pick(rs, protocol="screen", cap=2.0, commit="a")] == ["a"]
     assert t.pick(rs, protocol="quick", cap=1.5, commit="b") == []
+    assert [r["row"] for r in t.pick(rs, protocol="quick", cap=1.5)] == ["trl"]  # its default
+    assert t.pick(rs, protocol="screen", cap=1.5) == []  # a screen row's default cap is 2
+    # one target and one set of evaluation overrides: the last row's, or the one asked for
+    more = [rec("sync", "c", screen=True, target=0.35), rec("sync", "c", screen=True),
+            rec("siri", "c", screen=True, extra=["eval.n_examples=50"]),
+            rec("vade", "c", screen=True, extra=["eval.n_examples=50"])]
+    assert [r["row"] for r in t.pick(more, protocol="screen", cap=2.0)] == ["siri", "vade"]
+    assert [r["target"] for r in t.pick(more, protocol="screen", cap=2.0, target=0.35)] == \
+        [0.35]

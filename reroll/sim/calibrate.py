@@ -8,7 +8,8 @@ a step decodes length/max times with the batch's rows:
 
 - generation: non-negative least squares of ``wait = sync_s + decode_base_s * length_max
   + decode_row_s * tokens + row_s * samples`` over the steps of every run given (runs with
-  different batches and different response lengths separate the four terms: a fixed
+  different batches and different response lengths separate the four terms, with at least
+  three (longest response, batch size) points not on one line, else the fit refuses: a fixed
   response length alone would fold each batch's fixed costs into the per-decode-step
   one). ``sync_s`` is what an update costs whatever the batch (the weights sent and
   loaded, the next batch's admission begun): the wait starts when the loop publishes, so
@@ -138,6 +139,14 @@ def fit_tasks(run_dirs: list[str | Path], tasks: list[str], *, prompt_tokens: in
                 loop_y.append(lp)
     if not gen_y:
         raise ValueError(f"no consecutive step rows in the metrics of {run_dirs}")
+    if np.linalg.matrix_rank(np.asarray(gen_x)) < len(gen_x[0]):
+        # e.g. runs of one response length and two batch sizes: an update's fixed cost and a
+        # decode step's are then one column, and the fit would hand it all to either
+        raise ValueError(
+            f"fit: the runs {[str(d) for d in run_dirs]} do not separate the generation "
+            "terms (an update's fixed cost, a decode step's, a token's, a sample's, and each "
+            "task's token): they need at least three (longest response, batch size) points "
+            "not on one line, and a second response length or batch size for every task")
     sync, base, row, sample, *extra = nnls(gen_x, gen_y)
     step, token = nnls(train_x, train_y)
     loop, loop_row = nnls(loop_x, loop_y)

@@ -75,6 +75,14 @@ def test_fit_takes_an_updates_fixed_cost_apart_from_the_per_sample_one(tmp_path)
     assert f["stall_s"] == pytest.approx(0.0, abs=1e-12)  # the same on every step: no stall
 
 
+def test_fit_refuses_runs_that_cannot_separate_an_updates_cost_from_a_decode_steps(tmp_path):
+    # two batch sizes at one response length: a fixed cost an update and 0.01 s a decode
+    # step of 6 are the same column (0.06 s either way); the fit says so instead of choosing
+    three_runs(tmp_path, steps=4, runs=(("a", 32, 6, 0.001), ("b", 8, 6, 0.001)))
+    with pytest.raises(ValueError, match="do not separate the generation terms"):
+        fit([tmp_path / "a", tmp_path / "b"], prompt_tokens=7, skip=0)
+
+
 def test_each_task_has_its_own_cost_a_token_and_shares_the_rest(tmp_path):
     # runs a, b, c of one task as above (0.001 s a token); d, of a second task, decodes a
     # token in 0.0025 s with every other cost the same: 16 samples of up to 10 tokens
