@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from reroll import timeline as tl
 from reroll.rollout import Group
 from reroll.runlog import RunDir
 from reroll.stopping import StopFlag, Stopped
@@ -82,24 +83,29 @@ def run(cadence: Cadence, *, trainer: TrainerHandle, source: BatchSource,
     bar = progress_bar(c.steps, step, enabled=progress, every=c.log_every)
     try:
         if c.eval_every and step == 0:  # the starting point of the accuracy curve
-            run_dir.log(0, timed(evaluate) if c.eval_at_start else {})
+            with tl.span("evaluate", step=0):
+                run_dir.log(0, timed(evaluate) if c.eval_at_start else {})
         before = source.stats()  # counters are monotone: a step's delta is after - before
         while step < c.steps:
             t0 = time.perf_counter()
-            groups = source.next_batch(trainer.version)
-            refs = source.referenced_versions(trainer.version)
+            with tl.span("wait for batch", step=step + 1):
+                groups = source.next_batch(trainer.version)
+                refs = source.referenced_versions(trainer.version)
             t1 = time.perf_counter()
-            metrics = trainer.step(groups, refs)
+            with tl.span("train", step=step + 1):
+                metrics = trainer.step(groups, refs)
             t2 = time.perf_counter()
             step += 1
             if c.record_every and step % c.record_every == 0:
-                run_dir.record(step, groups)
+                with tl.span("record", step=step):
+                    run_dir.record(step, groups)
             after = source.stats()
             metrics.update(batch_metrics(groups, before, after, wait_s=t1 - t0,
                                          train_s=t2 - t1, step_s=time.perf_counter() - t0))
             before = after
             if c.eval_every and step % c.eval_every == 0:
-                metrics.update(timed(evaluate))
+                with tl.span("evaluate", step=step):
+                    metrics.update(timed(evaluate))
             stopping = stop is not None and stop.requested
             log = step % c.log_every == 0 or step == c.steps or stopping
             if step % c.ckpt_every == 0 or step == c.steps or stopping:
@@ -107,10 +113,13 @@ def run(cadence: Cadence, *, trainer: TrainerHandle, source: BatchSource,
                     run_dir.log(step, metrics)
                     log = False
                 # before publishing: with max_staleness = 0 nothing is in flight now
-                save_checkpoint(run_dir.path, step, trainer, source)
-            transport.publish(trainer.version)
+                with tl.span("checkpoint", step=step):
+                    save_checkpoint(run_dir.path, step, trainer, source)
+            with tl.span("publish", step=step, version=trainer.version):
+                transport.publish(trainer.version)
             if log:  # after publishing: written while the next batch is generated
-                run_dir.log(step, metrics)
+                with tl.span("log", step=step):
+                    run_dir.log(step, metrics)
             last = metrics
             bar.update(step, metrics)
             if stopping:

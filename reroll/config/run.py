@@ -122,6 +122,11 @@ class LogConfig:
     wandb_mode: str = ranged("offline", choices=("online", "offline", "disabled"))
     """online (streams to the W&B server; needs `wandb login`), offline (writes RUN/wandb;
     upload later with `wandb sync`) or disabled."""
+    timeline: bool = False
+    """Write RUN/timeline.json: when the trainer waited, trained and published, when the
+    engine swapped weights and decoded (how many steps, how many sequences), thread by thread,
+    in the Chrome trace-event format (open it in https://ui.perfetto.dev). A resumed run
+    writes RUN/timeline.2.json, and so on. This process's threads only (not Ray actors')."""
 
 
 @dataclass

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from reroll import timeline as tl
 from reroll.control.scheduler import Scheduler
 from reroll.errors import RewardError
 from reroll.rollout import Group
@@ -67,6 +68,8 @@ class Rollouts:
                 s.controller.end_step(out)
                 if s.replay is not None:
                     out = s.replay.mix(out, trainer_version)
+                tl.mark("batch handed out", version=trainer_version,
+                        samples=sum(len(g.rollouts) for g in out))
                 return out
             self._changed.clear()
             await self._changed.wait()
@@ -75,8 +78,10 @@ class Rollouts:
         """New policy weights; with partial rollouts, in-flight sequences are interrupted
         and resumed under them (prefix, log-probs and versions kept). Then admit."""
         self._check()
+        tl.mark("publish begins", version=version)
         await self.engine.update_weights(weights, version, interrupt=self.partial_rollouts)
-        self._admit()
+        n = self._admit()
+        tl.mark("publish done", version=version, admitted_groups=n)
 
     async def snapshot(self) -> tuple[list[Group], dict]:
         """Unconsumed groups (in-flight records brought up to date) and the counters and
@@ -108,10 +113,14 @@ class Rollouts:
         await self.engine.close()
 
     # ---- internals ---------------------------------------------------------------------
-    def _admit(self) -> None:
-        if self._error is None:
-            for g in self.scheduler.admit(self.engine.version):
-                self._run(g)
+    def _admit(self) -> int:
+        """Start the groups the scheduler admits now; how many."""
+        if self._error is not None:
+            return 0
+        groups = self.scheduler.admit(self.engine.version)
+        for g in groups:
+            self._run(g)
+        return len(groups)
 
     def _run(self, g: Group) -> None:
         self.tasks[g.group_id] = asyncio.get_running_loop().create_task(self._episode(g))

@@ -18,6 +18,7 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from reroll import timeline as tl
 from reroll.engine.base import EngineCore, Turn
 from reroll.rollout import Rollout
 
@@ -127,10 +128,11 @@ class EngineService:
         self._yield = True
         async with self._lock:
             aborted = self.core.abort() if interrupt else []
+            tl.mark("interrupt", version=version, aborted=len(aborted))
             for r in aborted:
                 _adopt(self._futures[r.sample_id][0], r)
             await asyncio.get_running_loop().run_in_executor(
-                self._pool, self.core.update_weights, weights, version)
+                self._pool, self._swap, weights, version)
             if aborted:  # re-prefilled under the new weights: a resume
                 self._submitted = [r.sample_id for r in aborted] + self._submitted
                 self._wake.set()
@@ -238,11 +240,16 @@ class EngineService:
                     fut.set_exception(RuntimeError(f"the engine failed: {e!r}"))
             self._futures.clear()
 
+    def _swap(self, weights: Any, version: int) -> None:
+        with tl.span("update weights", version=version):
+            self.core.update_weights(weights, version)
+
     def _add_submitted(self) -> None:
         if self._submitted:
             ids, self._submitted = self._submitted, []
             entries = [self._futures[i] for i in ids if i in self._futures]
-            self.core.add([e[0] for e in entries], [e[2] for e in entries])
+            with tl.span("add", requests=len(entries)):
+                self.core.add([e[0] for e in entries], [e[2] for e in entries])
         forks, self._forks = self._forks, []
         for parent, kids, at in forks:
             if kids:
@@ -254,8 +261,12 @@ class EngineService:
     def _run(self) -> list[Rollout]:
         """In the engine thread: step until something finishes or the loop wants the core."""
         done: list[Rollout] = []
-        for _ in range(self.max_steps):
-            done += self.core.step()
-            if done or self._yield or not self.core.pending():
-                break
+        with tl.span("decode", pending=self.core.pending()) as sp:
+            steps = 0
+            while steps < self.max_steps:
+                done += self.core.step()
+                steps += 1
+                if done or self._yield or not self.core.pending():
+                    break
+            sp.set(steps=steps, finished=len(done))
         return done

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reroll import build, build_rollout
+from reroll import build, build_rollout, timeline
 from reroll.config import RunConfig
 from reroll.control.pruners import generated_group_size
 from reroll.control.rollouts import Rollouts
@@ -114,6 +114,9 @@ def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_com
             ctx.grow = sched.grow if control.adaptive else None
             return Rollouts(sched, workflow, ctx, partial_rollouts=cfg.runtime.partial_rollouts)
 
+        # from the first batch's generation (it starts as the source does) to the last step
+        done.enter_context(timeline.recording(
+            timeline.next_path(rd.path) if cfg.log.timeline else None))
         source = RolloutSource(make, rerun)
         done.callback(source.close)
         held_out = HeldOutEval(cfg, tok, task, parts.scorer, device=parts.eval_device, k=1)

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from reroll import timeline as tl
 from reroll.control.rollouts import Rollouts
 from reroll.rollout import Group
 
@@ -52,7 +53,8 @@ class RolloutSource:
         loop runs callbacks in order) and raise its error, if any, here."""
         pending, self._publishing = self._publishing, None
         if pending is not None:
-            pending.result(self.timeout_s)
+            with tl.span("settle publish"):
+                pending.result(self.timeout_s)
 
     # ---- BatchSource ---------------------------------------------------------------------
     def next_batch(self, trainer_version: int) -> list[Group]:

@@ -1,0 +1,178 @@
+"""The run's timeline (``log.timeline = true``): when each part of a run worked, span by span
+and thread by thread, written to the run directory as a Chrome trace-event file
+(RUN/timeline.json; open it in https://ui.perfetto.dev or chrome://tracing, or read it
+with `read`).
+
+Where the metrics say how long a step's wait, training and generation took in total, the
+timeline says when: the trainer's wait for its batch, its update and its publish; the
+publish's weight swap and the admissions after it in the rollout thread; the engine's
+decode calls (how many steps, how many sequences) in the engine thread. That is what an
+asynchronous schedule's overlap (or its lack) is made of, and what `reroll sim`'s events are
+set against.
+
+Recording is process-wide and off by default: `span` and `mark` cost one global read when
+off. `recording(path)` turns it on for a block and writes the file when the block ends,
+also when it raises, so a failed run keeps the timeline of what it did. Threads of this
+process only: under ``runtime.kind = "ray"`` the actors' work is not in it (Ray's own
+``ray timeline`` records that).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+MAX_EVENTS = 2_000_000  # about 300 MB of JSON; past it events are counted, not kept
+
+_events: list[dict] | None = None  # None: not recording
+_dropped = 0
+_threads: dict[int, str] = {}
+_lock = threading.Lock()
+
+
+def _now_us() -> float:
+    return time.perf_counter_ns() / 1000.0
+
+
+def _add(ev: dict) -> None:
+    global _dropped
+    tid = threading.get_ident()
+    ev["pid"], ev["tid"] = os.getpid(), tid
+    with _lock:
+        if _events is None:
+            return
+        if tid not in _threads:
+            _threads[tid] = threading.current_thread().name
+        if len(_events) < MAX_EVENTS:
+            _events.append(ev)
+        else:
+            _dropped += 1
+
+
+class _Span:
+    __slots__ = ("name", "args", "t0")
+
+    def __init__(self, name: str, args: dict):
+        self.name, self.args = name, args
+
+    def __enter__(self) -> _Span:
+        self.t0 = _now_us()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        t1 = _now_us()
+        _add({"name": self.name, "ph": "X", "ts": self.t0, "dur": t1 - self.t0,
+              "args": self.args})
+
+    def set(self, **args: Any) -> None:
+        """Add arguments known only inside the span (e.g. how many sequences finished)."""
+        self.args.update(args)
+
+
+class _Off:
+    __slots__ = ()
+
+    def __enter__(self) -> _Off:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def set(self, **args: Any) -> None:
+        return None
+
+
+_OFF = _Off()
+
+
+def active() -> bool:
+    return _events is not None
+
+
+def span(name: str, **args: Any) -> _Span | _Off:
+    """``with span("train", step=3):`` records the block's start and duration on this
+    thread. Spans of one thread must nest (the trace format's rule), so code that interleaves
+    work on one thread (coroutines across an ``await``) records `mark`s instead."""
+    return _Span(name, args) if _events is not None else _OFF
+
+
+def mark(name: str, **args: Any) -> None:
+    """A point in time on this thread (an instant event)."""
+    if _events is not None:
+        _add({"name": name, "ph": "i", "s": "t", "ts": _now_us(), "args": args})
+
+
+@contextlib.contextmanager
+def recording(path: str | Path | None) -> Iterator[None]:
+    """Record while the block runs and write the trace to ``path`` when it ends (None:
+    record nothing). One recording at a time in a process."""
+    global _events, _dropped
+    if path is None:
+        yield
+        return
+    with _lock:
+        if _events is not None:
+            raise RuntimeError("a timeline is already being recorded in this process")
+        _events, _dropped = [], 0
+        _threads.clear()
+    try:
+        yield
+    finally:
+        with _lock:
+            events, dropped, threads = _events, _dropped, dict(_threads)
+            _events = None
+        write(path, events, threads, dropped)
+
+
+def write(path: str | Path, events: list[dict], threads: dict[int, str],
+          dropped: int = 0) -> Path:
+    """The Chrome trace-event JSON object format: thread names as metadata events, times in
+    microseconds from the first event; written to a temporary file and renamed."""
+    t0 = min((e["ts"] for e in events), default=0.0)
+    pid = os.getpid()
+    out = [{"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": n}}
+           for tid, n in threads.items()]
+    out += [{**e, "ts": round(e["ts"] - t0, 3),
+             **({"dur": round(e["dur"], 3)} if "dur" in e else {})} for e in events]
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"traceEvents": out, "displayTimeUnit": "ms",
+                               "otherData": {"dropped_events": dropped}}))
+    os.replace(tmp, path)
+    return path
+
+
+def read(path: str | Path) -> list[dict]:
+    """The events of a timeline file, each with its thread's name (``thread``), times in
+    seconds (``t``, and ``end`` for spans), sorted by time; metadata events left out."""
+    doc = json.loads(Path(path).read_text())
+    evs = doc["traceEvents"] if isinstance(doc, dict) else doc
+    names = {e["tid"]: e["args"]["name"] for e in evs if e.get("ph") == "M"}
+    out = []
+    for e in evs:
+        if e.get("ph") == "M":
+            continue
+        t = e["ts"] / 1e6
+        row = {"name": e["name"], "thread": names.get(e["tid"], str(e["tid"])), "t": t,
+               "args": e.get("args", {})}
+        if "dur" in e:
+            row["end"] = t + e["dur"] / 1e6
+        out.append(row)
+    out.sort(key=lambda r: r["t"])
+    return out
+
+
+def next_path(run_dir: str | Path) -> Path:
+    """RUN/timeline.json, or for a resumed run the first free RUN/timeline.N.json (N = 2,
+    3, ...), so a resume never overwrites the timeline of the run before it."""
+    d = Path(run_dir)
+    p, n = d / "timeline.json", 2
+    while p.exists():
+        p, n = d / f"timeline.{n}.json", n + 1
+    return p

@@ -1,0 +1,128 @@
+"""The run's timeline (`reroll.timeline`, ``log.timeline = true``): spans and marks land on
+their threads in the Chrome trace-event format; nothing is recorded when off; a failed block
+still writes its file; a resume never overwrites one. On a real run: one wait, train and
+publish span per step, one weight swap per version, and in a synchronous run no decode call
+overlaps an update (max_staleness = 0 generates only between updates). Recording changes
+nothing that is learned (bitwise)."""
+
+import json
+import threading
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from reroll import timeline as tl
+from reroll.config_checks import load_checked
+from reroll.runtime import train
+
+SMALL = ["model.max_position=32", "task.args.digits=1", "task.args.n_train=80",
+         "task.args.n_test=20", "rollout.group_size=4", "rollout.batch_groups=4",
+         "rollout.max_new_tokens=4", "reward.workers=0", "log_every=1", "train.lr=3e-4",
+         "runtime.threads=1", "model.device=cpu", "ckpt_every=100",
+         'reward.verifiers=[{name="format", args={pattern="[0-9]", fullmatch=false}}]']
+
+
+def test_spans_and_marks_on_their_threads(tmp_path):
+    path = tmp_path / "t.json"
+    with tl.recording(path):
+        with tl.span("outer", step=1) as sp:
+            with tl.span("inner"):
+                pass
+            sp.set(done=3)
+        tl.mark("point", n=2)
+        th = threading.Thread(target=lambda: tl.mark("other"), name="side")
+        th.start()
+        th.join()
+    doc = json.loads(path.read_text())
+    names = {e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M"}
+    assert {"MainThread", "side"} <= names
+    evs = tl.read(path)
+    by = {e["name"]: e for e in evs}
+    assert [e["name"] for e in evs] == ["outer", "inner", "point", "other"]
+    assert by["outer"]["args"] == {"step": 1, "done": 3}
+    assert by["outer"]["t"] == 0.0  # times count from the first event
+    assert by["outer"]["t"] <= by["inner"]["t"] <= by["inner"]["end"] <= by["outer"]["end"]
+    assert by["point"]["args"] == {"n": 2} and "end" not in by["point"]
+    assert by["point"]["thread"] == "MainThread" and by["other"]["thread"] == "side"
+
+
+def test_off_records_nothing_and_one_recording_at_a_time(tmp_path):
+    assert not tl.active()
+    with tl.span("x") as sp:
+        sp.set(a=1)
+    tl.mark("y")
+    with tl.recording(None):
+        assert not tl.active()
+    with tl.recording(tmp_path / "a.json"):
+        with pytest.raises(RuntimeError, match="already being recorded"):
+            with tl.recording(tmp_path / "b.json"):
+                pass
+    assert not (tmp_path / "b.json").exists()
+    assert tl.read(tmp_path / "a.json") == []
+
+
+def test_a_failed_block_keeps_its_timeline(tmp_path):
+    with pytest.raises(ValueError):
+        with tl.recording(tmp_path / "t.json"):
+            tl.mark("before the error")
+            raise ValueError("boom")
+    assert [e["name"] for e in tl.read(tmp_path / "t.json")] == ["before the error"]
+    assert not tl.active()
+
+
+def test_next_path_never_overwrites(tmp_path):
+    assert tl.next_path(tmp_path) == tmp_path / "timeline.json"
+    (tmp_path / "timeline.json").write_text("{}")
+    assert tl.next_path(tmp_path) == tmp_path / "timeline.2.json"
+    (tmp_path / "timeline.2.json").write_text("{}")
+    assert tl.next_path(tmp_path) == tmp_path / "timeline.3.json"
+
+
+def _spans(evs, name):
+    return [e for e in evs if e["name"] == name]
+
+
+@pytest.fixture(scope="module")
+def sync_runs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tl")
+    on, off = d / "on", d / "off"
+    train(load_checked(None, SMALL + [f"out_dir={on}", "train.steps=3", "log.timeline=true"]),
+          progress=False)
+    train(load_checked(None, SMALL + [f"out_dir={off}", "train.steps=3"]), progress=False)
+    return on, off
+
+
+def test_a_synchronous_run_never_decodes_during_an_update(sync_runs):
+    on, off = sync_runs
+    assert not (off / "timeline.json").exists()
+    evs = tl.read(on / "timeline.json")
+    for name in ("wait for batch", "train", "publish"):
+        assert [e["args"]["step"] for e in _spans(evs, name)] == [1, 2, 3], name
+    assert [e["args"]["version"] for e in _spans(evs, "update weights")] == [1, 2, 3]
+    assert [e["args"]["samples"] for e in evs if e["name"] == "batch handed out"] == [16] * 3
+    decodes, trains = _spans(evs, "decode"), _spans(evs, "train")
+    assert decodes and all(e["thread"].startswith("reroll-engine") for e in decodes)
+    assert all(e["args"]["steps"] >= 1 for e in decodes)
+    # finished sequences over all decode calls: every sample of the 3 batches, and the
+    # 4th batch's (generated after the last publish) while the run closes, if any
+    assert sum(e["args"]["finished"] for e in decodes) in range(48, 65)
+    for d in decodes:
+        for t in trains:
+            assert d["end"] <= t["t"] or d["t"] >= t["end"], (d, t)
+
+
+def test_recording_changes_nothing_learned(sync_runs):
+    on, off = sync_runs
+    a = load_file(str(on / "checkpoints" / "step_000003" / "model" / "model.safetensors"))
+    b = load_file(str(off / "checkpoints" / "step_000003" / "model" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_resume_writes_a_second_timeline(tmp_path):
+    out = tmp_path / "r"
+    cfg = SMALL + [f"out_dir={out}", "ckpt_every=1", "log.timeline=true"]
+    train(load_checked(None, cfg + ["train.steps=1"]), progress=False)
+    train(load_checked(None, cfg + ["train.steps=2"]), resume=True, progress=False)
+    assert [e["args"]["step"] for e in _spans(tl.read(out / "timeline.json"), "train")] == [1]
+    assert [e["args"]["step"] for e in _spans(tl.read(out / "timeline.2.json"), "train")] == [2]
