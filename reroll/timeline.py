@@ -13,8 +13,8 @@ set against.
 Recording is process-wide and off by default: `span` and `mark` cost one global read when
 off. `recording(path)` turns it on for a block and writes the file when the block ends,
 also when it raises, so a failed run keeps the timeline of what it did. Threads of this
-process only: under ``runtime.kind = "ray"`` the actors' work is not in it (Ray's own
-``ray timeline`` records that).
+process only: under ``runtime.kind = "ray"`` the engine's and the trainer's work shows as
+the actor calls the driver waits on (inside an actor, Ray's own ``ray timeline``).
 """
 
 from __future__ import annotations

@@ -126,7 +126,8 @@ class LogConfig:
     """Write RUN/timeline.json: when the trainer waited, trained and published, when the
     engine swapped weights and decoded (how many steps, how many sequences), thread by thread,
     in the Chrome trace-event format (open it in https://ui.perfetto.dev). A resumed run
-    writes RUN/timeline.2.json, and so on. This process's threads only (not Ray actors')."""
+    writes RUN/timeline.2.json, and so on. The driver's threads only (under Ray, the actors'
+    work shows as the calls the driver waits on)."""
 
 
 @dataclass
