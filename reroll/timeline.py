@@ -131,11 +131,13 @@ def recording(path: str | Path | None) -> Iterator[None]:
 
 
 def write(path: str | Path, events: list[dict], threads: dict[int, str],
-          dropped: int = 0) -> Path:
-    """The Chrome trace-event JSON object format: thread names as metadata events, times in
-    microseconds from the first event; written to a temporary file and renamed."""
-    t0 = min((e["ts"] for e in events), default=0.0)
-    pid = os.getpid()
+          dropped: int = 0, *, pid: int | None = None, origin: float | None = None) -> Path:
+    """The Chrome trace-event JSON object format: thread names (``threads``: tid -> name,
+    of process ``pid``, this one's by default) as metadata events, times in microseconds
+    from ``origin`` (by default the first event's); written to a temporary file and
+    renamed."""
+    t0 = min((e["ts"] for e in events), default=0.0) if origin is None else origin
+    pid = os.getpid() if pid is None else pid
     out = [{"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": n}}
            for tid, n in threads.items()]
     out += [{**e, "ts": round(e["ts"] - t0, 3),

@@ -5,7 +5,9 @@ max_staleness, over-provisioning and partial rollouts; the hardware and cost mod
 ``--settings FILE`` (TOML or JSON, `reroll.sim.settings.SimSettings`) and ``sim.KEY=VALUE``
 overrides. ``--compare KEY=V1,V2,...`` simulates the run once per value of one config key
 (e.g. runtime.max_staleness=0,1,2). Prints the results as JSON, writes them to ``--out``
-(default sim.json) and a picture beside it (sim.png) unless ``--no-png``. The composition
+(default sim.json) and a picture beside it (sim.png) unless ``--no-png``; with
+``--timeline PATH`` also the simulated schedule as a timeline (`reroll.sim.timeline`), in
+the spans a real run's ``log.timeline`` writes. The composition
 lives here; the reroll CLI only adds the parser.
 """
 
@@ -26,6 +28,10 @@ def add_parser(sub) -> None:
     p.add_argument("--compare", help="KEY=V1,V2,...: one simulation per value of a config key")
     p.add_argument("--out", default="sim.json", help="the JSON file (default sim.json)")
     p.add_argument("--no-png", action="store_true", help="skip the picture")
+    p.add_argument("--timeline", metavar="PATH",
+                   help="also write the simulated schedule as a Chrome trace-event file, in "
+                   "the spans a run's log.timeline records (one per variant with --compare: "
+                   "PATH's name gets the variant)")
     p.set_defaults(fn=cmd_sim)
 
 
@@ -34,6 +40,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
     from reroll.config_checks import load_checked
     from reroll.sim.settings import SimRun, SimSettings
     from reroll.sim.simulate import simulate
+    from reroll.sim.timeline import TracedSimulation
 
     sim = {o.split("=", 1)[0][4:]: o.split("=", 1)[1] for o in args.overrides
            if o.startswith("sim.")}
@@ -48,7 +55,15 @@ def cmd_sim(args: argparse.Namespace) -> int:
     results = {}
     for label, extra in variants:
         run = SimRun.from_config(load_checked(args.config, rest + extra))
-        results[label] = simulate(run, settings)
+        if args.timeline:
+            sim = TracedSimulation(run, settings)
+            results[label] = sim.run_all()
+            path = Path(args.timeline)
+            if args.compare:
+                path = path.with_name(f"{path.stem}.{label}{path.suffix}")
+            print(f"timeline: {sim.write(path)}")
+        else:
+            results[label] = simulate(run, settings)
         results[label]["run"] = vars(run)
     out = Path(args.out)
     out.write_text(json.dumps({"settings": settings.to_dict(), "results": results}, indent=1))
