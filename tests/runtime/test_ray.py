@@ -40,6 +40,33 @@ def test_killed_engine_worker_requests_are_requeued(ray_session, tiny_dir, devic
     pool.shutdown()
 
 
+def test_a_worker_killed_before_its_adds_are_confirmed_loses_nothing(ray_session, tiny_dir,
+                                                                      device):
+    # adds are sent without waiting (`RayEnginePool.add`): a worker that dies with adds of
+    # its own unconfirmed is replaced once, at the next step, and their requests re-queued
+    from reroll.runtime.ray import RayEnginePool
+
+    pool = RayEnginePool(tiny_dir, workers=2, max_batch=16, device=str(device))
+    sp = SamplingParams(temperature=1.0, max_new_tokens=6, stop_token_ids=[])
+    groups = [new_group(Example(f"p{i}", "", ""), 3, [2, 5 + i], sp, 0) for i in range(4)]
+    rollouts = [r for g in groups for r in g.rollouts]
+    for i, r in enumerate(rollouts):
+        r.sampling.seed = i
+    pool.kill_worker(0)  # dead before anything is sent to it
+    pool.add(rollouts)
+    lost = len(pool.inflight[0])
+    assert lost == 6  # two of the four groups went to worker 0
+    done = {}
+    while pool.pending():
+        for r in pool.step():
+            done[r.sample_id] = r
+    assert set(done) == {r.sample_id for r in rollouts}
+    assert all(r.response_len == 6 and r.finish == "length" for r in done.values())
+    st = pool.stats()
+    assert st["restarts"] == 1 and st["requeued"] == lost
+    pool.shutdown()
+
+
 def test_train_runs_on_ray_engine_workers(ray_session, tmp_path, device):
     from reroll.runlog import read_metrics
     from reroll.runtime import train
