@@ -34,7 +34,10 @@ predicts; ``--fit-also 'longtail sync'`` adds that run to the synchronous calibr
 (its row is then a fit, marked so, not a prediction); ``--repeats 3`` runs each predicted
 variant with train.seed 0, 1 and 2 and compares the prediction with their mean (a 20-step
 run's throughput moves 6-11% between seeds).
-Ends with ``max |predicted/measured - 1| = P%``.
+Ends with ``max |predicted/measured - 1| = P%``, then how the schedules compare: the time
+between updates, requests re-added, and each update's marks (`reroll.timeline.steps`:
+training, the loop's work, publish to the next take, the share of it decoding) from the
+runs' timelines (``log.timeline``; runs without one show "-") against the simulated ones.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from pathlib import Path
 
 from sim_published import published  # benchmarks/sim_published.py
 
+from reroll import timeline
 from reroll.config_checks import load_checked
 from reroll.runlog import read_metrics, read_rollouts
 from reroll.sim.calibrate import (
@@ -61,12 +65,13 @@ from reroll.sim.calibrate import (
     resumes_by_age,
 )
 from reroll.sim.settings import SimRun, SimSettings
-from reroll.sim.simulate import simulate
+from reroll.sim.timeline import TracedSimulation
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "arithmetic.toml"
 BASE = ["log_every=1", "eval.every=0", "ckpt_every=100000", "record_every=1",
-        "runtime.threads=1", "reward.workers=0", "runtime.kind=ray", "runtime.pin_cores=true"]
+        "runtime.threads=1", "reward.workers=0", "runtime.kind=ray", "runtime.pin_cores=true",
+        "log.timeline=true"]  # RUN/timeline.json: each update's marks (`step_marks`)
 # the long-tail task (`reroll.tasks.longtail`): responses of 1 to 32 tokens
 LONGTAIL = ["task.name=longtail", "task.args={n_train=4000, n_test=100, max_count=31}",
             "model.max_position=64", "rollout.max_new_tokens=32"]
@@ -126,7 +131,9 @@ def predicted(overrides: list[str], cost: dict, lengths: Path, steps: int, skip:
     cfg = load_checked(str(CONFIG), [*BASE, *overrides])
     run = SimRun.from_config(cfg)
     # runtime.pin_cores puts the driver (the loop's own work) on the engine's core
-    r = simulate(run, SimSettings(**cost, lengths=str(lengths), steps=steps, loop_on_gen=True))
+    sim = TracedSimulation(run, SimSettings(**cost, lengths=str(lengths), steps=steps,
+                                            loop_on_gen=True))
+    r = sim.run_all()
     ends = r["step_ends_s"]
     t0 = ends[skip - 1] if skip else 0.0
     per = r["per_step"][skip:]
@@ -137,7 +144,25 @@ def predicted(overrides: list[str], cost: dict, lengths: Path, steps: int, skip:
             "quiet_steps": quiet_steps([p["resumed"] for p in per]),
             "lag": _mean_lag([p["lags"] for p in per]),
             "by_age": {i: p.get("resumed_by_age", {}) for i, p in enumerate(r["per_step"], 1)},
-            "ends": ends[skip - 1:] if skip else ends}
+            "ends": ends[skip - 1:] if skip else ends,
+            "marks": [m for m in timeline.steps(sim.spans_read()) if m["step"] > skip]}
+
+
+def step_marks(run_dirs: list[Path], skip: int) -> list[dict]:
+    """Each update's marks after the warm-up (`reroll.timeline.steps`) in the runs that
+    recorded a timeline (RUN/timeline.json), pooled."""
+    return [m for d in run_dirs if (d / "timeline.json").exists()
+            for m in timeline.steps(timeline.read(d / "timeline.json")) if m["step"] > skip]
+
+
+def marks_text(marks: list[dict]) -> str:
+    """Medians of an update's marks: interval, train, loop, take (ms) and decode busy."""
+    if not marks:
+        return "-"
+    med = {k: statistics.median(m[k] for m in marks) for k in marks[0] if k != "step"}
+    return (f"{1e3 * med['interval']:.0f} = train {1e3 * med['train']:.0f} + loop "
+            f"{1e3 * med['loop']:.0f} + take {1e3 * med['take']:.0f} ms, decoding "
+            f"{100 * med['decode_busy']:.0f}%")
 
 
 def counts(run_dir: Path, skip: int) -> dict:
@@ -293,7 +318,7 @@ def main() -> None:
     print("cost model:", json.dumps({k: float(f"{v:.4g}") for k, v in cost.items()}))
     print("a decoded token by task:", ", ".join(f"{t} {1e6 * c['decode_row_s']:.2f} us"
                                                 for t, c in costs.items()))
-    rows = []
+    rows, marks = [], {}
     for name, ov in VARIANTS.items():
         d = cal["cal 16x8"] if name == "sync" else train(out, name, ov, steps, a.reuse)
         lengths = (train(out, "longtail sync", LONGTAIL, steps, a.reuse) if "longtail" in name
@@ -309,6 +334,7 @@ def main() -> None:
         each = [measured(x, a.skip) for x in seeds if x is not None]
         p = predicted(ov, costs[task_of(ov)], lengths, steps, a.skip)
         rows.append((name, statistics.fmean(each), p, d))
+        marks[name] = step_marks([x for x in seeds if x is not None], a.skip)
         if len(each) > 1:
             print(f"{name}: measured samples/s by seed {', '.join(f'{x:.1f}' for x in each)}, "
                   f"mean {rows[-1][1]:.1f} (sd {statistics.stdev(each):.1f})")
@@ -343,6 +369,10 @@ def main() -> None:
     for name, _, p, d in rows[1:]:
         print(f"  {name}: {_intervals_text(counts(d, a.skip)['ends'])} / "
               f"{_intervals_text(p['ends'])}")
+    print("\nan update after the warm-up (`reroll.timeline.steps`, medians; the runs' "
+          "timelines), measured / simulated:")
+    for name, _, p, _ in rows:
+        print(f"  {name}: {marks_text(marks[name])} / {marks_text(p['marks'])}")
 
 
 def readd_line(run_dir: Path, skip: int) -> str:

@@ -170,6 +170,40 @@ def read(path: str | Path) -> list[dict]:
     return out
 
 
+def steps(events: list[dict]) -> list[dict]:
+    """Each update's schedule, from a timeline `read` back (a run's, or `reroll sim
+    --timeline`'s: the spans are named alike). For every step ``k`` trained and followed by
+    another: ``train`` (its span), ``loop`` (its end to the trainer's ``publish`` of step
+    ``k``: the loop's own work), ``take`` (that publish to step ``k + 1``'s training: the
+    update and the wait for the next batch), ``interval`` (training start to training
+    start) and ``decode_busy`` (the share of the time between the two trainings that some
+    ``decode`` span covers, on any thread), times in seconds."""
+    trains = [e for e in events if e["name"] == "train"]
+    if not trains:
+        return []
+    who = trains[0]["thread"]
+    trains = [e for e in trains if e["thread"] == who]
+    pubs = {e["args"].get("step"): e for e in events
+            if e["name"] == "publish" and e["thread"] == who}
+    decodes = sorted((e["t"], e["end"]) for e in events if e["name"] == "decode")
+    out = []
+    for a, b in zip(trains, trains[1:]):
+        p = pubs.get(a["args"].get("step"))
+        if p is None:
+            continue
+        lo, hi, busy, reach = a["end"], b["t"], 0.0, a["end"]
+        for t0, t1 in decodes:  # the union of the decode spans inside [lo, hi]
+            t0, t1 = max(t0, reach), min(t1, hi)
+            if t1 > t0:
+                busy += t1 - t0
+                reach = t1
+        out.append({"step": a["args"].get("step"), "train": a["end"] - a["t"],
+                    "loop": p["t"] - a["end"], "take": b["t"] - p["t"],
+                    "interval": b["t"] - a["t"],
+                    "decode_busy": busy / (hi - lo) if hi > lo else 0.0})
+    return out
+
+
 def next_path(run_dir: str | Path) -> Path:
     """RUN/timeline.json, or for a resumed run the first free RUN/timeline.N.json (N = 2,
     3, ...), so a resume never overwrites the timeline of the run before it."""

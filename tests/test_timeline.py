@@ -126,3 +126,21 @@ def test_a_resume_writes_a_second_timeline(tmp_path):
     train(load_checked(None, cfg + ["train.steps=2"]), resume=True, progress=False)
     assert [e["args"]["step"] for e in _spans(tl.read(out / "timeline.json"), "train")] == [1]
     assert [e["args"]["step"] for e in _spans(tl.read(out / "timeline.2.json"), "train")] == [2]
+
+
+def test_steps_by_hand():
+    # step 1 trains 0-2, publishes at 3; step 2 trains 5-6, publishes at 6.5; step 3 at 8;
+    # decode spans 1-4 and 3.5-7 (overlapping: their union inside 2-5 is 2-5, inside 6-8
+    # is 6-7)
+    def sp(name, t, end, **args):
+        return {"name": name, "thread": "MainThread", "t": t, "end": end, "args": args}
+
+    evs = [sp("train", 0, 2, step=1), sp("publish", 3, 3.1, step=1, version=1),
+           sp("train", 5, 6, step=2), sp("publish", 6.5, 6.6, step=2, version=2),
+           sp("train", 8, 9, step=3),
+           {**sp("decode", 1, 4), "thread": "engine"}, {**sp("decode", 3.5, 7), "thread": "e"}]
+    got = tl.steps(sorted(evs, key=lambda e: e["t"]))
+    assert got == [
+        {"step": 1, "train": 2, "loop": 1, "take": 2, "interval": 5, "decode_busy": 1.0},
+        {"step": 2, "train": 1, "loop": 0.5, "take": 1.5, "interval": 3, "decode_busy": 0.5}]
+    assert tl.steps([]) == []

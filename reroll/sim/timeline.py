@@ -77,6 +77,13 @@ class TracedSimulation(Simulation):
     def threads(self) -> dict[int, str]:
         return {TRAINER: "trainer", **{i + 1: f"device {i}" for i in range(len(self.devices))}}
 
+    def spans_read(self) -> list[dict]:
+        """The spans as `reroll.timeline.read` returns a file's: thread names, seconds."""
+        names = self.threads()
+        return sorted(({"name": e["name"], "thread": names[e["tid"]], "t": e["ts"] / 1e6,
+                        "end": (e["ts"] + e["dur"]) / 1e6, "args": e["args"]}
+                       for e in self.spans), key=lambda r: r["t"])
+
     def write(self, path: str | Path) -> Path:
         """The spans as a Chrome trace-event file (`reroll.timeline.write`)."""
         return timeline.write(path, self.spans, self.threads(), pid=0, origin=0.0)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from reroll import timeline
 from reroll.cli import main
 from reroll.sim.settings import SimRun, SimSettings
@@ -34,6 +36,12 @@ def test_synchronous_spans_by_hand(tmp_path):
     assert _by(evs, "trainer", "publish") == [(15.0, 17.0), (32.0, 34.0)]
     assert _by(evs, "device 0", "decode") == [(0.0, 10.0), (17.0, 27.0), (34.0, 44.0)]
     assert _by(evs, "device 0", "update weights") == [(15.0, 17.0), (32.0, 34.0)]
+    assert [(e["name"], e["t"]) for e in sim.spans_read()] == [(e["name"], e["t"]) for e in evs]
+    # per update (`reroll.timeline.steps`): train 5 s, no loop work, publish to the next
+    # training 2 + 10 s, the devices decoding 10 of those 12 s
+    assert timeline.steps(evs) == [
+        {"step": k, "train": 5.0, "loop": 0.0, "take": 12.0, "interval": 17.0,
+         "decode_busy": pytest.approx(10 / 12)} for k in (1, 2)]
     dec = [e["args"] for e in evs if e["name"] == "decode"]
     assert dec == [{"steps": 10, "running": 2, "finished": 2}] * 3
     assert [e["args"]["step"] for e in evs if e["name"] == "train"] == [1, 2, 3]
