@@ -24,15 +24,20 @@ import json
 import os
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-MAX_EVENTS = 2_000_000  # about 300 MB of JSON; past it events are counted, not kept
+# Events are kept in memory (about 600 bytes each) and written when the recording ends, so
+# a run killed with SIGKILL leaves none; past this many they are counted, not kept (about
+# 300 MB; a decode span a decode step of a long run on a fast GPU could reach it)
+MAX_EVENTS = 500_000
 
 _events: list[dict] | None = None  # None: not recording
 _dropped = 0
 _threads: dict[int, str] = {}
+_generation = 0  # which recording: a span begun in one and ended in the next is dropped
 _lock = threading.Lock()
 
 
@@ -40,12 +45,12 @@ def _now_us() -> float:
     return time.perf_counter_ns() / 1000.0
 
 
-def _add(ev: dict) -> None:
+def _add(ev: dict, generation: int | None = None) -> None:
     global _dropped
     tid = threading.get_ident()
     ev["pid"], ev["tid"] = os.getpid(), tid
     with _lock:
-        if _events is None:
+        if _events is None or (generation is not None and generation != _generation):
             return
         if tid not in _threads:
             _threads[tid] = threading.current_thread().name
@@ -56,10 +61,10 @@ def _add(ev: dict) -> None:
 
 
 class _Span:
-    __slots__ = ("name", "args", "t0")
+    __slots__ = ("name", "args", "t0", "generation")
 
     def __init__(self, name: str, args: dict):
-        self.name, self.args = name, args
+        self.name, self.args, self.generation = name, args, _generation
 
     def __enter__(self) -> _Span:
         self.t0 = _now_us()
@@ -68,7 +73,7 @@ class _Span:
     def __exit__(self, *exc) -> None:
         t1 = _now_us()
         _add({"name": self.name, "ph": "X", "ts": self.t0, "dur": t1 - self.t0,
-              "args": self.args})
+              "args": self.args}, self.generation)
 
     def set(self, **args: Any) -> None:
         """Add arguments known only inside the span (e.g. how many sequences finished)."""
@@ -97,7 +102,7 @@ def active() -> bool:
 
 def span(name: str, **args: Any) -> _Span | _Off:
     """``with span("train", step=3):`` records the block's start and duration on this
-    thread. Spans of one thread must nest (the trace format's rule), so code that interleaves
+    thread (the arguments are evaluated by the caller either way: keep them cheap). Spans of one thread must nest (the trace format's rule), so code that interleaves
     work on one thread (coroutines across an ``await``) records `mark`s instead."""
     return _Span(name, args) if _events is not None else _OFF
 
@@ -112,7 +117,7 @@ def mark(name: str, **args: Any) -> None:
 def recording(path: str | Path | None) -> Iterator[None]:
     """Record while the block runs and write the trace to ``path`` when it ends (None:
     record nothing). One recording at a time in a process."""
-    global _events, _dropped
+    global _events, _dropped, _generation
     if path is None:
         yield
         return
@@ -120,6 +125,7 @@ def recording(path: str | Path | None) -> Iterator[None]:
         if _events is not None:
             raise RuntimeError("a timeline is already being recorded in this process")
         _events, _dropped = [], 0
+        _generation += 1
         _threads.clear()
     try:
         yield
@@ -127,7 +133,11 @@ def recording(path: str | Path | None) -> Iterator[None]:
         with _lock:
             events, dropped, threads = _events, _dropped, dict(_threads)
             _events = None
-        write(path, events, threads, dropped)
+        try:  # the run's own outcome stands: a timeline that cannot be written is a warning
+            write(path, events, threads, dropped)
+        except (OSError, TypeError, ValueError) as e:
+            warnings.warn(f"the run's timeline could not be written to {path}: {e}",
+                          stacklevel=2)
 
 
 def write(path: str | Path, events: list[dict], threads: dict[int, str],
@@ -145,7 +155,7 @@ def write(path: str | Path, events: list[dict], threads: dict[int, str],
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps({"traceEvents": out, "displayTimeUnit": "ms",
-                               "otherData": {"dropped_events": dropped}}))
+                               "otherData": {"dropped_events": dropped}}, default=str))
     os.replace(tmp, path)
     return path
 
@@ -177,7 +187,9 @@ def steps(events: list[dict]) -> list[dict]:
     ``k``: the loop's own work), ``take`` (that publish to step ``k + 1``'s training: the
     update and the wait for the next batch), ``interval`` (training start to training
     start) and ``decode_busy`` (the share of the time between the two trainings that some
-    ``decode`` span covers, on any thread), times in seconds."""
+    ``decode`` span covers, on any thread: in-loop evaluation's decoding counts too, so
+    compare runs with ``eval.every = 0`` or steps without an evaluation), times in
+    seconds."""
     trains = [e for e in events if e["name"] == "train"]
     if not trains:
         return []

@@ -93,7 +93,7 @@ def sync_runs(tmp_path_factory):
     return on, off
 
 
-def test_a_synchronous_run_never_decodes_during_an_update(sync_runs):
+def test_a_synchronous_run_never_decodes_while_it_trains(sync_runs):
     on, off = sync_runs
     assert not (off / "timeline.json").exists()
     evs = tl.read(on / "timeline.json")
@@ -110,6 +110,41 @@ def test_a_synchronous_run_never_decodes_during_an_update(sync_runs):
     for d in decodes:
         for t in trains:
             assert d["end"] <= t["t"] or d["t"] >= t["end"], (d, t)
+
+
+def test_a_runs_spans_nest_on_every_thread(sync_runs):
+    # the trace format's rule: on one thread a span starts and ends inside any span it
+    # starts in (a span held across an await would break it)
+    on, _ = sync_runs
+    by: dict[str, list] = {}
+    for e in tl.read(on / "timeline.json"):
+        if "end" in e:
+            by.setdefault(e["thread"], []).append((e["t"], -e["end"], e["name"]))
+    assert len(by) >= 3  # the trainer, the rollout loop, the engine
+    for thread, spans in by.items():
+        open_ends: list[float] = []
+        for t, neg_end, name in sorted(spans):
+            while open_ends and open_ends[-1] <= t:
+                open_ends.pop()
+            assert not open_ends or -neg_end <= open_ends[-1], (thread, name, t)
+            open_ends.append(-neg_end)
+
+
+def test_a_span_left_open_across_recordings_is_dropped(tmp_path):
+    with tl.recording(tmp_path / "a.json"):
+        sp = tl.span("straddles")
+        sp.__enter__()
+    with tl.recording(tmp_path / "b.json"):
+        sp.__exit__(None, None, None)
+        tl.mark("inside")
+    assert [e["name"] for e in tl.read(tmp_path / "b.json")] == ["inside"]
+
+
+def test_a_timeline_that_cannot_be_written_is_a_warning(tmp_path):
+    with pytest.warns(UserWarning, match="could not be written"):
+        with tl.recording(tmp_path / "missing" / "t.json"):
+            tl.mark("x")
+    assert not tl.active()
 
 
 def test_recording_changes_nothing_learned(sync_runs):

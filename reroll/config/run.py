@@ -125,8 +125,9 @@ class LogConfig:
     timeline: bool = False
     """Write RUN/timeline.json: when the trainer waited, trained and published, when the
     engine swapped weights and decoded (how many steps, how many sequences), thread by thread,
-    in the Chrome trace-event format (open it in https://ui.perfetto.dev). A resumed run
-    writes RUN/timeline.2.json, and so on. The driver's threads only (under Ray, the actors'
+    in the Chrome trace-event format (open it in https://ui.perfetto.dev). Written when the
+    run ends (also when it fails); never over an earlier one: the next is RUN/timeline.2.json,
+    and so on (a resumed run's, say). The driver's threads only (under Ray, the actors'
     work shows as the calls the driver waits on)."""
 
 

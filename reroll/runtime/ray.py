@@ -133,7 +133,7 @@ class RayEnginePool:
         self.requeued = 0
         self.restarts = 0
         self._stats: dict[str, float] = {}
-        self._adds: list[tuple[int, Any, Any]] = []  # (replica, actor, ref) not yet confirmed
+        self._adds: list[tuple] = []  # (replica, actor, ref, sample ids) not yet confirmed
 
     def _spawn(self, i: int):
         """A fresh actor (replica ``i``) holding the current weights: the last full ones, then
@@ -160,22 +160,32 @@ class RayEnginePool:
         # before it (a round trip a group held the event loop 30 ms for 16 groups)
         for rs in by_group.values():
             i = min(range(len(self.actors)), key=lambda k: len(self.inflight[k]))
+            new = [r.sample_id for r in rs if r.sample_id not in self.inflight[i]]
             for r in rs:
                 self.inflight[i][r.sample_id] = copy.deepcopy(r)
             actor = self.actors[i]
             self._adds.append((i, actor, actor.add.remote(rs, [self.turns[r.sample_id]
-                                                              for r in rs])))
+                                                              for r in rs]), new))
 
     def _confirm_adds(self) -> None:
         """Wait for the adds sent so far; an actor found dead is replaced once (its
-        requests, these adds' included, re-queued); any other error is raised."""
+        requests, these adds' included, re-queued); an add the engine refused leaves its
+        requests out of the pool's records, and the first such error is raised once every
+        add has been looked at."""
         adds, self._adds = self._adds, []
-        for i, actor, ref in adds:
+        failed: BaseException | None = None
+        for i, actor, ref, ids in adds:  # every one looked at, whatever an earlier raised
             try:
                 ray.get(ref)
             except RayActorError:
                 if self.actors[i] is actor:  # the first of its calls to fail
                     self._replace(i)
+            except Exception as e:  # the engine refused it: its new requests are not there
+                for sid in ids:
+                    self.inflight[i].pop(sid, None)
+                failed = failed or e
+        if failed is not None:
+            raise failed
 
     def pending(self) -> int:
         return sum(len(x) for x in self.inflight)

@@ -56,12 +56,12 @@ def cmd_sim(args: argparse.Namespace) -> int:
     for label, extra in variants:
         run = SimRun.from_config(load_checked(args.config, rest + extra))
         if args.timeline:
-            sim = TracedSimulation(run, settings)
-            results[label] = sim.run_all()
+            traced = TracedSimulation(run, settings)
+            results[label] = traced.run_all()
             path = Path(args.timeline)
             if args.compare:
                 path = path.with_name(f"{path.stem}.{label}{path.suffix}")
-            print(f"timeline: {sim.write(path)}")
+            print(f"timeline: {traced.write(path)}")
         else:
             results[label] = simulate(run, settings)
         results[label]["run"] = vars(run)

@@ -67,6 +67,27 @@ def test_a_worker_killed_before_its_adds_are_confirmed_loses_nothing(ray_session
     pool.shutdown()
 
 
+def test_an_add_the_engine_refuses_is_raised_at_the_next_step(ray_session, tiny_dir, device):
+    # the engine refuses a request it already holds; the pool's records keep the first
+    # (still decoding), and the error reaches the caller at its next call, not never
+    from reroll.runtime.ray import RayEnginePool
+
+    pool = RayEnginePool(tiny_dir, workers=1, max_batch=16, device=str(device))
+    sp = SamplingParams(temperature=1.0, max_new_tokens=4, stop_token_ids=[])
+    g = new_group(Example("p", "", ""), 2, [2, 5], sp, 0)
+    pool.add(g.rollouts)
+    pool.add(g.rollouts[:1])
+    with pytest.raises(Exception, match="already in the engine"):
+        pool.step()
+    assert pool.pending() == 2 and not pool._adds
+    done = {}
+    while pool.pending():
+        for r in pool.step():
+            done[r.sample_id] = r
+    assert set(done) == {r.sample_id for r in g.rollouts}
+    pool.shutdown()
+
+
 def test_train_runs_on_ray_engine_workers(ray_session, tmp_path, device):
     from reroll.runlog import read_metrics
     from reroll.runtime import train
