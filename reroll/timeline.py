@@ -12,7 +12,9 @@ set against.
 
 Recording is process-wide and off by default: `span` and `mark` cost one global read when
 off. `recording(path)` turns it on for a block and writes the file when the block ends,
-also when it raises, so a failed run keeps the timeline of what it did. Threads of this
+also when it raises, so a failed run keeps the timeline of what it did; while it runs,
+PATH.partial holds the events up to the last few thousand, so a run killed outright keeps
+most of it too (`read` and Perfetto open either). Threads of this
 process only: under ``runtime.kind = "ray"`` the engine's and the trainer's work shows as
 the actor calls the driver waits on (inside an actor, Ray's own ``ray timeline``).
 """
@@ -29,16 +31,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-# Events are kept in memory (about 600 bytes each) and written when the recording ends, so
-# a run killed with SIGKILL leaves none; past this many they are counted, not kept (about
-# 300 MB; a decode span a decode step of a long run on a fast GPU could reach it)
+# Events are kept in memory (about 600 bytes each) for the file written when the recording
+# ends; past this many they are counted, not kept (about 300 MB; a decode span a decode
+# step of a long run on a fast GPU could reach it). Every FLUSH_EVERY events they are also
+# appended to PATH.partial (the trace format's JSON array, left open), so a run killed
+# with SIGKILL keeps its timeline up to the last flush there; the finished file replaces it.
 MAX_EVENTS = 500_000
+FLUSH_EVERY = 2_000
 
 _events: list[dict] | None = None  # None: not recording
 _dropped = 0
 _threads: dict[int, str] = {}
 _generation = 0  # which recording: a span begun in one and ended in the next is dropped
+_partial: Path | None = None  # the open-ended copy being appended to
+_pending: list[dict] = []  # events (and thread names) not yet appended there
 _lock = threading.Lock()
+_file_lock = threading.Lock()
 
 
 def _now_us() -> float:
@@ -49,15 +57,36 @@ def _add(ev: dict, generation: int | None = None) -> None:
     global _dropped
     tid = threading.get_ident()
     ev["pid"], ev["tid"] = os.getpid(), tid
+    batch = None
     with _lock:
         if _events is None or (generation is not None and generation != _generation):
             return
         if tid not in _threads:
             _threads[tid] = threading.current_thread().name
+            _pending.append({"name": "thread_name", "ph": "M", "pid": ev["pid"], "tid": tid,
+                             "args": {"name": _threads[tid]}})
         if len(_events) < MAX_EVENTS:
             _events.append(ev)
+            _pending.append(ev)
         else:
             _dropped += 1
+        if len(_pending) >= FLUSH_EVERY:
+            batch, _pending[:] = list(_pending), []
+            target = _partial
+    if batch:
+        _append(target, batch)
+
+
+def _append(partial: Path | None, batch: list[dict]) -> None:
+    """Append events to the open-ended copy (outside the recording's lock)."""
+    if partial is None:
+        return
+    with _file_lock:
+        try:
+            with open(partial, "a") as f:
+                f.write("".join(json.dumps(e, default=str) + ",\n" for e in batch))
+        except OSError:  # the copy is a safeguard; the finished file is the record
+            pass
 
 
 class _Span:
@@ -117,24 +146,31 @@ def mark(name: str, **args: Any) -> None:
 def recording(path: str | Path | None) -> Iterator[None]:
     """Record while the block runs and write the trace to ``path`` when it ends (None:
     record nothing). One recording at a time in a process."""
-    global _events, _dropped, _generation
+    global _events, _dropped, _generation, _partial
     if path is None:
         yield
         return
+    partial = Path(str(path) + ".partial")
     with _lock:
         if _events is not None:
             raise RuntimeError("a timeline is already being recorded in this process")
-        _events, _dropped = [], 0
+        _events, _dropped, _partial = [], 0, partial
         _generation += 1
         _threads.clear()
+        _pending.clear()
+    with contextlib.suppress(OSError):
+        partial.write_text("[\n")
     try:
         yield
     finally:
         with _lock:
             events, dropped, threads = _events, _dropped, dict(_threads)
-            _events = None
+            _events, _partial = None, None
+            _pending.clear()
         try:  # the run's own outcome stands: a timeline that cannot be written is a warning
             write(path, events, threads, dropped)
+            with _file_lock:
+                partial.unlink(missing_ok=True)
         except (OSError, TypeError, ValueError) as e:
             warnings.warn(f"the run's timeline could not be written to {path}: {e}",
                           stacklevel=2)
@@ -162,8 +198,13 @@ def write(path: str | Path, events: list[dict], threads: dict[int, str],
 
 def read(path: str | Path) -> list[dict]:
     """The events of a timeline file, each with its thread's name (``thread``), times in
-    seconds (``t``, and ``end`` for spans), sorted by time; metadata events left out."""
-    doc = json.loads(Path(path).read_text())
+    seconds (``t``, and ``end`` for spans), sorted by time; metadata events left out. Also
+    reads a killed run's RUN/timeline.json.partial (an array left open)."""
+    text = Path(path).read_text()
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:  # the open-ended copy: close it
+        doc = json.loads(text.rstrip().rstrip(",") + "]")
     evs = doc["traceEvents"] if isinstance(doc, dict) else doc
     names = {e["tid"]: e["args"]["name"] for e in evs if e.get("ph") == "M"}
     out = []
@@ -218,9 +259,10 @@ def steps(events: list[dict]) -> list[dict]:
 
 def next_path(run_dir: str | Path) -> Path:
     """RUN/timeline.json, or for a resumed run the first free RUN/timeline.N.json (N = 2,
-    3, ...), so a resume never overwrites the timeline of the run before it."""
+    3, ...), so a resume never overwrites the timeline of the run before it (nor the
+    ``.partial`` copy a killed run left)."""
     d = Path(run_dir)
     p, n = d / "timeline.json", 2
-    while p.exists():
+    while p.exists() or Path(str(p) + ".partial").exists():
         p, n = d / f"timeline.{n}.json", n + 1
     return p

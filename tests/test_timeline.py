@@ -71,6 +71,22 @@ def test_a_failed_block_keeps_its_timeline(tmp_path):
     assert not tl.active()
 
 
+def test_a_killed_recording_leaves_its_events_but_the_last_few(tmp_path, monkeypatch):
+    # every FLUSH_EVERY events go to PATH.partial as they come: what a SIGKILL leaves
+    monkeypatch.setattr(tl, "FLUSH_EVERY", 3)
+    path = tmp_path / "timeline.json"
+    with tl.recording(path):
+        for i in range(7):
+            tl.mark("m", i=i)
+        # as a killed run leaves it: the thread's name and marks 0-4 (two flushes of 3)
+        left = tl.read(tmp_path / "timeline.json.partial")
+        assert [e["args"]["i"] for e in left] == [0, 1, 2, 3, 4]
+        assert {e["thread"] for e in left} == {"MainThread"}
+        assert tl.next_path(tmp_path) == tmp_path / "timeline.2.json"
+    assert [e["args"]["i"] for e in tl.read(path)] == list(range(7))
+    assert not (tmp_path / "timeline.json.partial").exists()
+
+
 def test_next_path_never_overwrites(tmp_path):
     assert tl.next_path(tmp_path) == tmp_path / "timeline.json"
     (tmp_path / "timeline.json").write_text("{}")
