@@ -10,7 +10,10 @@ out of its wall time. The start, the same checkpoint for every row, is evaluated
 invocation (`start_accuracy`) and is every row's step-0 point. Synchronous GRPO (``sync``) runs first in a seed; every other row of
 that seed stops at ``--cap`` times sync's training time (TRL and the hand loop included);
 under ``--screen`` and ``--quick`` every row also stops at the evaluation that reaches the
-target, sync too (its cap is then ``--cap`` times that time).
+target, sync too (its cap is then ``--cap`` times that time). ``--hold 2`` counts the target
+as reached only at two evaluations in a row (one noisy evaluation of 200 prompts, standard
+error about 3 points, can cross a target a few points over the start and set a seed's cap);
+each row records its ``hold`` and no table mixes two.
 
 Per row: training wall time and generated tokens to ``--target`` on the seed-mean curve (and
 how many seeds reach it alone), final held-out accuracy (mean and std over seeds), median step
@@ -54,6 +57,7 @@ from tournament_table import (  # noqa: F401
     WHY,
     capping_sync,
     curve_of,
+    hold_of,
     limit_of,
     pick,
     protocol_of,
@@ -150,7 +154,7 @@ def start_accuracy(init: Path, out: Path, extra: tuple[str, ...] = ()) -> float:
 def run_reroll(init: Path, name: str, seed: int, steps: int, every: int, out: Path,
                target: float, start: float, cap_s: float | None = None,
                cap_x: float | None = None, stop_at_target: bool = False,
-               extra: tuple[str, ...] = ()) -> dict:
+               extra: tuple[str, ...] = (), hold: int = 1) -> dict:
     """One reroll row from ``start``, ``init``'s accuracy (`start_accuracy`; the run itself
     does not evaluate step 0: ``eval.at_start = false``): trains until ``steps`` or until
     ``limit_of`` says stop (a SIGINT: reroll checkpoints and exits 130), then evaluates the
@@ -165,7 +169,7 @@ def run_reroll(init: Path, name: str, seed: int, steps: int, every: int, out: Pa
     while proc.poll() is None:
         time.sleep(2)
         done = read_rows(run / "metrics.jsonl")
-        limit = limit_of(curve_of(done, start), target, cap_s, cap_x, stop_at_target)
+        limit = limit_of(curve_of(done, start), target, cap_s, cap_x, stop_at_target, hold)
         if limit is not None and train_seconds(done) >= limit:
             proc.send_signal(signal.SIGINT)
             proc.wait()
@@ -173,7 +177,7 @@ def run_reroll(init: Path, name: str, seed: int, steps: int, every: int, out: Pa
         raise SystemExit(f"{name} seed {seed} failed (exit {proc.returncode}); see {log.name}")
     rows = read_rows(run / "metrics.jsonl")
     curve, last = curve_of(rows, start), rows[-1]
-    reached = stop_at_target and reach(curve[1:], target) is not None
+    reached = stop_at_target and reach(curve[1:], target, hold) is not None
     if curve[-1][0] != last["step"] and not reached:  # stopped between evaluations: evaluate
         # where it stopped (a run stopped at the target ends at the evaluation that reached it)
         ckpt = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
@@ -191,7 +195,7 @@ def run_reroll(init: Path, name: str, seed: int, steps: int, every: int, out: Pa
 def run_baseline(name: str, init: Path, seed: int, steps: int, every: int,
                  cap_s: float | None, start: float, extra: tuple[str, ...] = (),
                  trl_generation: str = vs_trl.TRL_FASTEST,
-                 stop_at: float | None = None) -> dict:
+                 stop_at: float | None = None, hold: int = 1) -> dict:
     """TRL (generating as ``vs_trl.TRL_GENERATION[trl_generation]``) or the hand loop with
     the config's hyperparameters from ``start``, ``init``'s accuracy (`start_accuracy`), in
     this process, on one torch thread, stopped at ``cap_s`` or at an evaluation that
@@ -215,10 +219,10 @@ def run_baseline(name: str, init: Path, seed: int, steps: int, every: int,
     if name == "trl":  # TRL at its fastest setting here (vs_trl.TRL_FASTEST)
         times, curve = vs_trl.run_trl(model_dir, tok, task, ev, steps, every, seed, hp=hp,
                                       cap_s=cap_s, generation=trl_generation, start=start,
-                                      stop_at=stop_at)
+                                      stop_at=stop_at, hold=hold)
     else:
         times, curve = vs_trl.run_hand(model_dir, tok, task, ev, steps, every, seed, hp=hp,
-                                       cap_s=cap_s, start=start, stop_at=stop_at)
+                                       cap_s=cap_s, start=start, stop_at=stop_at, hold=hold)
     return {"curve": [(s, t, acc, None) for s, t, acc in curve],
             "split": {"time/step_s": statistics.median(times)}, "why": {}, "steps": len(times)}
 
@@ -253,6 +257,12 @@ def main() -> None:
                     help="held-out greedy accuracy to reach; default 0.37 (--quick 0.35)")
     ap.add_argument("--cap", type=float, default=None, help="every run stops at this "
                     "multiple of sync's time to the target; default 2 (--quick 1.5)")
+    ap.add_argument("--hold", type=int, default=None,
+                    help="the target counts as reached only at this many evaluations in a "
+                         "row (default 1; 2 keeps one noisy evaluation from reaching it, and "
+                         "from setting a seed's cap); recorded with each row, and a table "
+                         "never mixes rows of two values (--table: the last row's unless "
+                         "given)")
     ap.add_argument("--screen", action="store_true",
                     help="each reroll row stops when it reaches the target (time to it only)")
     ap.add_argument("--eval-examples", type=int, default=None,
@@ -278,6 +288,8 @@ def main() -> None:
                     help="--table: write the compact table into README.md between its "
                          "protocol's markers")
     a = ap.parse_args()
+    if a.hold is not None and a.hold < 1:
+        raise SystemExit(f"--hold {a.hold}: at least 1 evaluation")
     asked = a.target  # --table: the rows' own target unless one is asked for
     a.target = a.target if a.target is not None else (QUICK_TARGET if a.quick else TARGET)
     a.eval_every = a.eval_every or (5 if a.quick else 10)
@@ -285,16 +297,17 @@ def main() -> None:
     a.baseline_eval_every = a.baseline_eval_every or a.eval_every
     extra = (f"eval.n_examples={a.eval_examples}",) if a.eval_examples else ()
     here = {"machine": machine.cpu(), "commit": commit()}
+    hold = a.hold or 1  # a run's (--table: the rows' own unless given)
     if a.table:
         protocol = "quick" if a.quick else "screen" if a.screen else "full"
         rows = pick(read_rows(a.results), protocol=protocol, cap=a.cap, commit=a.commit,
-                    target=asked)
+                    target=asked, hold=a.hold)
         if not rows:
             print(f"no results of the {protocol} protocol at cap {a.cap:g} in {a.results}")
             return
         target = rows[-1]["target"]
         print(f"{rows[-1]['machine']}, commit {rows[-1]['commit']}, {protocol} protocol, "
-              f"cap {a.cap:g}\n")
+              f"cap {a.cap:g}, target held at {hold_of(rows[-1])} evaluation(s) in a row\n")
         print(table(rows, target))
         if a.readme:
             if protocol not in README_BLOCKS or a.cap != 2.0 or \
@@ -330,7 +343,7 @@ def main() -> None:
         if a.sync_from_results:
             src = a.sync_results or a.results
             same = dict(**here, init=str(init), target=a.target, quick=a.quick,
-                        extra=list(extra), eval_every=a.eval_every)
+                        extra=list(extra), eval_every=a.eval_every, hold=hold)
             rec = capping_sync(read_rows(src), seed, a.cap, a.screen, a.steps, **same)
             if rec is not None:
                 mine.append(rec)
@@ -346,13 +359,15 @@ def main() -> None:
             t0 = time.perf_counter()
             if name in BASELINES:
                 r = run_baseline(name, init, seed, a.steps, a.baseline_eval_every, cap, start,
-                                 extra, stop_at=a.target if a.screen or a.quick else None)
+                                 extra, stop_at=a.target if a.screen or a.quick else None,
+                                 hold=hold)
             else:  # sync runs to cap x its own time to the target, the rest to cap x that
                 r = run_reroll(init, name, seed, a.steps, a.eval_every, out, a.target, start,
                                cap_s=cap, cap_x=a.cap if name == "sync" else None,
                                stop_at_target=a.screen or a.quick,
-                               extra=extra)
+                               extra=extra, hold=hold)
             rec = {"row": name, "seed": seed, **here, "init": str(init), "target": a.target,
+                   "hold": hold,
                    "screen": a.screen, "quick": a.quick, "cap": a.cap, "max_steps": a.steps,
                    "extra": list(extra),
                    "eval_every": a.baseline_eval_every if name in BASELINES else a.eval_every,

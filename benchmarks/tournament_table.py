@@ -88,11 +88,12 @@ def curve_of(rows: list[dict], start_accuracy: float | None = None) -> list[tupl
 
 
 def limit_of(curve: list[tuple], target: float, cap_s: float | None, cap_x: float | None,
-             stop_at_target: bool) -> float | None:
+             stop_at_target: bool, hold: int = 1) -> float | None:
     """Training seconds at which a run stops: ``cap_s`` if given (a row capped at a multiple
     of sync's time); else ``cap_x`` times its own time to ``target`` once it gets there
-    (sync); the time it reaches ``target`` when ``stop_at_target`` (the screen)."""
-    hit = reach(curve[1:], target)
+    (sync); the time it reaches ``target`` when ``stop_at_target`` (the screen). Reaching
+    it is `reach`'s, with ``hold``: a run goes on until the evaluations confirm it."""
+    hit = reach(curve[1:], target, hold)
     if stop_at_target and hit is not None:
         return hit[1]
     if cap_s is not None:
@@ -103,7 +104,7 @@ def limit_of(curve: list[tuple], target: float, cap_s: float | None, cap_x: floa
 def sync_cap(sync: dict, cap: float) -> float:
     """The training seconds a seed's other rows stop at: ``cap`` times the time its sync run
     (a results record) took to its target, or to its end where it never got there."""
-    hit = reach(sync["curve"][1:], sync["target"])
+    hit = reach(sync["curve"][1:], sync["target"], hold_of(sync))
     return cap * (hit[1] if hit else sync["curve"][-1][1])
 
 
@@ -111,7 +112,12 @@ def recorded(results: list[dict], row: str, seed: int, **same) -> dict | None:
     """The latest record of ``row`` and ``seed`` in ``results`` whose fields equal ``same``
     (machine, commit, start, target, protocol, evaluation settings), or None."""
     return next((r for r in reversed(results) if r["row"] == row and r["seed"] == seed
-                 and all(r.get(k) == v for k, v in same.items())), None)
+                 and all(_field(r, k) == v for k, v in same.items())), None)
+
+
+def _field(record: dict, key: str):
+    """A results row's field, ``hold`` defaulted for rows recorded before it existed."""
+    return hold_of(record) if key == "hold" else record.get(key)
 
 
 def capping_sync(results: list[dict], seed: int, cap: float, screen: bool,
@@ -127,7 +133,7 @@ def capping_sync(results: list[dict], seed: int, cap: float, screen: bool,
                    **({} if screen else {"cap": cap}))
     if rec is None and cap == 1 and not screen:
         rec = recorded(results, "sync", seed, **same, screen=True)
-    if rec is not None and reach(rec["curve"][1:], rec["target"]) is None \
+    if rec is not None and reach(rec["curve"][1:], rec["target"], hold_of(rec)) is None \
             and rec.get("max_steps") != max_steps:
         return None
     return rec
@@ -158,8 +164,19 @@ def seed_mean(curves: list[list]) -> list[tuple]:
                   else None for j in range(4)) for i in range(n)]
 
 
-def reach(curve: list[tuple], target: float) -> tuple | None:
-    return next((p for p in curve if p[2] >= target), None)
+def reach(curve: list[tuple], target: float, hold: int = 1) -> tuple | None:
+    """The first evaluation at or over ``target`` that the next ``hold - 1`` evaluations
+    also are (``hold`` 2: reached at two evaluations in a row, so one noisy evaluation
+    does not count), or None. Its own time is the time to the target."""
+    for i, p in enumerate(curve):
+        if len(curve) - i >= hold and all(q[2] >= target for q in curve[i:i + hold]):
+            return p
+    return None
+
+
+def hold_of(record: dict) -> int:
+    """A results row's ``hold`` (rows recorded before it existed: 1)."""
+    return record.get("hold", 1)
 
 
 def summary(runs: list[dict], target: float) -> dict:
@@ -170,14 +187,16 @@ def summary(runs: list[dict], target: float) -> dict:
     shared curve is too short to reach it (a seed stopped early) while every seed reached it
     alone, the mean of the seeds' own times to it (``reading`` says which)."""
     curves = [r["curve"] for r in runs]
-    seeds_hits = [reach(c[1:], target) for c in curves]
+    hold = hold_of(runs[0])  # one per table (`pick`)
+    seeds_hits = [reach(c[1:], target, hold) for c in curves]
     common = set.intersection(*({p[0] for p in c} for c in curves))
     at_target = any(r.get("screen") or r.get("quick") for r in runs)
     hit, reading = None, "seed-mean curve"
     if all([p[0] for p in c] == [p[0] for p in curves[0]] for c in curves):
-        hit = reach(seed_mean(curves)[1:], target)
+        hit = reach(seed_mean(curves)[1:], target, hold)
     elif not at_target:
-        hit = reach(seed_mean([[p for p in c if p[0] in common] for c in curves])[1:], target)
+        hit = reach(seed_mean([[p for p in c if p[0] in common] for c in curves])[1:], target,
+                    hold)
     own = (statistics.fmean(h[1] for h in seeds_hits) if all(seeds_hits) else None)
     # a seed that never reached the target ran to its cap without it: its own time is more
     # than its last evaluation's, so this mean is a floor under the mean of the own times
@@ -299,11 +318,11 @@ def protocol_of(record: dict) -> str:
 
 
 def pick(results: list[dict], *, protocol: str, cap: float, commit: str | None = None,
-         target: float | None = None) -> list[dict]:
+         target: float | None = None, hold: int | None = None) -> list[dict]:
     """The rows one table compares: of ``protocol`` and ``cap`` (a row recorded before rows
     carried their cap ran at its protocol's default: 1.5 quick, else 2), of ``commit`` and
-    ``target`` where given, and then of the last such row's commit, machine, start
-    checkpoint, target and evaluation overrides. Rows of two protocols never share a table:
+    ``target`` and ``hold`` where given, and then of the last such row's commit, machine, start
+    checkpoint, target, evaluation overrides and ``hold``. Rows of two protocols never share a table:
     a screen run stops at the target, a full one runs on to its cap, and their finals mean
     different things; but under the full protocol at cap 1 a screen sync run stands for the
     full protocol's (both stop at the evaluation that reaches the target), as
@@ -316,12 +335,13 @@ def pick(results: list[dict], *, protocol: str, cap: float, commit: str | None =
         return protocol_of(r) == protocol and own == cap
 
     mine = [r for r in results if fits(r) and (commit is None or r["commit"] == commit)
-            and (target is None or r.get("target") == target)]
+            and (target is None or r.get("target") == target)
+            and (hold is None or hold_of(r) == hold)]
     if not mine:
         return []
     last = mine[-1]
-    same = ("commit", "machine", "init", "target", "extra")
-    return [r for r in mine if all(r.get(k) == last.get(k) for k in same)]
+    same = ("commit", "machine", "init", "target", "extra", "hold")
+    return [r for r in mine if all(_field(r, k) == _field(last, k) for k in same)]
 
 
 def readme_table(results: list[dict], target: float, machine: str, commit: str,
@@ -330,8 +350,10 @@ def readme_table(results: list[dict], target: float, machine: str, commit: str,
     seed's), how many seeds reach it, final accuracy ± std, step time, and how many times
     sooner than sync and than TRL (where those rows are in ``results``)."""
     s = summaries(results, target)
-    lines = [f"{machine}, commit `{commit}`, target {target:.0%} held-out greedy accuracy "
-             f"(generated by `{README_COMMANDS[protocol]}`):", "",
+    hold = hold_of(results[0]) if results else 1
+    held = f", reached at {hold} evaluations in a row" if hold > 1 else ""
+    lines = [f"{machine}, commit `{commit}`, target {target:.0%} held-out greedy accuracy"
+             f"{held} (generated by `{README_COMMANDS[protocol]}`):", "",
              f"| row | seeds | training s to {target:.0%} (each seed) | seeds reaching | "
              "final ± std | s a step | vs sync | vs TRL |", "|---|---|---|---|---|---|---|---|"]
     for name, x in s.items():

@@ -103,10 +103,18 @@ TRL_GENERATION = {
 TRL_FASTEST = "static"
 
 
+def held(curve, target: float, hold: int = 1) -> bool:
+    """Whether the last ``hold`` evaluations of ``curve`` ((step, seconds, accuracy), the
+    start left out) are all at or over ``target``: where a run stopped at the target stops
+    (``hold`` 2: at the second evaluation in a row, so one noisy evaluation does not stop
+    it)."""
+    return len(curve) >= hold and all(p[2] >= target for p in curve[-hold:])
+
+
 def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: int,
             device: str = "cpu", hp: Hyper = MAIN, cap_s: float | None = None,
             generation: str = TRL_FASTEST, start: float | None = None,
-            stop_at: float | None = None):
+            stop_at: float | None = None, hold: int = 1):
     """TRL's GRPOTrainer with ``hp``, generating as ``TRL_GENERATION[generation]``; stops
     after ``cap_s`` seconds of training (if given), with an evaluation at that step, or at an
     evaluation that reaches ``stop_at`` (if given). Step 0's accuracy is ``start`` where the
@@ -137,7 +145,8 @@ def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: i
             capped = cap_s is not None and sum(times) >= cap_s
             if state.global_step % every == 0 or capped:
                 curve.append((state.global_step, sum(times), ev(model)))
-                capped = capped or (stop_at is not None and curve[-1][2] >= stop_at)
+                capped = capped or (stop_at is not None
+                                    and held(curve[1:], stop_at, hold))
             if capped:
                 control.should_training_stop = True
 
@@ -161,7 +170,7 @@ def run_trl(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: i
 def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: int,
              skip: bool = False, device: str = "cpu", hp: Hyper = MAIN,
              cap_s: float | None = None, cache: str = "static", start: float | None = None,
-             stop_at: float | None = None):
+             stop_at: float | None = None, hold: int = 1):
     """The minimal loop with ``hp``, stopped after ``cap_s`` seconds of training if given, or
     at an evaluation that reaches ``stop_at`` if given,
     generating with transformers' ``cache`` ("static" or "dynamic", its default); step 0's
@@ -233,7 +242,8 @@ def run_hand(model_dir, tok, task, ev: Evaluator, steps: int, every: int, seed: 
         capped = cap_s is not None and sum(times) >= cap_s
         if step % every == 0 or capped:
             curve.append((step, sum(times), ev(model)))
-            capped = capped or (stop_at is not None and curve[-1][2] >= stop_at)
+            capped = capped or (stop_at is not None
+                                    and held(curve[1:], stop_at, hold))
         if capped:
             break
     return times, curve

@@ -242,3 +242,38 @@ def test_a_table_takes_one_protocols_rows_of_one_machine_and_commit(t):
     assert [r["row"] for r in t.pick(more, protocol="screen", cap=2.0)] == ["siri", "vade"]
     assert [r["target"] for r in t.pick(more, protocol="screen", cap=2.0, target=0.35)] == \
         [0.35]
+
+
+def test_a_target_held_at_two_evaluations_in_a_row(t):
+    # the seed-3 shape: 37% once at 115 s, 29.5% next, then 38.0 and 37.5%
+    curve = [(0, 0.0, 0.325, 0), (10, 57.0, 0.34, 0), (20, 115.0, 0.37, 0),
+             (30, 153.0, 0.295, 0), (40, 198.0, 0.38, 0), (50, 239.0, 0.375, 0)]
+    assert t.reach(curve[1:], 0.37) == (20, 115.0, 0.37, 0)
+    assert t.reach(curve[1:], 0.37, hold=2) == (40, 198.0, 0.38, 0)  # its time: the first
+    assert t.reach(curve[1:5], 0.37, hold=2) is None  # 38.0% not yet confirmed
+    # sync's cap comes from the held time; a screen run stops once it is confirmed
+    assert t.limit_of(curve, 0.37, None, 2.0, stop_at_target=False, hold=2) == 396.0
+    assert t.limit_of(curve[:5], 0.37, None, 2.0, stop_at_target=False, hold=2) is None
+    assert t.limit_of(curve, 0.37, None, None, stop_at_target=True, hold=2) == 198.0
+    rec = {"row": "sync", "seed": 3, "target": 0.37, "curve": curve}
+    assert t.sync_cap(rec, 2.0) == 230.0  # a row recorded without a hold: 1
+    assert t.sync_cap({**rec, "hold": 2}, 2.0) == 396.0
+    # recorded rows without the field read as hold 1; tables never mix two holds
+    assert t.recorded([rec], "sync", 3, hold=1) is rec
+    assert t.recorded([rec], "sync", 3, hold=2) is None
+    base = {"machine": "m", "commit": "c", "init": "i", "target": 0.37, "extra": [],
+            "screen": True, "quick": False, "seed": 0, "curve": curve}
+    one, two = {**base, "row": "sync"}, {**base, "row": "sync", "hold": 2, "seed": 1}
+    assert t.pick([one, two], protocol="screen", cap=2.0) == [two]
+    assert t.pick([one, two], protocol="screen", cap=2.0, hold=1) == [one]
+    runs = [{**two, "split": {}, "why": {}}]
+    assert t.summary(runs, 0.37)["time_s"] == 198.0
+
+
+def test_a_baseline_stops_at_the_second_evaluation_in_a_row(benchmarks_on_path):
+    import vs_trl
+
+    curve = [(10, 5.0, 0.37), (20, 9.0, 0.29)]
+    assert vs_trl.held(curve[:1], 0.37) and not vs_trl.held(curve, 0.37)
+    assert not vs_trl.held(curve[:1], 0.37, hold=2)
+    assert vs_trl.held([*curve, (30, 14.0, 0.38), (40, 18.0, 0.37)], 0.37, hold=2)
