@@ -51,6 +51,7 @@ import sys
 from pathlib import Path
 
 from sim_published import published  # benchmarks/sim_published.py
+from sim_schedule import intervals, intervals_text, marks_text, step_marks  # noqa: F401
 
 from reroll import timeline
 from reroll.config_checks import load_checked
@@ -148,23 +149,6 @@ def predicted(overrides: list[str], cost: dict, lengths: Path, steps: int, skip:
             "marks": [m for m in timeline.steps(sim.spans_read()) if m["step"] > skip]}
 
 
-def step_marks(run_dirs: list[Path], skip: int) -> list[dict]:
-    """Each update's marks after the warm-up (`reroll.timeline.steps`) in the runs that
-    recorded a timeline (RUN/timeline.json), pooled."""
-    return [m for d in run_dirs if (d / "timeline.json").exists()
-            for m in timeline.steps(timeline.read(d / "timeline.json")) if m["step"] > skip]
-
-
-def marks_text(marks: list[dict]) -> str:
-    """Medians of an update's marks: interval, train, loop, take (ms) and decode busy."""
-    if not marks:
-        return "-"
-    med = {k: statistics.median(m[k] for m in marks) for k in marks[0] if k != "step"}
-    return (f"{1e3 * med['interval']:.0f} = train {1e3 * med['train']:.0f} + loop "
-            f"{1e3 * med['loop']:.0f} + take {1e3 * med['take']:.0f} ms, decoding "
-            f"{100 * med['decode_busy']:.0f}%")
-
-
 def counts(run_dir: Path, skip: int) -> dict:
     """The measured schedule after the first ``skip`` steps: requests resumed per step
     (engine/requests_resumed is cumulative), the quiet steps among them (`quiet_steps`)
@@ -209,27 +193,6 @@ def quiet_steps(resumed: list[float]) -> int:
     step's new groups done before the next update. A lone step without resumes is not
     quiet: its batch was the last update's resumed requests, drained before the next."""
     return sum(a == 0 and b == 0 for a, b in zip(resumed, resumed[1:]))
-
-
-def intervals(ends: list[float]) -> tuple[float, float, float | None]:
-    """The time between consecutive updates (``ends``: each step's end, in seconds): mean,
-    population standard deviation and lag-1 autocorrelation (Pearson's r of each interval
-    with the next; None with fewer than 3 intervals or a constant run of them). Near -1:
-    long and short intervals alternate (generation ahead of the trainer one interval, behind
-    it the next)."""
-    d = [b - a for a, b in zip(ends, ends[1:])]
-    if not d:
-        return 0.0, 0.0, None
-    try:  # fewer than two pairs, or a constant run: no correlation
-        r = statistics.correlation(d[:-1], d[1:])
-    except statistics.StatisticsError:
-        r = None
-    return statistics.fmean(d), statistics.pstdev(d), r
-
-
-def _intervals_text(ends: list[float]) -> str:
-    mean, sd, r = intervals(ends)
-    return f"{1e3 * mean:.0f} ms, sd {1e3 * sd:.0f}, r {'-' if r is None else f'{r:+.2f}'}"
 
 
 def _mean_lag(hists: list[dict[int, int]]) -> float:
@@ -367,8 +330,8 @@ def main() -> None:
     print("\ntime between updates after the warm-up (`intervals`: mean, sd, lag-1 "
           "autocorrelation r), measured / simulated:")
     for name, _, p, d in rows[1:]:
-        print(f"  {name}: {_intervals_text(counts(d, a.skip)['ends'])} / "
-              f"{_intervals_text(p['ends'])}")
+        print(f"  {name}: {intervals_text(counts(d, a.skip)['ends'])} / "
+              f"{intervals_text(p['ends'])}")
     print("\nan update after the warm-up (`reroll.timeline.steps`, medians; the runs' "
           "timelines), measured / simulated:")
     for name, _, p, _ in rows:

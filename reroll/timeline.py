@@ -205,7 +205,12 @@ def read(path: str | Path) -> list[dict]:
         doc = json.loads(text)
     except json.JSONDecodeError:  # the open-ended copy: close it
         doc = json.loads(text.rstrip().rstrip(",") + "]")
-    evs = doc["traceEvents"] if isinstance(doc, dict) else doc
+    return parse(doc["traceEvents"] if isinstance(doc, dict) else doc)
+
+
+def parse(evs: list[dict]) -> list[dict]:
+    """Trace events (thread names as metadata events, times in microseconds) as `read`
+    returns them."""
     names = {e["tid"]: e["args"]["name"] for e in evs if e.get("ph") == "M"}
     out = []
     for e in evs:

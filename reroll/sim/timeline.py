@@ -79,10 +79,9 @@ class TracedSimulation(Simulation):
 
     def spans_read(self) -> list[dict]:
         """The spans as `reroll.timeline.read` returns a file's: thread names, seconds."""
-        names = self.threads()
-        return sorted(({"name": e["name"], "thread": names[e["tid"]], "t": e["ts"] / 1e6,
-                        "end": (e["ts"] + e["dur"]) / 1e6, "args": e["args"]}
-                       for e in self.spans), key=lambda r: r["t"])
+        return timeline.parse([{"name": "thread_name", "ph": "M", "pid": 0, "tid": tid,
+                                "args": {"name": n}} for tid, n in self.threads().items()]
+                              + self.spans)
 
     def write(self, path: str | Path) -> Path:
         """The spans as a Chrome trace-event file (`reroll.timeline.write`)."""
