@@ -22,6 +22,7 @@ the actor calls the driver waits on (inside an actor, Ray's own ``ray timeline``
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import threading
@@ -47,6 +48,7 @@ _partial: Path | None = None  # the open-ended copy being appended to
 _pending: list[dict] = []  # events (and thread names) not yet appended there
 _lock = threading.Lock()
 _file_lock = threading.Lock()
+_gc_start: dict[int, float] = {}  # thread -> when its full collection began
 
 
 def _now_us() -> float:
@@ -142,6 +144,22 @@ def mark(name: str, **args: Any) -> None:
         _add({"name": name, "ph": "i", "s": "t", "ts": _now_us(), "args": args})
 
 
+def _on_gc(phase: str, info: dict) -> None:
+    """`gc.callbacks` hook: each full collection (generation 2) as a ``gc`` span on the
+    thread that triggered it. A full collection holds every thread of the process (it runs
+    under the interpreter lock) for as long as the heap takes to scan; younger generations
+    are frequent and short, and left out."""
+    if info.get("generation") != 2 or _events is None:
+        return
+    tid = threading.get_ident()
+    if phase == "start":
+        _gc_start[tid] = _now_us()
+    elif (t0 := _gc_start.pop(tid, None)) is not None:
+        _add({"name": "gc", "ph": "X", "ts": t0, "dur": _now_us() - t0,
+              "args": {"collected": info.get("collected", 0),
+                       "uncollectable": info.get("uncollectable", 0)}})
+
+
 @contextlib.contextmanager
 def recording(path: str | Path | None) -> Iterator[None]:
     """Record while the block runs and write the trace to ``path`` when it ends (None:
@@ -160,13 +178,17 @@ def recording(path: str | Path | None) -> Iterator[None]:
         _pending.clear()
     with contextlib.suppress(OSError):
         partial.write_text("[\n")
+    gc.callbacks.append(_on_gc)
     try:
         yield
     finally:
+        with contextlib.suppress(ValueError):
+            gc.callbacks.remove(_on_gc)
         with _lock:
             events, dropped, threads = _events, _dropped, dict(_threads)
             _events, _partial = None, None
             _pending.clear()
+            _gc_start.clear()
         try:  # the run's own outcome stands: a timeline that cannot be written is a warning
             write(path, events, threads, dropped)
             with _file_lock:

@@ -3,8 +3,9 @@ their threads in the Chrome trace-event format; nothing is recorded when off; a 
 still writes its file; a resume never overwrites one. On a real run: one wait, train and
 publish span per step, one weight swap per version, and in a synchronous run no decode call
 overlaps an update (max_staleness = 0 generates only between updates). Recording changes
-nothing that is learned (bitwise)."""
+nothing that is learned (bitwise). A full garbage collection is a ``gc`` span."""
 
+import gc
 import json
 import threading
 
@@ -21,6 +22,41 @@ SMALL = ["model.max_position=32", "task.args.digits=1", "task.args.n_train=80",
          "rollout.max_new_tokens=4", "reward.workers=0", "log_every=1", "train.lr=3e-4",
          "runtime.threads=1", "model.device=cpu", "ckpt_every=100",
          'reward.verifiers=[{name="format", args={pattern="[0-9]", fullmatch=false}}]']
+
+
+@pytest.fixture(autouse=True)
+def no_automatic_gc():
+    """A full collection the interpreter starts on its own is a ``gc`` span (see
+    `test_a_full_collection_is_a_span`): off here, so the exact event lists below hold."""
+    was = gc.isenabled()
+    gc.disable()
+    yield
+    if was:
+        gc.enable()
+
+
+def test_a_full_collection_is_a_span(tmp_path):
+    class Cycle:  # garbage only a collection frees
+        pass
+
+    gc.collect()  # nothing left over from before
+    with tl.recording(tmp_path / "t.json"):
+        gc.collect(0)  # young generations: not recorded
+        gc.collect(1)
+        with tl.span("outer"):
+            a, b = Cycle(), Cycle()
+            a.other, b.other = b, a
+            del a, b
+            freed = gc.collect()  # a full one: a span on this thread, inside the one it holds up
+    evs = tl.read(tmp_path / "t.json")
+    assert [e["name"] for e in evs] == ["outer", "gc"]
+    outer, full = evs
+    assert full["thread"] == "MainThread"
+    assert outer["t"] <= full["t"] <= full["end"] <= outer["end"]
+    assert freed >= 2 and full["args"] == {"collected": freed, "uncollectable": 0}
+    assert tl._on_gc not in gc.callbacks  # the hook goes with the recording
+    gc.collect()
+    assert len(tl.read(tmp_path / "t.json")) == 2
 
 
 def test_spans_and_marks_on_their_threads(tmp_path):

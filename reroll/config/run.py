@@ -102,6 +102,13 @@ class RuntimeConfig:
     trainer and engine actors) instead of handing it back to the OS and faulting it in
     again on the next step (`reroll.memory`); the resident size stays at its peak. Off:
     glibc's own adaptive thresholds."""
+    gc_freeze: bool = True
+    """Once the run is built (model, engines, Ray actors), exempt every Python object then
+    alive from later garbage collections (`gc.freeze`, `reroll.memory.freeze_heap`), in
+    the driver and in Ray's trainer and engine actors. A full collection otherwise scans
+    them all, at a moment the interpreter picks, holding every thread of the process (the
+    rollout thread stopped 250 ms at a time on the 2-core box). Off: the interpreter's own
+    collections."""
     deterministic: bool = False
     """torch's deterministic kernels in every process that runs a model (the run's own, Ray's
     trainer and engine actors), as TrainingArguments.full_determinism sets them: a fixed

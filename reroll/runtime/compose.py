@@ -19,6 +19,7 @@ from reroll.control.pruners import generated_group_size
 from reroll.control.rollouts import Rollouts
 from reroll.control.scheduler import Scheduler
 from reroll.control.wiring import build_control
+from reroll.memory import frozen_heap
 from reroll.replay.stage import build_replay, fresh_groups
 from reroll.runlog import RunDir
 from reroll.runtime.host import RolloutSource
@@ -127,6 +128,8 @@ def run(cfg: RunConfig, rd: RunDir, ckpt: Path | None, init_dir: Path, build_com
         # a server loads whole merged models: it gets every tensor at each publish
         partial = not ENGINES.trait(cfg.engine.name, "remote", False)
         rd.commit()  # everything is built: from now on the directory holds this run
+        # set-up's objects are not scanned again until the run ends
+        done.enter_context(frozen_heap(cfg.runtime.gc_freeze))
         return run_loop(build.cadence(cfg), trainer=parts.trainer, source=source,
                         transport=Transport(parts.trainer, source, partial=partial),
                         run_dir=rd,

@@ -58,7 +58,7 @@ class EngineActor:
     def __init__(self, model_dir: str, dtype: str, max_batch: int, threads: int,
                  engine_name: str, keep_memory: bool, version: int, state_dict=None,
                  device: str = "cpu", deterministic: bool = False, gpus: float = 0.0,
-                 pin: tuple[int, int] | None = None):
+                 pin: tuple[int, int] | None = None, gc_freeze: bool = False):
         import torch
 
         from reroll.engine import ENGINES
@@ -84,6 +84,10 @@ class EngineActor:
         self.engine = ENGINES.get(engine_name)(model, tok, max_batch=max_batch, version=version)
         if state_dict is not None:  # merged, or in LoRA adapter form: the engine's own load
             self.engine.update_weights(state_dict, version)
+        if gc_freeze:  # runtime.gc_freeze: this actor's set-up is never scanned again
+            from reroll.memory import freeze_heap
+
+            freeze_heap()
 
     def add(self, rollouts: list[Rollout], turns=None) -> None:
         self.engine.add(rollouts, turns)
@@ -115,14 +119,15 @@ class RayEnginePool:
     def __init__(self, model_dir: str | Path, *, workers: int = 1, dtype: str = "float32",
                  max_batch: int = 64, threads: int = 1, version: int = 0, state_dict=None,
                  engine: str = "torch", keep_memory: bool = True, device: str = "cpu",
-                 deterministic: bool = False, gpus: float = 0.0, pin_cores: bool = False):
+                 deterministic: bool = False, gpus: float = 0.0, pin_cores: bool = False,
+                 gc_freeze: bool = False):
         """``gpus``: GPUs each actor reserves (`runtime.engine_gpus`); ``device`` is then
         resolved in the actor, among the GPUs Ray gives it. ``pin_cores``: actor i is pinned
         to core i (`runtime.pin_cores`, `reroll.runtime.cores`)."""
         init_ray(workers)
         self.args = (str(model_dir), dtype, max_batch, threads, engine, keep_memory)
         self.device, self.deterministic, self.gpus = str(device), deterministic, gpus
-        self.workers, self.pin_cores = workers, pin_cores
+        self.workers, self.pin_cores, self.gc_freeze = workers, pin_cores, gc_freeze
         self.version = version
         # the last full state dict published (None: the model directory's weights are the
         # base) and the latest one, which may hold some tensors only
@@ -140,7 +145,7 @@ class RayEnginePool:
         the latest."""
         actor = EngineActor.options(num_gpus=self.gpus).remote(
             *self.args, self.version, self._full, self.device, self.deterministic, self.gpus,
-            (i, self.workers) if self.pin_cores else None)
+            (i, self.workers) if self.pin_cores else None, self.gc_freeze)
         if self._weights is not self._full:  # waited for: a refusal is raised here
             ray.get(actor.update_weights.remote(self._weights, self.version))
         return actor
@@ -306,7 +311,7 @@ def components(cfg: RunConfig, init_dir: Path, ckpt: Path | None, tok, task):
                          state_dict=trainer.weights(), engine=cfg.engine.name,
                          keep_memory=cfg.runtime.keep_freed_memory,
                          deterministic=cfg.runtime.deterministic, gpus=gpus,
-                         pin_cores=cfg.runtime.pin_cores,
+                         pin_cores=cfg.runtime.pin_cores, gc_freeze=cfg.runtime.gc_freeze,
                          device=device if gpus > 0 else resolve_device(device))
     if cfg.runtime.pin_cores:  # the driver steps the engines and scores: generation's core
         from reroll.runtime.cores import pin_driver

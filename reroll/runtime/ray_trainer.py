@@ -42,6 +42,10 @@ class TrainerActor:
         self.device = actor_device(cfg.model.device, cfg.runtime.trainer_gpus)
         cfg = replace(cfg, model=replace(cfg.model, device=self.device))
         self.trainer = build.build_trainer(cfg, Path(init_dir), Path(ckpt) if ckpt else None)
+        if cfg.runtime.gc_freeze:  # this actor's set-up is never scanned again
+            from reroll.memory import freeze_heap
+
+            freeze_heap()
 
     def version(self) -> int:
         return self.trainer.version

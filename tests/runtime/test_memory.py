@@ -1,13 +1,17 @@
 """`runtime.keep_freed_memory`: with glibc's thresholds fixed, a freed 20 MiB block stays in
 the process (its pages are not faulted in again next time); with glibc's defaults it goes
-back to the OS. Each case in a fresh interpreter, since the setting is process-wide."""
+back to the OS. Each case in a fresh interpreter, since the setting is process-wide.
+`runtime.gc_freeze` (`frozen_heap`): what is alive at the freeze is left alone by every
+collection until the block ends, what comes after is collected as usual."""
 
+import gc
 import subprocess
 import sys
+import weakref
 
 import pytest
 
-from reroll.memory import _mallopt
+from reroll.memory import _mallopt, frozen_heap
 
 PROBE = """
 import sys
@@ -38,3 +42,44 @@ def test_freed_memory_stays_in_the_process_only_when_asked():
         got[mode] = [int(x) for x in out]  # MiB resident: while held, after the free
     assert got["keep"][0] >= 19 and got["keep"][1] >= 19  # kept after the free
     assert got["default"][0] >= 19 and got["default"][1] <= 1  # handed back to the OS
+
+
+
+class Node:
+    pass
+
+
+def _dropped_cycle() -> weakref.ref:
+    """A weak reference to a cycle no one holds: garbage only a collection frees."""
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    return weakref.ref(a)
+
+
+def test_a_frozen_heap_collects_set_ups_garbage_then_scans_only_what_comes_after():
+    assert gc.get_freeze_count() == 0
+    before = _dropped_cycle()
+    with frozen_heap():
+        assert before() is None  # collected on the way in: nothing dropped is frozen
+        assert gc.get_freeze_count() > 1000  # the interpreter's and this session's objects
+        inside = _dropped_cycle()
+        gc.collect()
+        assert inside() is None  # made after the freeze: collected as usual
+    assert gc.get_freeze_count() == 0  # everything back under collection
+
+
+def test_a_cycle_alive_at_the_freeze_is_freed_only_after_the_block():
+    held = [Node()]
+    held[0].self = held[0]
+    ref = weakref.ref(held[0])
+    with frozen_heap():
+        held.clear()  # garbage now, but frozen: no collection looks at it
+        gc.collect()
+        assert ref() is not None
+    gc.collect()
+    assert ref() is None
+
+
+def test_a_frozen_heap_can_be_turned_off():
+    with frozen_heap(enabled=False):
+        assert gc.get_freeze_count() == 0
