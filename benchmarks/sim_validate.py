@@ -5,8 +5,11 @@
    task's 16 groups with 16-token responses; rollouts recorded), and `reroll.sim.calibrate.fit` on their metrics (a fixed cost per update, decode cost per step and
    per token, a fixed cost per sample, training cost per step and per token, the loop's
    own work per step and per sample, during which generation goes on on the core it
-   shares with it, and the stalls' mean cost per step); two asynchronous
+   shares with it, and the stalls' mean cost per step, a stop of both sides at the
+   update); two asynchronous
    runs with partial rollouts (16 groups, max_staleness 1, 12- and 24-token responses):
+   the loop's share of the core while the engine decodes beside it, off their timelines
+   (`calibrate.loop_share`);
    their driver's re-add time a request after an update (`readd_row_s`: an update's stop
    of trainer and engine a request in the engine), each run simulated with it and without
    resume costs, and `fit_resume_wall` on what the simulation misses
@@ -60,6 +63,8 @@ from reroll.sim.calibrate import (
     fit_resume,
     fit_resume_wall,
     fit_tasks,
+    loop_share,
+    loop_windows,
     readd_row_s,
     readds,
     resumed_tokens,
@@ -147,6 +152,12 @@ def predicted(overrides: list[str], cost: dict, lengths: Path, steps: int, skip:
             "by_age": {i: p.get("resumed_by_age", {}) for i, p in enumerate(r["per_step"], 1)},
             "ends": ends[skip - 1:] if skip else ends,
             "marks": [m for m in timeline.steps(sim.spans_read()) if m["step"] > skip]}
+
+
+def samples_by_step(run_dir: Path) -> dict[int, float]:
+    """Each logged step's trained samples."""
+    return {r["step"]: r["pipeline/samples_in_batch"] for r in read_metrics(run_dir)
+            if "pipeline/samples_in_batch" in r}
 
 
 def counts(run_dir: Path, skip: int) -> dict:
@@ -246,6 +257,17 @@ def main() -> None:
     # one cost model per task: each its own cost a decoded token, every other term shared
     costs = fit_tasks(sync_cal, tasks, prompt_tokens=prompt, skip=a.skip)
     cost = costs[tasks[0]]  # the main job's: the resume terms are fitted on its runs
+    # the loop's share of the core it shares with the engine, off the timelines of the
+    # calibration runs that generate while it works (the asynchronous ones)
+    beside = [(loop_windows(timeline.read(d / "timeline.json")), samples_by_step(d))
+              for k, d in cal.items() if k not in list(CALIBRATION)[:SYNC_CAL]
+              and (d / "timeline.json").exists()]
+    if beside:
+        cost["loop_share"] = loop_share(beside, loop_s=cost["loop_s"],
+                                        loop_row_s=cost["loop_row_s"], skip=a.skip)
+    else:
+        print("no timeline in the asynchronous calibration runs: the loop's share of the "
+              "engine's core left at its default")
     engine = fit_resume(list(cal.values()), skip=a.skip)
     print("engine's own time:", json.dumps({k: float(f"{v:.4g}") for k, v in engine.items()}))
     # after an update the driver re-adds every request in the engine, a group at a time,

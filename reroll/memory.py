@@ -27,8 +27,8 @@ import contextlib
 import ctypes
 import functools
 import gc
-from collections.abc import Iterator
 import sys
+from collections.abc import Iterator
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
 M_MMAP_THRESHOLD = -3

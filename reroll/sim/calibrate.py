@@ -49,8 +49,13 @@ each term's fit: the mean-square fit would otherwise follow them. The time they 
 their run's median is not dropped: ``stall_s`` is its total over the runs' steps, a mean
 cost per step (the measured throughput counts the stalled steps, so the model must too).
 
-Knows metrics rows, recorded rollouts' spans and the cost model's fields, nothing else (the
-simulated times `fit_resume_wall` takes come from its caller).
+The loop's share of the processor it shares with the engine (``loop_share``, with the driver
+pinned beside engine 0) comes from asynchronous runs' timelines (``log.timeline``): the
+time each update's loop work took where the engine decoded beside it, against the work
+the synchronous fit gives it (`loop_windows`, `loop_share`).
+
+Knows metrics rows, recorded rollouts' spans, timeline events and the cost model's fields,
+nothing else (the simulated times `fit_resume_wall` takes come from its caller).
 """
 
 from __future__ import annotations
@@ -314,3 +319,54 @@ def fit_resume_wall(runs: list[dict[str, float]], *,
     tok, row = nnls([[r["resumed_tokens"], r["resumed"]] for r in runs],
                     [r["measured_s"] - r["simulated_s"] for r in runs])
     return {"resume_token_s": tok, "resume_row_s": row}
+
+
+def loop_windows(events: list[dict]) -> list[dict]:
+    """Each update's loop work as a run's timeline (`reroll.timeline.read`) shows it: from
+    the end of the trainer's ``train`` span of step k to the start of its next ``wait for
+    batch`` (recording, metrics, the publish call, logging: what `fit` calls the loop's
+    work), ``step``, its length ``s`` and ``decoding_s``, how much of it some ``decode``
+    span covers (the engine had work beside it)."""
+    trains = [e for e in events if e["name"] == "train"]
+    if not trains:
+        return []
+    who = trains[0]["thread"]
+    waits = sorted(e["t"] for e in events if e["name"] == "wait for batch" and e["thread"] == who)
+    decodes = sorted((e["t"], e["end"]) for e in events if e["name"] == "decode")
+    out = []
+    for tr in (e for e in trains if e["thread"] == who):
+        lo = tr["end"]
+        hi = next((t for t in waits if t >= lo), None)
+        if hi is None:
+            continue
+        busy, reach = 0.0, lo
+        for t0, t1 in decodes:  # the union of the decode spans inside [lo, hi]
+            t0, t1 = max(t0, reach), min(t1, hi)
+            if t1 > t0:
+                busy, reach = busy + t1 - t0, t1
+        out.append({"step": tr["args"].get("step"), "s": hi - lo, "decoding_s": busy})
+    return out
+
+
+def loop_share(runs: list[tuple[list[dict], dict[int, float]]], *, loop_s: float,
+               loop_row_s: float, skip: int = 1) -> float:
+    """The share of a shared processor the loop's work gets while the engine beside it
+    decodes (`SimSettings.loop_share`), from runs that generate during it (asynchronous):
+    each is its timeline's `loop_windows` and its samples by step. Each window of the steps
+    after ``skip`` does the fitted work ``W = loop_s + loop_row_s * samples`` (`fit`, from
+    synchronous runs, where nothing decodes beside it) at full speed where nothing decodes
+    and at the share where something does: ``W = (s - decoding_s) + share * decoding_s``.
+    Solved over every window together (the work done beside decoding over the time spent
+    beside it), stalled windows (`unstalled`) left out."""
+    work = beside = 0.0
+    for windows, samples in runs:
+        kept = [w for w in windows if w["step"] is not None and w["step"] > skip
+                and w["step"] in samples]
+        for w, keep in zip(kept, unstalled([w["s"] for w in kept])):
+            if keep:
+                work += loop_s + loop_row_s * samples[w["step"]] - (w["s"] - w["decoding_s"])
+                beside += w["decoding_s"]
+    if beside <= 0:
+        raise ValueError("loop_share: no loop work beside decoding in the runs' timelines "
+                         "(they need max_staleness > 0 and log.timeline = true)")
+    return float(min(0.95, max(0.05, work / beside)))

@@ -26,9 +26,10 @@ class SimSettings:
     ``resume_row_s`` and ``resume_token_s`` per such token more, an admitted one ``row_s``
     more), added to the step that admits it. Training a batch takes ``train_step_s +
     train_token_s * tokens / train_devices`` (data parallel: tokens are prompt + response of
-    every sample). After it the loop does its own work for ``loop_s + loop_row_s * samples
-    + stall_s`` (the trainer waits, generation goes on under the old weights); then publishing the weights stops the trainer and every generation device
-    for ``sync_s`` after the devices' current decode step, with partial rollouts
+    every sample). After it the loop does its own work for ``loop_s + loop_row_s *
+    samples`` (the trainer waits, generation goes on under the old weights); then
+    publishing the weights stops the trainer and every generation device for ``sync_s +
+    stall_s`` after the devices' current decode step, with partial rollouts
     ``update_row_s`` more per request in the engine."""
 
     gen_devices: int = 1
@@ -78,14 +79,21 @@ class SimSettings:
     """The loop's own work per sample of the step (recording its rollouts, their metrics),
     beside ``loop_s``."""
     stall_s: float = 0.0
-    """Mean time a step loses to stalls (on the calibration box: the driver held up for
-    0.3-0.4 s about once in 17 steps, whatever the step's work), charged after every step
-    as the loop's own work; `reroll.sim.calibrate.fit` measures it on the steps it leaves
-    out of the other terms."""
+    """Mean time a step loses to stalls, charged at every update as a stop of the trainer
+    and every generation device (`reroll.sim.calibrate.fit` measures it on the steps it
+    leaves out of the other terms). On the calibration box the driver was held up 0.25-0.4
+    s about once in 17 steps, whatever the step's work: its full garbage collections (with
+    ``runtime.gc_freeze`` off), in the rollout thread's admission right after the weights
+    were swapped, when the process stops as a whole (no admission, no engine step, no next
+    training call)."""
     loop_on_gen: bool = False
     """The loop's own work (``loop_s``) runs on the first generation device's processor
     (the driver pinned beside engine 0: `runtime.pin_cores` on a CPU machine): while both
-    have work, each goes at half speed."""
+    have work, the loop goes at ``loop_share`` of its speed and the device at the rest."""
+    loop_share: float = 0.5
+    """With ``loop_on_gen``, the share of the shared processor the loop's work gets while the
+    device decodes (the driver runs several threads beside the engine's one:
+    `reroll.sim.calibrate.loop_share` reads it off the runs' timelines)."""
     sync_s: float = 0.0
     """Weight publication: trainer and generation devices stop this long per update
     (`reroll.sim.calibrate.fit` takes it from the synchronous waits' fixed part)."""
@@ -131,6 +139,9 @@ class SimSettings:
         if s.success_a <= 0 or s.success_b <= 0:
             raise ConfigError(f"sim: success_a and success_b must be > 0, got "
                               f"{s.success_a}, {s.success_b}")
+        if not 0 < s.loop_share < 1:
+            raise ConfigError(f"sim: loop_share is the loop's share of a processor it shares "
+                              f"with a device, in (0, 1); got {s.loop_share}")
         return s
 
     def to_dict(self) -> dict:

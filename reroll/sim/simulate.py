@@ -278,16 +278,16 @@ class Simulation:
     # ---- the loop's own work after a step ---------------------------------------------
     def _trained(self) -> None:
         """The step is trained: the loop's own work (``loop_s``, ``loop_row_s`` a sample
-        of the step, ``stall_s``) comes before the update;
-        generation goes on meanwhile, sharing its processor with it if ``loop_on_gen``."""
+        of the step) comes before the update; generation goes on meanwhile, sharing its
+        processor with it if ``loop_on_gen`` (the loop gets ``loop_share`` of it)."""
         s = self.s
-        work = s.loop_s + s.loop_row_s * self.per_step[-1]["samples"] + s.stall_s
+        work = s.loop_s + s.loop_row_s * self.per_step[-1]["samples"]
         if work <= 0:
             self._publish()
             return
         self.loop_left, self.loop_since = work, self.now
         if self.s.loop_on_gen:
-            self._share(2.0)
+            self._share(1.0 / (1.0 - self.s.loop_share))
 
     def _share(self, share: float) -> None:
         """The first device's processor is shared (2.0) or its own (1.0) from now on, the
@@ -297,8 +297,9 @@ class Simulation:
             self._chunk_event(0, end)
 
     def _loop_rate(self) -> float:
-        """The loop's work done per second: half while it shares a busy processor."""
-        return 0.5 if self.s.loop_on_gen and self.plans.get(0) is not None else 1.0
+        """The loop's work done per second: ``loop_share`` while it shares a busy
+        processor."""
+        return self.s.loop_share if self.s.loop_on_gen and self.plans.get(0) is not None else 1.0
 
     def _loop_account(self, t: float) -> None:
         """The loop's work done up to ``t`` at the rate since the last event."""
@@ -344,9 +345,10 @@ class Simulation:
             self._push(self.now + self._stop(), "synced")
 
     def _stop(self) -> float:
-        """``sync_s``, with partial rollouts ``update_row_s`` more a request in the engine."""
+        """``sync_s`` and ``stall_s``, with partial rollouts ``update_row_s`` more a request
+        in the engine."""
         n = sum(d.load for d in self.devices) if self.run.partial_rollouts else 0
-        self.stop_s = self.s.sync_s + self.s.update_row_s * n
+        self.stop_s = self.s.sync_s + self.s.stall_s + self.s.update_row_s * n
         return self.stop_s
 
     def _synced(self) -> None:

@@ -13,6 +13,8 @@ from reroll.sim.calibrate import (
     fit_resume,
     fit_resume_wall,
     fit_tasks,
+    loop_share,
+    loop_windows,
     nnls,
     readds,
     resumed_tokens,
@@ -272,3 +274,37 @@ def test_the_loops_work_per_sample_and_the_stalls_mean_cost(tmp_path):
     # (w(6) + w(5.5)) / 2, so the stall lost 3 + 0.00025 n: 3.008 (a), 3.002 (b, c),
     # over 3 x 4 steps
     assert f["stall_s"] == pytest.approx((3.008 + 2 * 3.002) / 12)
+
+
+def _span(name: str, t: float, end: float, thread: str = "MainThread", **args) -> dict:
+    return {"name": name, "thread": thread, "t": t, "end": end, "args": args}
+
+
+def test_loop_windows_from_a_timeline_by_hand():
+    # step 1 trains 0-1 and waits again at 1.5; decoding 1.2-1.3 and 1.4-1.6 (two calls:
+    # 0.1 + 0.1 inside the window); step 2 trains 2-3, waits at 3.25 with nothing decoding;
+    # step 3 never waits again (the run ended): no window
+    evs = [_span("train", 0.0, 1.0, step=1), _span("decode", 1.2, 1.3, "engine"),
+           _span("decode", 1.4, 1.6, "engine"), _span("wait for batch", 1.5, 2.0, step=2),
+           _span("train", 2.0, 3.0, step=2), _span("wait for batch", 3.25, 4.0, step=3),
+           _span("train", 4.0, 5.0, step=3),
+           _span("train", 0.0, 9.0, "other thread", step=1)]  # not the trainer's
+    w = loop_windows(sorted(evs, key=lambda e: e["t"]))
+    assert [x["step"] for x in w] == [1, 2]
+    assert [x["s"] for x in w] == pytest.approx([0.5, 0.25])
+    assert [x["decoding_s"] for x in w] == pytest.approx([0.2, 0.0])
+
+
+def test_loop_share_by_hand():
+    # fitted work 0.1 + 0.01 a sample: 0.2 s at 10 samples. Window of step 2: 0.3 s, 0.2 of
+    # it beside decoding, so 0.1 alone and 0.1 of work in 0.2 beside (share 0.5); step 3:
+    # 0.25 s, all beside, 0.2 of work (share 0.8); together (0.1 + 0.2) / (0.2 + 0.25).
+    # Step 1 is warm-up (skip 1); step 4 (2.0 s, over twice the median) a stall
+    windows = [{"step": 1, "s": 9.0, "decoding_s": 9.0}, {"step": 2, "s": 0.3, "decoding_s": 0.2},
+               {"step": 3, "s": 0.25, "decoding_s": 0.25}, {"step": 4, "s": 2.0, "decoding_s": 2.0}]
+    samples = {1: 10, 2: 10, 3: 10, 4: 10}
+    assert loop_share([(windows, samples)], loop_s=0.1, loop_row_s=0.01,
+                      skip=1) == pytest.approx(0.3 / 0.45)
+    with pytest.raises(ValueError, match="no loop work beside decoding"):
+        loop_share([([{"step": 2, "s": 0.3, "decoding_s": 0.0}], samples)], loop_s=0.1,
+                   loop_row_s=0.01)

@@ -207,6 +207,13 @@ def test_the_loops_work_shares_the_first_devices_processor():
     short = run(1, steps=3, train_step_s=7.0, loop_s=2.0, loop_on_gen=True)
     assert short["step_ends_s"] == [19.0, 30.0, 42.0]
     assert [p["resumed"] for p in short["per_step"]] == [0, 2, 0]
+    # the loop takes 0.8 of the processor, the device 0.2: at 30 the pair's last token (1 s
+    # of work) slows to 5 s; the loop's 2 s take 2.5 (30-32.5), the token is half done
+    # then and done alone by 33 (the swap waits for it: nothing resumed); the next pair
+    # decodes 33-43, step 3 trains 33-42 and at 42 the same again: 42-44.5
+    greedy = run(1, steps=3, train_step_s=9.0, loop_s=2.0, loop_on_gen=True, loop_share=0.8)
+    assert greedy["step_ends_s"] == [21.0, 32.5, 44.5]
+    assert [p["resumed"] for p in greedy["per_step"]] == [0, 0, 0]
 
 
 def test_a_decode_step_under_way_slows_when_the_loop_takes_half_its_processor():
@@ -241,12 +248,20 @@ def test_a_share_change_rerates_the_chunk_under_way():
     assert d.plan(None) == 10.75  # the next chunk at full speed: 6 steps
 
 
-def test_the_loops_work_grows_with_the_samples_and_carries_the_stalls():
+def test_the_loops_work_grows_with_the_samples_and_the_stalls_stop_both_sides():
     # synchronous: nothing generates during the loop's work, which is loop_s + loop_row_s
-    # a sample + stall_s = 0.5 + 0.25 x 2 + 1 = 2 s after each 10 + 5 s, before the step ends
+    # a sample = 0.5 + 0.25 x 2 = 1 s after each 10 + 5 s, before the step ends (16); the
+    # stall (1 s) then stops trainer and engine at the update, as the weights' swap does:
+    # the next generation starts at 17, so steps end 17 s apart
     r = run(0, steps=3, loop_s=0.5, loop_row_s=0.25, stall_s=1.0)
-    assert r["step_ends_s"] == [17.0, 34.0, 51.0]
-    assert r["gen_idle"] == pytest.approx(7 / 17)
+    assert r["step_ends_s"] == [16.0, 33.0, 50.0]
+    assert r["gen_idle"] == pytest.approx(20 / 50)  # 7 s a step, the last step's stop after
+    # a stall is a stop like the swap's, in any schedule: the same as sync_s of that length
+    for k in (0, 1, 2):
+        stalled = run(k, steps=4, train_step_s=9.0, loop_s=1.0, stall_s=1.5)
+        swapped = run(k, steps=4, train_step_s=9.0, loop_s=1.0, sync_s=1.5)
+        assert stalled["step_ends_s"] == swapped["step_ends_s"]
+        assert stalled["per_step"] == swapped["per_step"]
 
 
 def test_an_update_adds_the_waiting_rows_back_first_and_a_groups_together():
