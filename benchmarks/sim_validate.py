@@ -2,20 +2,20 @@
 
 1. Calibrate: five short synchronous runs (16 and 4 groups of 8 a step with 6-token
    responses, 4 groups with 12-token ones, 16 groups with 24-token ones, and the long-tail
-   task's 16 groups with 16-token responses; rollouts recorded), and `reroll.sim.calibrate.fit` on their metrics (a fixed cost per update, decode cost per step and
-   per token, a fixed cost per sample, training cost per step and per token, the loop's
-   own work per step and per sample, during which generation goes on on the core it
+   task's 16 groups with 16-token responses; rollouts recorded), and
+   `reroll.sim.calibrate.fit` on their metrics (a fixed cost per update, decode cost per
+   step and per token, a fixed cost per sample, training cost per step and per token, the
+   loop's own work per step and per sample, during which generation goes on on the core it
    shares with it, and the stalls' mean cost per step, a stop of both sides at the
-   update); two asynchronous
-   runs with partial rollouts (16 groups, max_staleness 1, 12- and 24-token responses):
-   the loop's share of the core while the engine decodes beside it, off their timelines
-   (`calibrate.loop_share`);
-   their driver's re-add time a request after an update (`readd_row_s`: an update's stop
-   of trainer and engine a request in the engine), each run simulated with it and without
-   resume costs, and `fit_resume_wall` on what the simulation misses
-   a step against the tokens and requests resumed: the per-token term is the engine's own
-   prefill time per resumed token (`fit_resume`, on every step of every run), the
-   per-request term is fitted over the resuming runs.
+   update); two asynchronous runs with partial rollouts (16 groups, max_staleness 1, 12-
+   and 24-token responses), whose timelines give the loop's share of the core while the
+   engine decodes beside it (`calibrate.loop_share`) and an update's abort and re-add a
+   request in the engine (`calibrate.update_stop`: the stop of trainer and engine a
+   request), and whose engine time gives a resume's prefill (`calibrate.fit_resume`: a
+   resumed request and a resumed token, on every step of every run). With
+   ``--resume-terms wall`` (the method before timelines) the update's stop a request is
+   the recorded rollouts' re-add time (`readd_row_s`) and the resume's cost a request is
+   fitted on what the simulator misses of those runs' wall time (`fit_resume_wall`).
 2. Predict, with that cost model and the response lengths recorded by the 16-group run (by
    the task's own synchronous run for the long-tail task), the throughput of the variants
    below, each also run for real, and compare.
@@ -69,6 +69,7 @@ from reroll.sim.calibrate import (
     readds,
     resumed_tokens,
     resumes_by_age,
+    update_stop,
 )
 from reroll.sim.settings import SimRun, SimSettings
 from reroll.sim.timeline import TracedSimulation
@@ -154,6 +155,26 @@ def predicted(overrides: list[str], cost: dict, lengths: Path, steps: int, skip:
             "marks": [m for m in timeline.steps(sim.spans_read()) if m["step"] > skip]}
 
 
+def wall_resume_terms(resuming: dict[str, Path], cost: dict, engine: dict, steps: int,
+                      skip: int) -> dict[str, float]:
+    """The resume terms of runs recorded without a timeline: ``update_row_s`` from the
+    recorded rollouts' re-add times (`readd_row_s`), ``resume_row_s`` fitted on what the
+    simulator misses of the resuming runs' wall time (`fit_resume_wall`), the per-token
+    term at the engine's own prefill time."""
+    per = [x for d in resuming.values() for x in readd_row_s(d, counts(d, skip)["updates"])]
+    out = {"update_row_s": statistics.median(per) if per else 0.0}
+    walls = []
+    for k, d in resuming.items():
+        c = counts(d, skip)
+        p = predicted(CALIBRATION[k], {**cost, **out, "resume_row_s": 0.0,
+                                       "resume_token_s": 0.0}, d, steps, skip)
+        batch = SimRun.from_config(load_checked(str(CONFIG), [*BASE, *CALIBRATION[k]])).batch
+        walls.append({"measured_s": batch / measured(d, skip),
+                      "simulated_s": batch / p["samples_per_s"], "resumed": c["resumed_per_step"],
+                      "resumed_tokens": c["resumed_tokens_per_step"]})
+    return {**out, **fit_resume_wall(walls, token_s=engine["engine_resume_token_s"])}
+
+
 def samples_by_step(run_dir: Path) -> dict[int, float]:
     """Each logged step's trained samples."""
     return {r["step"]: r["pipeline/samples_in_batch"] for r in read_metrics(run_dir)
@@ -225,6 +246,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs of each predicted variant (train.seed 0, 1, ...): each row is "
                          "compared with their mean (one 20-step run moves 6-11%% between seeds)")
+    ap.add_argument("--resume-terms", choices=("timeline", "wall"), default="timeline",
+                    help="how the calibration runs that resume give an update's and a "
+                         "resume's costs: read off their timelines (an update's abort and "
+                         "re-add a request, a resume's prefill the engine's own time), or "
+                         "fitted on what the simulator misses of their wall times (the "
+                         "method before timelines; also where a run has none)")
     ap.add_argument("--fit-also", action="append", default=[], metavar="VARIANT",
                     help="a synchronous variant's run (e.g. 'longtail sync') joins the "
                          "calibration runs; its row is then marked as fitted, not predicted")
@@ -259,45 +286,37 @@ def main() -> None:
     cost = costs[tasks[0]]  # the main job's: the resume terms are fitted on its runs
     # the loop's share of the core it shares with the engine, off the timelines of the
     # calibration runs that generate while it works (the asynchronous ones)
-    beside = [(loop_windows(timeline.read(d / "timeline.json")), samples_by_step(d))
-              for k, d in cal.items() if k not in list(CALIBRATION)[:SYNC_CAL]
-              and (d / "timeline.json").exists()]
-    if beside:
-        cost["loop_share"] = loop_share(beside, loop_s=cost["loop_s"],
-                                        loop_row_s=cost["loop_row_s"], skip=a.skip)
-    else:
-        print("no timeline in the asynchronous calibration runs: the loop's share of the "
-              "engine's core left at its default")
+    resuming = {k: d for k, d in cal.items() if k not in list(CALIBRATION)[:SYNC_CAL]}
     engine = fit_resume(list(cal.values()), skip=a.skip)
     print("engine's own time:", json.dumps({k: float(f"{v:.4g}") for k, v in engine.items()}))
-    # after an update the driver re-adds every request in the engine, a group at a time,
-    # before the engine steps or the trainer takes a batch: its median time a request
-    per = [x for k, d in cal.items() if k not in list(CALIBRATION)[:SYNC_CAL]
-           for x in readd_row_s(d, counts(d, a.skip)["updates"])]
-    cost["update_row_s"] = statistics.median(per) if per else 0.0
-    walls = []
-    for k, d in cal.items():
-        if k in list(CALIBRATION)[:SYNC_CAL]:
-            continue
-        c = counts(d, a.skip)
-        p = predicted(CALIBRATION[k], {**cost, "resume_row_s": 0.0, "resume_token_s": 0.0},
-                      d, steps, a.skip)
-        batch = SimRun.from_config(load_checked(str(CONFIG), [*BASE, *CALIBRATION[k]])).batch
-        walls.append({"measured_s": batch / measured(d, a.skip),
-                      "simulated_s": batch / p["samples_per_s"], "resumed": c["resumed_per_step"],
-                      "resumed_tokens": c["resumed_tokens_per_step"]})
-        print(f"{k}: a step {walls[-1]['measured_s']:.4f} s measured, "
-              f"{walls[-1]['simulated_s']:.4f} s simulated without resume costs, "
-              f"{c['resumed_per_step']:.1f} requests and {c['resumed_tokens_per_step']:.0f} "
-              f"tokens resumed")
-    # the per-token term is the engine's own prefill of a resumed token (fitted on every
-    # step of every run); the runs' wall time beyond it fits the per-request term alone
-    cost.update(fit_resume_wall(walls, token_s=engine["engine_resume_token_s"]))
-    for k, w in zip([k for k in cal if k not in list(CALIBRATION)[:SYNC_CAL]], walls):
-        rest = w["measured_s"] - w["simulated_s"] - cost["resume_token_s"] * w["resumed_tokens"]
-        print(f"{k}: beside the engine's prefill, {1e3 * rest / max(w['resumed'], 1e-9):.3f} "
-              f"ms a resumed request (fitted over the runs: "
-              f"{1e3 * cost['resume_row_s']:.3f})")
+    if a.resume_terms == "timeline" and all((d / "timeline.json").exists()
+                                            for d in resuming.values()):
+        # read off the asynchronous calibration runs' timelines: the loop's share of the
+        # core it shares with the engine, and an update's abort and re-add a request; a
+        # resume's prefill is the engine's own time (fitted on every step of every run)
+        events = {k: timeline.read(d / "timeline.json") for k, d in resuming.items()}
+        cost["loop_share"] = loop_share(
+            [(loop_windows(events[k]), samples_by_step(d)) for k, d in resuming.items()],
+            loop_s=cost["loop_s"], loop_row_s=cost["loop_row_s"], skip=a.skip)
+        stop = update_stop(list(events.values()), skip=a.skip)
+        print(f"an update, a request in the engine: abort {1e6 * stop['abort_row_s']:.1f} us, "
+              f"re-add {1e6 * stop['readd_row_s']:.1f} us (the timelines)")
+        cost.update(update_row_s=stop["abort_row_s"] + stop["readd_row_s"],
+                    resume_row_s=engine["engine_resume_row_s"],
+                    resume_token_s=engine["engine_resume_token_s"])
+    else:  # asked for, or runs recorded before timelines
+        print("the resume terms fitted on the resuming calibration runs' wall times")
+        if all((d / "timeline.json").exists() for d in resuming.values()):
+            cost["loop_share"] = loop_share(
+                [(loop_windows(timeline.read(d / "timeline.json")), samples_by_step(d))
+                 for d in resuming.values()],
+                loop_s=cost["loop_s"], loop_row_s=cost["loop_row_s"], skip=a.skip)
+        cost.update(wall_resume_terms(resuming, cost, engine, steps, a.skip))
+    for k, d in resuming.items():  # the calibration runs that resume, simulated whole
+        c, p = counts(d, a.skip), predicted(CALIBRATION[k], cost, d, steps, a.skip)
+        print(f"{k}: {measured(d, a.skip):.1f} samples/s measured, {p['samples_per_s']:.1f} "
+              f"simulated; {c['resumed_per_step']:.1f} requests and "
+              f"{c['resumed_tokens_per_step']:.0f} tokens resumed a step")
     for t in costs:  # the resume and update terms are every task's
         costs[t] = {**cost, "decode_row_s": costs[t]["decode_row_s"]}
     print("cost model:", json.dumps({k: float(f"{v:.4g}") for k, v in cost.items()}))

@@ -248,6 +248,41 @@ def readds(run_dir: str | Path) -> dict[int, dict[str, float]]:
                 "place_after_s": placed[v] - max(a.values())} for v, a in sorted(adds.items())}
 
 
+def update_stop(timelines: list[list[dict]], *, skip: int = 1) -> dict[str, float]:
+    """What a weight update with partial rollouts costs a request in the engine, off runs'
+    timelines (``log.timeline``), the updates to versions after ``skip``:
+
+    - ``abort_row_s``: the rollout thread's ``publish begins`` mark to its ``interrupt``
+      mark (the driver aborts every request in the engine, an engine call) against the
+      requests aborted: the slope of a non-negative least-squares line (its intercept is
+      the abort's fixed cost, which every update pays: ``sync_s`` has it);
+    - ``readd_row_s``: the first ``add`` span after an update that aborted requests (the
+      engine service adds them back at once, before the engine steps again) over the
+      requests it added, summed over the updates.
+
+    The two hold the engine (nothing is stepped before the re-add ends) and the trainer
+    (its batch waits for them), so ``update_row_s`` (`SimSettings`) is their sum."""
+    aborts, readd_s, readded = [], 0.0, 0
+    for events in timelines:
+        begun: dict[int, float] = {}
+        waiting = False  # an update aborted requests: its re-add is the next add span
+        for e in events:
+            v = e["args"].get("version")
+            if e["name"] == "publish begins":
+                begun[v], waiting = e["t"], False
+            elif e["name"] == "interrupt" and v in begun and v > skip:
+                aborts.append((e["args"]["aborted"], e["t"] - begun[v]))
+                waiting = e["args"]["aborted"] > 0
+            elif e["name"] == "add" and waiting and "end" in e:
+                readd_s, readded, waiting = readd_s + e["end"] - e["t"], readded + e["args"]["requests"], False
+    if not readded or len({n for n, _ in aborts}) < 2:
+        raise ValueError("update_stop: the timelines hold no update that aborted requests (or "
+                         "only one count of them): runs with partial rollouts, max_staleness "
+                         "> 0 and log.timeline = true")
+    _, per = nnls([[1.0, n] for n, _ in aborts], [s for _, s in aborts])
+    return {"abort_row_s": per, "readd_row_s": readd_s / readded}
+
+
 def readd_row_s(run_dir: str | Path, updates: tuple[int, int]) -> list[float]:
     """The driver's re-add time per request in the engine (``update_row_s``), at each
     update of ``updates`` (first, last) whose re-adds span two groups or more: `readds`'

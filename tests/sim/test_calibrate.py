@@ -19,6 +19,7 @@ from reroll.sim.calibrate import (
     readds,
     resumed_tokens,
     resumes_by_age,
+    update_stop,
 )
 from reroll.sim.gen_device import GenDevice, Row
 from reroll.sim.settings import SimSettings
@@ -308,3 +309,29 @@ def test_loop_share_by_hand():
     with pytest.raises(ValueError, match="no loop work beside decoding"):
         loop_share([([{"step": 2, "s": 0.3, "decoding_s": 0.0}], samples)], loop_s=0.1,
                    loop_row_s=0.01)
+
+
+def _mark(name: str, t: float, **args) -> dict:
+    return {"name": name, "thread": "reroll-rollout", "t": t, "args": args}
+
+
+def test_update_stop_by_hand():
+    # the update to version 2 is left out (skip 2), then three updates:
+    # 10 aborted in 0.003 s, 30 in 0.005 s, 0 in 0.002 s: the line 0.002 + 0.0001 a request,
+    # so 100 us a request to abort. Re-adds: the first add after an update that aborted
+    # some: 10 in 0.0015 s, 30 in 0.0045 s (a later add of new groups, and the add after
+    # the update that aborted none, do not count): 0.006 / 40 = 150 us a request
+    evs = [_mark("publish begins", 0.0, version=2), _mark("interrupt", 0.5, version=2, aborted=99),
+           _span("add", 0.6, 0.9, "reroll-rollout", requests=99),
+           _mark("publish begins", 1.0, version=3), _mark("interrupt", 1.003, version=3, aborted=10),
+           _span("add", 1.01, 1.0115, "reroll-rollout", requests=10),
+           _span("add", 1.02, 1.05, "reroll-rollout", requests=128),
+           _mark("publish begins", 2.0, version=4), _mark("interrupt", 2.005, version=4, aborted=30),
+           _span("add", 2.01, 2.0145, "reroll-rollout", requests=30),
+           _mark("publish begins", 3.0, version=5), _mark("interrupt", 3.002, version=5, aborted=0),
+           _span("add", 3.01, 3.02, "reroll-rollout", requests=128)]
+    got = update_stop([evs], skip=2)
+    assert got["abort_row_s"] == pytest.approx(1e-4)
+    assert got["readd_row_s"] == pytest.approx(0.006 / 40)
+    with pytest.raises(ValueError, match="no update that aborted"):
+        update_stop([evs[:3]], skip=1)
