@@ -104,7 +104,7 @@ class RuntimeConfig:
     glibc's own adaptive thresholds."""
     gc_freeze: bool = True
     """Once the run is built (model, engines, Ray actors), exempt every Python object then
-    alive from later garbage collections (`gc.freeze`, `reroll.memory.freeze_heap`), in
+    alive from garbage collections until it ends (`gc.freeze`, `reroll.memory`), in
     the driver and in Ray's trainer and engine actors. A full collection otherwise scans
     them all, at a moment the interpreter picks, holding every thread of the process (the
     rollout thread stopped 250 ms at a time on the 2-core box). Off: the interpreter's own

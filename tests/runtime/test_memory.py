@@ -56,16 +56,28 @@ def _dropped_cycle() -> weakref.ref:
     return weakref.ref(a)
 
 
-def test_a_frozen_heap_collects_set_ups_garbage_then_scans_only_what_comes_after():
+def test_a_frozen_heap_scans_only_what_comes_after_and_frees_the_rest_at_its_end():
     assert gc.get_freeze_count() == 0
-    before = _dropped_cycle()
+    before = _dropped_cycle()  # garbage already, frozen with the rest
     with frozen_heap():
-        assert before() is None  # collected on the way in: nothing dropped is frozen
         assert gc.get_freeze_count() > 1000  # the interpreter's and this session's objects
         inside = _dropped_cycle()
         gc.collect()
         assert inside() is None  # made after the freeze: collected as usual
+        assert before() is not None  # frozen: no collection looks at it
     assert gc.get_freeze_count() == 0  # everything back under collection
+    gc.collect()
+    assert before() is None
+
+
+def test_freeze_heap_collects_first_for_a_process_that_never_unfreezes():
+    code = ("import gc, weakref\n"
+            "from reroll.memory import freeze_heap\n"
+            "class N: pass\n"
+            "a, b = N(), N(); a.o, b.o = b, a; r = weakref.ref(a); del a, b\n"
+            "assert freeze_heap() == gc.get_freeze_count() > 1000\n"
+            "assert r() is None\n")  # collected before the freeze, not frozen with the rest
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_a_cycle_alive_at_the_freeze_is_freed_only_after_the_block():
