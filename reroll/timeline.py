@@ -49,6 +49,9 @@ _pending: list[dict] = []  # events (and thread names) not yet appended there
 _lock = threading.Lock()
 _file_lock = threading.Lock()
 _gc_start: dict[int, float] = {}  # thread -> when its full collection began
+# full collections ended, not yet recorded: `_on_gc` takes no lock (a collection can start
+# on a thread inside `_add`, which holds ``_lock``), the next `_add` records them
+_collections: list[dict] = []
 
 
 def _now_us() -> float:
@@ -56,27 +59,51 @@ def _now_us() -> float:
 
 
 def _add(ev: dict, generation: int | None = None) -> None:
-    global _dropped
-    tid = threading.get_ident()
-    ev["pid"], ev["tid"] = os.getpid(), tid
+    """Record ``ev`` on this thread (dropped if it belongs to an earlier recording), with
+    the collections `_on_gc` has queued since the last event."""
+    ev["pid"], ev["tid"] = os.getpid(), threading.get_ident()
+    ev["thread"] = threading.current_thread().name
+    collections = _taken_collections()
     batch = None
     with _lock:
-        if _events is None or (generation is not None and generation != _generation):
+        if _events is None:
             return
-        if tid not in _threads:
-            _threads[tid] = threading.current_thread().name
-            _pending.append({"name": "thread_name", "ph": "M", "pid": ev["pid"], "tid": tid,
-                             "args": {"name": _threads[tid]}})
-        if len(_events) < MAX_EVENTS:
-            _events.append(ev)
-            _pending.append(ev)
-        else:
-            _dropped += 1
+        for e in collections:
+            _keep(e)
+        if generation is None or generation == _generation:
+            _keep(ev)
         if len(_pending) >= FLUSH_EVERY:
             batch, _pending[:] = list(_pending), []
             target = _partial
     if batch:
         _append(target, batch)
+
+
+def _keep(ev: dict) -> None:
+    """Under ``_lock``: ``ev`` into the recording (and its thread's name, the first time)."""
+    global _dropped
+    tid, name = ev["tid"], ev.pop("thread")
+    if tid not in _threads:
+        _threads[tid] = name
+        _pending.append({"name": "thread_name", "ph": "M", "pid": ev["pid"], "tid": tid,
+                         "args": {"name": name}})
+    if len(_events) < MAX_EVENTS:
+        _events.append(ev)
+        _pending.append(ev)
+    else:
+        _dropped += 1
+
+
+def _taken_collections() -> list[dict]:
+    """The collections `_on_gc` queued, taken off the queue (``list.pop`` is atomic: no
+    lock, which a collection could interrupt)."""
+    out = []
+    while _collections:
+        try:
+            out.append(_collections.pop())
+        except IndexError:  # another thread took the last one
+            break
+    return out[::-1]
 
 
 def _append(partial: Path | None, batch: list[dict]) -> None:
@@ -148,16 +175,20 @@ def _on_gc(phase: str, info: dict) -> None:
     """`gc.callbacks` hook: each full collection (generation 2) as a ``gc`` span on the
     thread that triggered it. A full collection holds every thread of the process (it runs
     under the interpreter lock) for as long as the heap takes to scan; younger generations
-    are frequent and short, and left out."""
+    are frequent and short, and left out. A collection can begin anywhere a thread
+    allocates, `_add` under its lock included, so this takes no lock: the span is queued
+    and the next event recorded (or the recording's end) records it."""
     if info.get("generation") != 2 or _events is None:
         return
     tid = threading.get_ident()
     if phase == "start":
         _gc_start[tid] = _now_us()
     elif (t0 := _gc_start.pop(tid, None)) is not None:
-        _add({"name": "gc", "ph": "X", "ts": t0, "dur": _now_us() - t0,
-              "args": {"collected": info.get("collected", 0),
-                       "uncollectable": info.get("uncollectable", 0)}})
+        _collections.append({"name": "gc", "ph": "X", "ts": t0, "dur": _now_us() - t0,
+                             "args": {"collected": info.get("collected", 0),
+                                      "uncollectable": info.get("uncollectable", 0)},
+                             "pid": os.getpid(), "tid": tid,
+                             "thread": threading.current_thread().name})
 
 
 @contextlib.contextmanager
@@ -176,6 +207,7 @@ def recording(path: str | Path | None) -> Iterator[None]:
         _generation += 1
         _threads.clear()
         _pending.clear()
+        _collections.clear()
     with contextlib.suppress(OSError):
         partial.write_text("[\n")
     gc.callbacks.append(_on_gc)
@@ -184,7 +216,10 @@ def recording(path: str | Path | None) -> Iterator[None]:
     finally:
         with contextlib.suppress(ValueError):
             gc.callbacks.remove(_on_gc)
+        collections = _taken_collections()
         with _lock:
+            for e in collections:
+                _keep(e)
             events, dropped, threads = _events, _dropped, dict(_threads)
             _events, _partial = None, None
             _pending.clear()

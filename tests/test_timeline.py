@@ -59,6 +59,29 @@ def test_a_full_collection_is_a_span(tmp_path):
     assert len(tl.read(tmp_path / "t.json")) == 2
 
 
+def test_a_collection_inside_the_recordings_own_lock_is_recorded_later(tmp_path,
+                                                                      monkeypatch):
+    # a collection can start wherever a thread allocates, also while it holds the
+    # recording's lock: the hook must not take that lock (it would wait on itself)
+    class Collecting(list):
+        def append(self, ev):
+            super().append(ev)
+            if ev.get("name") == "inside":
+                gc.collect()  # as an allocation under the lock could set one off
+
+    def record():
+        with tl.recording(tmp_path / "t.json"):
+            monkeypatch.setattr(tl, "_events", Collecting())
+            tl.mark("inside")
+            tl.mark("after")
+
+    th = threading.Thread(target=record, daemon=True)
+    th.start()
+    th.join(timeout=30)
+    assert not th.is_alive(), "the collection's hook waited on the recording's lock"
+    assert [e["name"] for e in tl.read(tmp_path / "t.json")] == ["inside", "gc", "after"]
+
+
 def test_spans_and_marks_on_their_threads(tmp_path):
     path = tmp_path / "t.json"
     with tl.recording(path):
