@@ -9,10 +9,9 @@ For each setting (the main job, configs/arithmetic.toml, in one process as the q
 runs it; and under Ray with pinned cores, as `benchmarks/sim_validate.py` runs it), runs
 ``--steps`` steps of the untrained model (timing only) with the freeze on and off,
 alternating ``--repeats`` times so that the machine's drift hits both alike, each with its
-timeline (``log.timeline``). Prints per run the throughput over the steps after the
-warm-up (samples a second, from the metrics' wall times), the longest time between two
-updates, and the full collections between the first update and the last with their total
-time (the timeline's ``gc`` spans); then each setting's mean throughput with the freeze on
+timeline (``log.timeline``). Prints per run, over the steps after the warm-up, the
+throughput (samples a second, from the metrics' wall times), the longest time between two
+updates, and the full collections with their total time (the timeline's ``gc`` spans); then each setting's mean throughput with the freeze on
 over off.
 
     python benchmarks/gc_freeze.py --steps 40 --repeats 2
@@ -54,7 +53,7 @@ def run(out: Path, setting: str, freeze: bool, steps: int) -> dict:
     rows = [r for r in rows if "pipeline/samples_in_batch" in r][SKIP - 1:]
     samples = sum(r["pipeline/samples_in_batch"] for r in rows[1:])
     events = timeline.read(out / "timeline.json")
-    trains = [e for e in events if e["name"] == "train"]
+    trains = [e for e in events if e["name"] == "train"][SKIP - 1:]  # as the throughput
     lo, hi = trains[0]["t"], trains[-1]["end"]
     gcs = [e for e in events if e["name"] == "gc" and lo <= e["t"] <= hi]
     gaps = [b["t"] - a["t"] for a, b in zip(trains, trains[1:])]

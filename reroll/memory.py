@@ -76,8 +76,10 @@ def frozen_heap(enabled: bool = True) -> Iterator[None]:
     notebook, a test session) frees each run's cycles once it is over. Unlike
     `freeze_heap` it does not collect first: garbage frozen with the rest is freed after
     the block, and a process with a large heap (a long test session) pays no full
-    collection to start a run. ``enabled`` False: nothing."""
-    if not enabled:
+    collection to start a run. ``enabled`` False, or the heap frozen already (by the
+    caller, or a run under way on another thread, which unfreezes it when it ends):
+    nothing."""
+    if not enabled or gc.get_freeze_count() > 0:
         yield
         return
     gc.freeze()

@@ -173,8 +173,8 @@ def mark(name: str, **args: Any) -> None:
 
 def _on_gc(phase: str, info: dict) -> None:
     """`gc.callbacks` hook: each full collection (generation 2) as a ``gc`` span on the
-    thread that triggered it. A full collection holds every thread of the process (it runs
-    under the interpreter lock) for as long as the heap takes to scan; younger generations
+    thread that triggered it. A full collection holds every Python thread of the process
+    (it runs under the interpreter lock; native work that released it goes on) for as long as the heap takes to scan; younger generations
     are frequent and short, and left out. A collection can begin anywhere a thread
     allocates, `_add` under its lock included, so this takes no lock: the span is queued
     and the next event recorded (or the recording's end) records it."""

@@ -33,10 +33,11 @@ says nothing of that cost. `fit_resume` measures the engine's share on its own b
 a * tokens generated + b * samples started + c * tokens resumed + d * requests resumed``
 per step (the counters are cumulative, so per step is the difference of two rows; a
 resume comes with the admission of new groups after an update, whose own prefill the
-second term takes). The engine's busy time is a fraction of a resume's cost in wall time
-(the driver aborts, copies and re-adds each request on the engine's core, and the engine
-waits for it), so the cost model's ``resume_token_s`` and ``resume_row_s`` come from
-`fit_resume_wall`: what the simulator misses, a step, on runs that resume, against their
+second term takes). Those terms are a resume's cost to the engine; the driver's abort and
+re-add of each request, which stop the engine and the trainer, come from the runs'
+timelines (`update_stop`). For runs recorded without a timeline, `fit_resume_wall` takes
+the whole resume cost from wall time instead (the driver aborts, copies and re-adds each
+request on the engine's core, and the engine waits for it): what the simulator misses, a step, on runs that resume, against their
 resumed tokens and requests, the per-token term fixed at the engine's own prefill time
 per resumed token (well determined: every step of every run) and the per-request term
 fitted over the runs (two runs would only solve for both terms). Resumed tokens a step are the engine's
@@ -60,6 +61,7 @@ nothing else (the simulated times `fit_resume_wall` takes come from its caller).
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -250,12 +252,14 @@ def readds(run_dir: str | Path) -> dict[int, dict[str, float]]:
 
 def update_stop(timelines: list[list[dict]], *, skip: int = 1) -> dict[str, float]:
     """What a weight update with partial rollouts costs a request in the engine, off runs'
-    timelines (``log.timeline``), the updates to versions after ``skip``:
+    timelines (``log.timeline``) of one engine each, the updates to versions after ``skip``:
 
-    - ``abort_row_s``: the rollout thread's ``publish begins`` mark to its ``interrupt``
-      mark (the driver aborts every request in the engine, an engine call) against the
-      requests aborted: the slope of a non-negative least-squares line (its intercept is
-      the abort's fixed cost, which every update pays: ``sync_s`` has it);
+    - ``abort_row_s``: from the rollout thread's ``publish begins`` mark, or from the end
+      of the ``decode`` call under way then (the abort waits for it, and the simulator
+      waits for the decode step under way before its stop), to the ``interrupt`` mark (the
+      driver aborts every request in the engine, an engine call), against the requests
+      aborted: the slope of a non-negative least-squares line (its intercept is the
+      abort's fixed cost, which every update pays: ``sync_s`` has it);
     - ``readd_row_s``: the first ``add`` span after an update that aborted requests (the
       engine service adds them back at once, before the engine steps again) over the
       requests it added, summed over the updates.
@@ -266,19 +270,29 @@ def update_stop(timelines: list[list[dict]], *, skip: int = 1) -> dict[str, floa
     for events in timelines:
         begun: dict[int, float] = {}
         waiting = False  # an update aborted requests: its re-add is the next add span
+        decode_end = float("-inf")  # the end of the latest decode call begun so far
         for e in events:
             v = e["args"].get("version")
-            if e["name"] == "publish begins":
+            if e["name"] == "decode" and "end" in e:
+                decode_end = max(decode_end, e["end"])
+            elif e["name"] == "publish begins":
                 begun[v], waiting = e["t"], False
             elif e["name"] == "interrupt" and v in begun and v > skip:
-                aborts.append((e["args"]["aborted"], e["t"] - begun[v]))
+                start = max(begun[v], min(decode_end, e["t"]))
+                aborts.append((e["args"]["aborted"], e["t"] - start))
                 waiting = e["args"]["aborted"] > 0
             elif e["name"] == "add" and waiting and "end" in e:
-                readd_s, readded, waiting = readd_s + e["end"] - e["t"], readded + e["args"]["requests"], False
-    if not readded or len({n for n, _ in aborts}) < 2:
-        raise ValueError("update_stop: the timelines hold no update that aborted requests (or "
-                         "only one count of them): runs with partial rollouts, max_staleness "
-                         "> 0 and log.timeline = true")
+                readd_s += e["end"] - e["t"]
+                readded += e["args"]["requests"]
+                waiting = False
+    if not readded:
+        raise ValueError("update_stop: the timelines hold no update that aborted requests: "
+                         "runs with partial rollouts, max_staleness > 0 and "
+                         "log.timeline = true")
+    if len({n for n, _ in aborts}) < 2:
+        raise ValueError("update_stop: every update aborted the same number of requests, "
+                         "which cannot separate the abort's cost a request from its fixed "
+                         "cost: longer runs, or runs of other batch sizes")
     _, per = nnls([[1.0, n] for n, _ in aborts], [s for _, s in aborts])
     return {"abort_row_s": per, "readd_row_s": readd_s / readded}
 
@@ -362,11 +376,12 @@ def loop_windows(events: list[dict]) -> list[dict]:
     batch`` (recording, metrics, the publish call, logging: what `fit` calls the loop's
     work), ``step``, its length ``s`` and ``decoding_s``, how much of it some ``decode``
     span covers (the engine had work beside it)."""
+    waits_all = [e for e in events if e["name"] == "wait for batch"]
     trains = [e for e in events if e["name"] == "train"]
-    if not trains:
+    if not trains or not waits_all:
         return []
-    who = trains[0]["thread"]
-    waits = sorted(e["t"] for e in events if e["name"] == "wait for batch" and e["thread"] == who)
+    who = waits_all[0]["thread"]  # the trainer's: it waits for batches
+    waits = sorted(e["t"] for e in waits_all if e["thread"] == who)
     decodes = sorted((e["t"], e["end"]) for e in events if e["name"] == "decode")
     out = []
     for tr in (e for e in trains if e["thread"] == who):
@@ -404,4 +419,9 @@ def loop_share(runs: list[tuple[list[dict], dict[int, float]]], *, loop_s: float
     if beside <= 0:
         raise ValueError("loop_share: no loop work beside decoding in the runs' timelines "
                          "(they need max_staleness > 0 and log.timeline = true)")
-    return float(min(0.95, max(0.05, work / beside)))
+    share = work / beside
+    if not 0.05 <= share <= 0.95:
+        warnings.warn(f"loop_share: the timelines give {share:.3f}, outside (0, 1) with room "
+                      f"to spare: the synchronous fit's loop work and these runs' windows "
+                      f"disagree; kept within [0.05, 0.95]", stacklevel=2)
+    return float(min(0.95, max(0.05, share)))

@@ -41,7 +41,9 @@ class GenDevice:
         self.resumed = 0  # rows interrupted and resumed by weight updates
         self.resumed_tokens = 0  # their prompt and prefix tokens, prefilled again
         self.arrived: list[Row] = []  # rows the last chunk brought to their checkpoint
-        self.share = 1.0  # wall time per unit of work (2: the core is shared half and half)
+        # wall time per unit of work: 1 on a core of its own, 1 / (1 - loop_share) while the
+        # loop's work takes loop_share of it (2 at half and half)
+        self.share = 1.0
         self._since = 0.0  # when the running chunk last changed speed (its start, else)
         self._done = 0.0  # the chunk's work (at full speed) done before ``_since``
 

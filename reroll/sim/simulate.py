@@ -290,7 +290,8 @@ class Simulation:
             self._share(1.0 / (1.0 - self.s.loop_share))
 
     def _share(self, share: float) -> None:
-        """The first device's processor is shared (2.0) or its own (1.0) from now on, the
+        """The first device's wall time per unit of work from now on: ``share`` = 1 /
+        (1 - loop_share) while the loop's work shares its processor, 1 on its own, the
         decode step under way included: its chunk's end moves."""
         end = self.devices[0].set_share(share, self.now)
         if end is not None:

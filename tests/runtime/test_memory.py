@@ -56,7 +56,18 @@ def _dropped_cycle() -> weakref.ref:
     return weakref.ref(a)
 
 
-def test_a_frozen_heap_scans_only_what_comes_after_and_frees_the_rest_at_its_end():
+@pytest.fixture
+def no_automatic_gc():
+    """Only the collections a test asks for (an automatic one could free a cycle early)."""
+    was = gc.isenabled()
+    gc.disable()
+    yield
+    if was:
+        gc.enable()
+
+
+def test_a_frozen_heap_scans_only_what_comes_after_and_frees_the_rest_at_its_end(
+        no_automatic_gc):
     assert gc.get_freeze_count() == 0
     before = _dropped_cycle()  # garbage already, frozen with the rest
     with frozen_heap():
@@ -72,6 +83,7 @@ def test_a_frozen_heap_scans_only_what_comes_after_and_frees_the_rest_at_its_end
 
 def test_freeze_heap_collects_first_for_a_process_that_never_unfreezes():
     code = ("import gc, weakref\n"
+            "gc.disable()\n"
             "from reroll.memory import freeze_heap\n"
             "class N: pass\n"
             "a, b = N(), N(); a.o, b.o = b, a; r = weakref.ref(a); del a, b\n"
@@ -80,7 +92,7 @@ def test_freeze_heap_collects_first_for_a_process_that_never_unfreezes():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_a_cycle_alive_at_the_freeze_is_freed_only_after_the_block():
+def test_a_cycle_alive_at_the_freeze_is_freed_only_after_the_block(no_automatic_gc):
     held = [Node()]
     held[0].self = held[0]
     ref = weakref.ref(held[0])
@@ -95,3 +107,14 @@ def test_a_cycle_alive_at_the_freeze_is_freed_only_after_the_block():
 def test_a_frozen_heap_can_be_turned_off():
     with frozen_heap(enabled=False):
         assert gc.get_freeze_count() == 0
+
+
+def test_a_frozen_heap_leaves_a_freeze_it_did_not_make():
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with frozen_heap():
+            pass
+        assert gc.get_freeze_count() == frozen  # still the caller's
+    finally:
+        gc.unfreeze()

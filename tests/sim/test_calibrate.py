@@ -318,7 +318,8 @@ def _mark(name: str, t: float, **args) -> dict:
 def test_update_stop_by_hand():
     # the update to version 2 is left out (skip 2), then three updates:
     # 10 aborted in 0.003 s, 30 in 0.005 s, 0 in 0.002 s: the line 0.002 + 0.0001 a request,
-    # so 100 us a request to abort. Re-adds: the first add after an update that aborted
+    # so 100 us a request to abort (the second update's counted from the end of the decode
+    # call under way at its publish, which the abort waited for). Re-adds: the first add after an update that aborted
     # some: 10 in 0.0015 s, 30 in 0.0045 s (a later add of new groups, and the add after
     # the update that aborted none, do not count): 0.006 / 40 = 150 us a request
     evs = [_mark("publish begins", 0.0, version=2), _mark("interrupt", 0.5, version=2, aborted=99),
@@ -326,12 +327,15 @@ def test_update_stop_by_hand():
            _mark("publish begins", 1.0, version=3), _mark("interrupt", 1.003, version=3, aborted=10),
            _span("add", 1.01, 1.0115, "reroll-rollout", requests=10),
            _span("add", 1.02, 1.05, "reroll-rollout", requests=128),
-           _mark("publish begins", 2.0, version=4), _mark("interrupt", 2.005, version=4, aborted=30),
+           _span("decode", 1.99, 2.002, "reroll-engine_0", pending=30, steps=1),
+           _mark("publish begins", 2.0, version=4), _mark("interrupt", 2.007, version=4, aborted=30),
            _span("add", 2.01, 2.0145, "reroll-rollout", requests=30),
            _mark("publish begins", 3.0, version=5), _mark("interrupt", 3.002, version=5, aborted=0),
            _span("add", 3.01, 3.02, "reroll-rollout", requests=128)]
     got = update_stop([evs], skip=2)
     assert got["abort_row_s"] == pytest.approx(1e-4)
     assert got["readd_row_s"] == pytest.approx(0.006 / 40)
-    with pytest.raises(ValueError, match="no update that aborted"):
+    with pytest.raises(ValueError, match="the same number of requests"):
         update_stop([evs[:3]], skip=1)
+    with pytest.raises(ValueError, match="no update that aborted"):
+        update_stop([evs[-3:]], skip=1)
