@@ -9,13 +9,13 @@
    shares with it, and the stalls' mean cost per step, a stop of both sides at the
    update); two asynchronous runs with partial rollouts (16 groups, max_staleness 1, 12-
    and 24-token responses), whose timelines give the loop's share of the core while the
-   engine decodes beside it (`calibrate.loop_share`) and an update's abort and re-add a
-   request in the engine (`calibrate.update_stop`: the stop of trainer and engine a
-   request), and whose engine time gives a resume's prefill (`calibrate.fit_resume`: a
-   resumed request and a resumed token, on every step of every run). With
-   ``--resume-terms wall`` (the method before timelines) the update's stop a request is
-   the recorded rollouts' re-add time (`readd_row_s`) and the resume's cost a request is
-   fitted on what the simulator misses of those runs' wall time (`fit_resume_wall`).
+   engine decodes beside it (`calibrate.loop_share`), whose recorded rollouts give the
+   update's stop a request in the engine (`readd_row_s`: the driver's re-add), and on
+   which the resume's cost a request is fitted from what the simulator misses of their
+   wall time (`fit_resume_wall`; the per-token term is the engine's own prefill time, from
+   `calibrate.fit_resume` on every step of every run). With ``--resume-terms timeline``
+   the update's stop is the timelines' abort and re-add a request
+   (`calibrate.update_stop`) and a resume's cost the engine's own time alone.
 2. Predict, with that cost model and the response lengths recorded by the 16-group run (by
    the task's own synchronous run for the long-tail task), the throughput of the variants
    below, each also run for real, and compare.
@@ -246,12 +246,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs of each predicted variant (train.seed 0, 1, ...): each row is "
                          "compared with their mean (one 20-step run moves 6-11%% between seeds)")
-    ap.add_argument("--resume-terms", choices=("timeline", "wall"), default="timeline",
+    ap.add_argument("--resume-terms", choices=("wall", "timeline"), default="wall",
                     help="how the calibration runs that resume give an update's and a "
-                         "resume's costs: read off their timelines (an update's abort and "
-                         "re-add a request, a resume's prefill the engine's own time), or "
-                         "fitted on what the simulator misses of their wall times (the "
-                         "method before timelines; also where a run has none)")
+                         "resume's costs: fitted on what the simulator misses of their wall "
+                         "times (the default: closer on every validation so far), or read "
+                         "off their timelines (an update's abort and re-add a request, a "
+                         "resume's prefill the engine's own time: what the wall fit leaves "
+                         "out, the asynchronous runs' slower decoding, then goes unmodelled)")
     ap.add_argument("--fit-also", action="append", default=[], metavar="VARIANT",
                     help="a synchronous variant's run (e.g. 'longtail sync') joins the "
                          "calibration runs; its row is then marked as fitted, not predicted")
