@@ -4,7 +4,8 @@
    responses, 4 groups with 12-token ones, 16 groups with 24-token ones, and the long-tail
    task's 16 groups with 16-token responses; rollouts recorded), and
    `reroll.sim.calibrate.fit` on their metrics (a fixed cost per update, decode cost per
-   step and per token, a fixed cost per sample, training cost per step and per token, the
+   step, a fixed cost per sample, per token at the engine's own time a decoded token
+   (`calibrate.fit_engine`; ``--token-cost fit``: fitted with the rest), training cost per step and per token, the
    loop's own work per step and per sample, during which generation goes on on the core it
    shares with it, and the stalls' mean cost per step, a stop of both sides at the
    update); two asynchronous runs with partial rollouts (16 groups, max_staleness 1, 12-
@@ -60,6 +61,7 @@ from reroll import timeline
 from reroll.config_checks import load_checked
 from reroll.runlog import read_metrics, read_rollouts
 from reroll.sim.calibrate import (
+    fit_engine,
     fit_resume,
     fit_resume_wall,
     fit_tasks,
@@ -246,6 +248,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs of each predicted variant (train.seed 0, 1, ...): each row is "
                          "compared with their mean (one 20-step run moves 6-11%% between seeds)")
+    ap.add_argument("--token-cost", choices=("engine", "fit"), default="engine",
+                    help="a decoded token's cost: the engine's own time (`calibrate.fit_engine` "
+                         "on the synchronous calibration runs' time/generate_s; the default), "
+                         "or fitted with the other generation terms on the waits (which the "
+                         "runs hardly tell apart from a decode step's and an update's)")
     ap.add_argument("--resume-terms", choices=("wall", "timeline"), default="wall",
                     help="how the calibration runs that resume give an update's and a "
                          "resume's costs: fitted on what the simulator misses of their wall "
@@ -283,7 +290,12 @@ def main() -> None:
         sync_cal.append(d)
         tasks.append(task_of(VARIANTS[name]))
     # one cost model per task: each its own cost a decoded token, every other term shared
-    costs = fit_tasks(sync_cal, tasks, prompt_tokens=prompt, skip=a.skip)
+    token_s = None
+    if a.token_cost == "engine":  # the engine's own, from the reference task's runs
+        token_s = fit_engine([d for d, t in zip(sync_cal, tasks) if t == tasks[0]],
+                             skip=a.skip)["engine_token_s"]
+        print(f"a decoded token, the engine's own time: {1e6 * token_s:.2f} us")
+    costs = fit_tasks(sync_cal, tasks, prompt_tokens=prompt, skip=a.skip, token_s=token_s)
     cost = costs[tasks[0]]  # the main job's: the resume terms are fitted on its runs
     # the loop's share of the core it shares with the engine, off the timelines of the
     # calibration runs that generate while it works (the asynchronous ones)

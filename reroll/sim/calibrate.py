@@ -107,7 +107,7 @@ def fit(run_dirs: list[str | Path], *, prompt_tokens: int, skip: int = 1) -> dic
 
 
 def fit_tasks(run_dirs: list[str | Path], tasks: list[str], *, prompt_tokens: int,
-              skip: int = 1) -> dict[str, dict[str, float]]:
+              skip: int = 1, token_s: float | None = None) -> dict[str, dict[str, float]]:
     """One cost model per task (``tasks[i]`` is run ``i``'s), fitted together: every term is
     shared but ``decode_row_s``, the cost of a decoded token, which each task other than
     ``tasks[0]`` (the reference) may raise by a term of its own (a generation column of its
@@ -115,7 +115,14 @@ def fit_tasks(run_dirs: list[str | Path], tasks: list[str], *, prompt_tokens: in
     measured time a token differs between tasks on one model (on the long-tail task 40% over
     the main job's at the same batch), and a shared term splits the difference, too slow on
     one task and too fast on the other. A task with one calibration run has its term solved
-    from that run's residual: it predicts that task at other lengths and schedules."""
+    from that run's residual: it predicts that task at other lengths and schedules.
+
+    ``token_s``: the reference task's cost a decoded token is fixed at it (the engine's own,
+    `fit_engine`) and the other generation terms are fitted on the rest of the wait. The
+    synchronous runs alone hardly tell a token's cost from a decode step's and an update's
+    (the Xeon's runs of one session put a token at 10.5 us, those of the next at 1.9 us,
+    both fitting every run's wait within 3%), and the prediction of other lengths moves
+    with the split."""
     if not run_dirs or len(tasks) != len(run_dirs):
         raise ValueError(f"fit_tasks: {len(run_dirs)} runs and {len(tasks)} task labels: "
                          "one label a run, at least one run")
@@ -154,7 +161,12 @@ def fit_tasks(run_dirs: list[str | Path], tasks: list[str], *, prompt_tokens: in
             "terms (an update's fixed cost, a decode step's, a token's, a sample's, and each "
             "task's token): they need at least three (longest response, batch size) points "
             "not on one line, and a second response length or batch size for every task")
-    sync, base, row, sample, *extra = nnls(gen_x, gen_y)
+    if token_s is None:
+        sync, base, row, sample, *extra = nnls(gen_x, gen_y)
+    else:  # the token column's share taken out of the wait, the column left out
+        sync, base, sample, *extra = nnls([[*x[:2], *x[3:]] for x in gen_x],
+                                          [y - token_s * x[2] for x, y in zip(gen_x, gen_y)])
+        row = token_s
     step, token = nnls(train_x, train_y)
     loop, loop_row = nnls(loop_x, loop_y)
     shared = {"decode_base_s": base, "row_s": sample, "decode_ctx_s": 0.0,
@@ -163,6 +175,30 @@ def fit_tasks(run_dirs: list[str | Path], tasks: list[str], *, prompt_tokens: in
               "sync_s": sync, "prompt_tokens": prompt_tokens}
     return {t: {**shared, "decode_row_s": row + e}
             for t, e in zip([tasks[0], *others], [0.0, *extra])}
+
+
+def fit_engine(run_dirs: list[str | Path], *, skip: int = 1) -> dict[str, float]:
+    """The engine's own cost a decode step, a decoded token and an admitted sample, from
+    synchronous runs' ``time/generate_s`` (its busy time: prefill and decode, not the
+    driver's calls around them): non-negative least squares of ``generate_s = step *
+    length/max + token * tokens + sample * samples`` over the steps after ``skip``, stalled
+    ones (`unstalled`) left out. Synchronous runs only: every row of a step is admitted at
+    once, so the step decodes length/max times. On the Xeon two sessions' runs gave 1.78
+    and 1.72 ms a step, 10.9 and 12.0 us a token (the wait's own fit: 1.9 and 10.5)."""
+    x, y = [], []
+    for d in run_dirs:
+        rows = [r for r in read_metrics(d) if "time/generate_s" in r and "time/train_s" in r]
+        rows = rows[skip:]
+        gens = [r["time/generate_s"] for r in rows]
+        for r, keep in zip(rows, unstalled(gens)):
+            if keep:
+                n = r["pipeline/samples_in_batch"]
+                x.append([r["length/max"], n * r["length/mean"], n])
+                y.append(r["time/generate_s"])
+    if not y:
+        raise ValueError(f"fit_engine: no step with time/generate_s in {run_dirs}")
+    step, token, sample = nnls(x, y)
+    return {"engine_step_s": step, "engine_token_s": token, "engine_sample_s": sample}
 
 
 def stall_excess(ys: list[float], factor: float = 2.0) -> float:

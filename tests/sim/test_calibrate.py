@@ -10,6 +10,7 @@ import pytest
 
 from reroll.sim.calibrate import (
     fit,
+    fit_engine,
     fit_resume,
     fit_resume_wall,
     fit_tasks,
@@ -339,3 +340,30 @@ def test_update_stop_by_hand():
         update_stop([evs[:3]], skip=1)
     with pytest.raises(ValueError, match="no update that aborted"):
         update_stop([evs[-3:]], skip=1)
+
+
+def test_fit_engine_and_a_token_cost_fixed_at_the_engines(tmp_path):
+    # the three runs above, and the engine's own busy time a step: 0.002 s a decode step +
+    # 0.0005 s a token + 0.0001 s a sample (the rest of the wait is the driver's)
+    three_runs(tmp_path, steps=4)
+    for name in "abc":
+        path = tmp_path / name / "metrics.jsonl"
+        rows = [json.loads(x) for x in path.read_text().splitlines()]
+        for r in rows:
+            n = r["pipeline/samples_in_batch"]
+            r["time/generate_s"] = (0.002 * r["length/max"] + 0.0005 * n * r["length/mean"]
+                                    + 0.0001 * n)
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    e = fit_engine([tmp_path / k for k in "abc"], skip=0)
+    assert (e["engine_step_s"], e["engine_token_s"], e["engine_sample_s"]) == pytest.approx(
+        (0.002, 0.0005, 0.0001))
+    # the wait's token cost fixed at 0.0005: the fit puts the other 0.0005 s a token
+    # (0.0005 x mean length a sample, the mean alternating 6 / 5.5 and 12 / 11.5) where it
+    # fits best; with it at the true 0.001 the other terms come back exactly
+    f = fit_tasks([tmp_path / k for k in "abc"], [""] * 3, prompt_tokens=7, skip=0,
+                  token_s=0.001)[""]
+    assert (f["decode_base_s"], f["decode_row_s"], f["row_s"], f["sync_s"]) == pytest.approx(
+        (0.01, 0.001, 0.004, 0.0), abs=1e-9)
+    low = fit_tasks([tmp_path / k for k in "abc"], [""] * 3, prompt_tokens=7, skip=0,
+                    token_s=0.0005)[""]
+    assert low["decode_row_s"] == 0.0005 and low["decode_base_s"] > 0.01
