@@ -10,13 +10,13 @@
    shares with it, and the stalls' mean cost per step, a stop of both sides at the
    update); two asynchronous runs with partial rollouts (16 groups, max_staleness 1, 12-
    and 24-token responses), whose timelines give the loop's share of the core while the
-   engine decodes beside it (`calibrate.loop_share`), whose recorded rollouts give the
+   engine decodes beside it (`calibrate_timeline.loop_share`), whose recorded rollouts give the
    update's stop a request in the engine (`readd_row_s`: the driver's re-add), and on
    which the resume's cost a request is fitted from what the simulator misses of their
    wall time (`fit_resume_wall`; the per-token term is the engine's own prefill time, from
    `calibrate.fit_resume` on every step of every run). With ``--resume-terms timeline``
    the update's stop is the timelines' abort and re-add a request
-   (`calibrate.update_stop`) and a resume's cost the engine's own time alone.
+   (`calibrate_timeline.update_stop`) and a resume's cost the engine's own time alone.
 2. Predict, with that cost model and the response lengths recorded by the 16-group run (by
    the task's own synchronous run for the long-tail task), the throughput of the variants
    below, each also run for real, and compare.
@@ -65,14 +65,12 @@ from reroll.sim.calibrate import (
     fit_resume,
     fit_resume_wall,
     fit_tasks,
-    loop_share,
-    loop_windows,
     readd_row_s,
     readds,
     resumed_tokens,
     resumes_by_age,
-    update_stop,
 )
+from reroll.sim.calibrate_timeline import loop_share, loop_windows, update_stop
 from reroll.sim.settings import SimRun, SimSettings
 from reroll.sim.timeline import TracedSimulation
 

@@ -35,7 +35,7 @@ per step (the counters are cumulative, so per step is the difference of two rows
 resume comes with the admission of new groups after an update, whose own prefill the
 second term takes). Those terms are a resume's cost to the engine; the driver's abort and
 re-add of each request, which stop the engine and the trainer, come from the runs'
-timelines (`update_stop`). For runs recorded without a timeline, `fit_resume_wall` takes
+timelines (`calibrate_timeline.update_stop`). For runs recorded without a timeline, `fit_resume_wall` takes
 the whole resume cost from wall time instead (the driver aborts, copies and re-adds each
 request on the engine's core, and the engine waits for it): what the simulator misses, a step, on runs that resume, against their
 resumed tokens and requests, the per-token term fixed at the engine's own prefill time
@@ -50,18 +50,14 @@ each term's fit: the mean-square fit would otherwise follow them. The time they 
 their run's median is not dropped: ``stall_s`` is its total over the runs' steps, a mean
 cost per step (the measured throughput counts the stalled steps, so the model must too).
 
-The loop's share of the processor it shares with the engine (``loop_share``, with the driver
-pinned beside engine 0) comes from asynchronous runs' timelines (``log.timeline``): the
-time each update's loop work took where the engine decoded beside it, against the work
-the synchronous fit gives it (`loop_windows`, `loop_share`).
+What the runs' timelines give (the loop's share of the core it shares with the engine, an
+update's abort and re-add) is in `reroll.sim.calibrate_timeline`.
 
-Knows metrics rows, recorded rollouts' spans, timeline events and the cost model's fields,
-nothing else (the simulated times `fit_resume_wall` takes come from its caller).
+Knows metrics rows, recorded rollouts' spans and the cost model's fields, nothing else (the simulated times `fit_resume_wall` takes come from its caller).
 """
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -286,53 +282,6 @@ def readds(run_dir: str | Path) -> dict[int, dict[str, float]]:
                 "place_after_s": placed[v] - max(a.values())} for v, a in sorted(adds.items())}
 
 
-def update_stop(timelines: list[list[dict]], *, skip: int = 1) -> dict[str, float]:
-    """What a weight update with partial rollouts costs a request in the engine, off runs'
-    timelines (``log.timeline``) of one engine each, the updates to versions after ``skip``:
-
-    - ``abort_row_s``: from the rollout thread's ``publish begins`` mark, or from the end
-      of the ``decode`` call under way then (the abort waits for it, and the simulator
-      waits for the decode step under way before its stop), to the ``interrupt`` mark (the
-      driver aborts every request in the engine, an engine call), against the requests
-      aborted: the slope of a non-negative least-squares line (its intercept is the
-      abort's fixed cost, which every update pays: ``sync_s`` has it);
-    - ``readd_row_s``: the first ``add`` span after an update that aborted requests (the
-      engine service adds them back at once, before the engine steps again) over the
-      requests it added, summed over the updates.
-
-    The two hold the engine (nothing is stepped before the re-add ends) and the trainer
-    (its batch waits for them), so ``update_row_s`` (`SimSettings`) is their sum."""
-    aborts, readd_s, readded = [], 0.0, 0
-    for events in timelines:
-        begun: dict[int, float] = {}
-        waiting = False  # an update aborted requests: its re-add is the next add span
-        decode_end = float("-inf")  # the end of the latest decode call begun so far
-        for e in events:
-            v = e["args"].get("version")
-            if e["name"] == "decode" and "end" in e:
-                decode_end = max(decode_end, e["end"])
-            elif e["name"] == "publish begins":
-                begun[v], waiting = e["t"], False
-            elif e["name"] == "interrupt" and v in begun and v > skip:
-                start = max(begun[v], min(decode_end, e["t"]))
-                aborts.append((e["args"]["aborted"], e["t"] - start))
-                waiting = e["args"]["aborted"] > 0
-            elif e["name"] == "add" and waiting and "end" in e:
-                readd_s += e["end"] - e["t"]
-                readded += e["args"]["requests"]
-                waiting = False
-    if not readded:
-        raise ValueError("update_stop: the timelines hold no update that aborted requests: "
-                         "runs with partial rollouts, max_staleness > 0 and "
-                         "log.timeline = true")
-    if len({n for n, _ in aborts}) < 2:
-        raise ValueError("update_stop: every update aborted the same number of requests, "
-                         "which cannot separate the abort's cost a request from its fixed "
-                         "cost: longer runs, or runs of other batch sizes")
-    _, per = nnls([[1.0, n] for n, _ in aborts], [s for _, s in aborts])
-    return {"abort_row_s": per, "readd_row_s": readd_s / readded}
-
-
 def readd_row_s(run_dir: str | Path, updates: tuple[int, int]) -> list[float]:
     """The driver's re-add time per request in the engine (``update_row_s``), at each
     update of ``updates`` (first, last) whose re-adds span two groups or more: `readds`'
@@ -404,60 +353,3 @@ def fit_resume_wall(runs: list[dict[str, float]], *,
     tok, row = nnls([[r["resumed_tokens"], r["resumed"]] for r in runs],
                     [r["measured_s"] - r["simulated_s"] for r in runs])
     return {"resume_token_s": tok, "resume_row_s": row}
-
-
-def loop_windows(events: list[dict]) -> list[dict]:
-    """Each update's loop work as a run's timeline (`reroll.timeline.read`) shows it: from
-    the end of the trainer's ``train`` span of step k to the start of its next ``wait for
-    batch`` (recording, metrics, the publish call, logging: what `fit` calls the loop's
-    work), ``step``, its length ``s`` and ``decoding_s``, how much of it some ``decode``
-    span covers (the engine had work beside it)."""
-    waits_all = [e for e in events if e["name"] == "wait for batch"]
-    trains = [e for e in events if e["name"] == "train"]
-    if not trains or not waits_all:
-        return []
-    who = waits_all[0]["thread"]  # the trainer's: it waits for batches
-    waits = sorted(e["t"] for e in waits_all if e["thread"] == who)
-    decodes = sorted((e["t"], e["end"]) for e in events if e["name"] == "decode")
-    out = []
-    for tr in (e for e in trains if e["thread"] == who):
-        lo = tr["end"]
-        hi = next((t for t in waits if t >= lo), None)
-        if hi is None:
-            continue
-        busy, reach = 0.0, lo
-        for t0, t1 in decodes:  # the union of the decode spans inside [lo, hi]
-            t0, t1 = max(t0, reach), min(t1, hi)
-            if t1 > t0:
-                busy, reach = busy + t1 - t0, t1
-        out.append({"step": tr["args"].get("step"), "s": hi - lo, "decoding_s": busy})
-    return out
-
-
-def loop_share(runs: list[tuple[list[dict], dict[int, float]]], *, loop_s: float,
-               loop_row_s: float, skip: int = 1) -> float:
-    """The share of a shared processor the loop's work gets while the engine beside it
-    decodes (`SimSettings.loop_share`), from runs that generate during it (asynchronous):
-    each is its timeline's `loop_windows` and its samples by step. Each window of the steps
-    after ``skip`` does the fitted work ``W = loop_s + loop_row_s * samples`` (`fit`, from
-    synchronous runs, where nothing decodes beside it) at full speed where nothing decodes
-    and at the share where something does: ``W = (s - decoding_s) + share * decoding_s``.
-    Solved over every window together (the work done beside decoding over the time spent
-    beside it), stalled windows (`unstalled`) left out."""
-    work = beside = 0.0
-    for windows, samples in runs:
-        kept = [w for w in windows if w["step"] is not None and w["step"] > skip
-                and w["step"] in samples]
-        for w, keep in zip(kept, unstalled([w["s"] for w in kept])):
-            if keep:
-                work += loop_s + loop_row_s * samples[w["step"]] - (w["s"] - w["decoding_s"])
-                beside += w["decoding_s"]
-    if beside <= 0:
-        raise ValueError("loop_share: no loop work beside decoding in the runs' timelines "
-                         "(they need max_staleness > 0 and log.timeline = true)")
-    share = work / beside
-    if not 0.05 <= share <= 0.95:
-        warnings.warn(f"loop_share: the timelines give {share:.3f}, outside (0, 1) with room "
-                      f"to spare: the synchronous fit's loop work and these runs' windows "
-                      f"disagree; kept within [0.05, 0.95]", stacklevel=2)
-    return float(min(0.95, max(0.05, share)))

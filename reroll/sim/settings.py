@@ -93,7 +93,7 @@ class SimSettings:
     loop_share: float = 0.5
     """With ``loop_on_gen``, the share of the shared processor the loop's work gets while the
     device decodes (the driver runs several threads beside the engine's one:
-    `reroll.sim.calibrate.loop_share` reads it off the runs' timelines)."""
+    `reroll.sim.calibrate_timeline.loop_share` reads it off the runs' timelines)."""
     sync_s: float = 0.0
     """Weight publication: trainer and generation devices stop this long per update
     (`reroll.sim.calibrate.fit` takes it from the synchronous waits' fixed part)."""

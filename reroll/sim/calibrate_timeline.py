@@ -1,0 +1,118 @@
+"""The cost model's terms that a run's timeline (``log.timeline``, `reroll.timeline.read`)
+gives and its metrics do not: how the loop's work shares the engine's core
+(`loop_windows`, `loop_share`) and what a weight update with partial rollouts costs a
+request in the engine (`update_stop`). The rest of the calibration is `reroll.sim.calibrate`.
+
+Knows timeline events (by their span and mark names) and the cost model's fields, nothing
+else.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from reroll.sim.calibrate import nnls, unstalled
+
+
+def update_stop(timelines: list[list[dict]], *, skip: int = 1) -> dict[str, float]:
+    """What a weight update with partial rollouts costs a request in the engine, off runs'
+    timelines (``log.timeline``) of one engine each, the updates to versions after ``skip``:
+
+    - ``abort_row_s``: from the rollout thread's ``publish begins`` mark, or from the end
+      of the ``decode`` call under way then (the abort waits for it, and the simulator
+      waits for the decode step under way before its stop), to the ``interrupt`` mark (the
+      driver aborts every request in the engine, an engine call), against the requests
+      aborted: the slope of a non-negative least-squares line (its intercept is the
+      abort's fixed cost, which every update pays: ``sync_s`` has it);
+    - ``readd_row_s``: the first ``add`` span after an update that aborted requests (the
+      engine service adds them back at once, before the engine steps again) over the
+      requests it added, summed over the updates.
+
+    The two hold the engine (nothing is stepped before the re-add ends) and the trainer
+    (its batch waits for them), so ``update_row_s`` (`SimSettings`) is their sum."""
+    aborts, readd_s, readded = [], 0.0, 0
+    for events in timelines:
+        begun: dict[int, float] = {}
+        waiting = False  # an update aborted requests: its re-add is the next add span
+        decode_end = float("-inf")  # the end of the latest decode call begun so far
+        for e in events:
+            v = e["args"].get("version")
+            if e["name"] == "decode" and "end" in e:
+                decode_end = max(decode_end, e["end"])
+            elif e["name"] == "publish begins":
+                begun[v], waiting = e["t"], False
+            elif e["name"] == "interrupt" and v in begun and v > skip:
+                start = max(begun[v], min(decode_end, e["t"]))
+                aborts.append((e["args"]["aborted"], e["t"] - start))
+                waiting = e["args"]["aborted"] > 0
+            elif e["name"] == "add" and waiting and "end" in e:
+                readd_s += e["end"] - e["t"]
+                readded += e["args"]["requests"]
+                waiting = False
+    if not readded:
+        raise ValueError("update_stop: the timelines hold no update that aborted requests: "
+                         "runs with partial rollouts, max_staleness > 0 and "
+                         "log.timeline = true")
+    if len({n for n, _ in aborts}) < 2:
+        raise ValueError("update_stop: every update aborted the same number of requests, "
+                         "which cannot separate the abort's cost a request from its fixed "
+                         "cost: longer runs, or runs of other batch sizes")
+    _, per = nnls([[1.0, n] for n, _ in aborts], [s for _, s in aborts])
+    return {"abort_row_s": per, "readd_row_s": readd_s / readded}
+
+
+def loop_windows(events: list[dict]) -> list[dict]:
+    """Each update's loop work as a run's timeline (`reroll.timeline.read`) shows it: from
+    the end of the trainer's ``train`` span of step k to the start of its next ``wait for
+    batch`` (recording, metrics, the publish call, logging: what `fit` calls the loop's
+    work), ``step``, its length ``s`` and ``decoding_s``, how much of it some ``decode``
+    span covers (the engine had work beside it)."""
+    waits_all = [e for e in events if e["name"] == "wait for batch"]
+    trains = [e for e in events if e["name"] == "train"]
+    if not trains or not waits_all:
+        return []
+    who = waits_all[0]["thread"]  # the trainer's: it waits for batches
+    waits = sorted(e["t"] for e in waits_all if e["thread"] == who)
+    decodes = sorted((e["t"], e["end"]) for e in events if e["name"] == "decode")
+    out = []
+    for tr in (e for e in trains if e["thread"] == who):
+        lo = tr["end"]
+        hi = next((t for t in waits if t >= lo), None)
+        if hi is None:
+            continue
+        busy, reach = 0.0, lo
+        for t0, t1 in decodes:  # the union of the decode spans inside [lo, hi]
+            t0, t1 = max(t0, reach), min(t1, hi)
+            if t1 > t0:
+                busy, reach = busy + t1 - t0, t1
+        out.append({"step": tr["args"].get("step"), "s": hi - lo, "decoding_s": busy})
+    return out
+
+
+def loop_share(runs: list[tuple[list[dict], dict[int, float]]], *, loop_s: float,
+               loop_row_s: float, skip: int = 1) -> float:
+    """The share of a shared processor the loop's work gets while the engine beside it
+    decodes (`SimSettings.loop_share`), from runs that generate during it (asynchronous):
+    each is its timeline's `loop_windows` and its samples by step. Each window of the steps
+    after ``skip`` does the fitted work ``W = loop_s + loop_row_s * samples`` (`fit`, from
+    synchronous runs, where nothing decodes beside it) at full speed where nothing decodes
+    and at the share where something does: ``W = (s - decoding_s) + share * decoding_s``.
+    Solved over every window together (the work done beside decoding over the time spent
+    beside it), stalled windows (`unstalled`) left out."""
+    work = beside = 0.0
+    for windows, samples in runs:
+        kept = [w for w in windows if w["step"] is not None and w["step"] > skip
+                and w["step"] in samples]
+        for w, keep in zip(kept, unstalled([w["s"] for w in kept])):
+            if keep:
+                work += loop_s + loop_row_s * samples[w["step"]] - (w["s"] - w["decoding_s"])
+                beside += w["decoding_s"]
+    if beside <= 0:
+        raise ValueError("loop_share: no loop work beside decoding in the runs' timelines "
+                         "(they need max_staleness > 0 and log.timeline = true)")
+    share = work / beside
+    if not 0.05 <= share <= 0.95:
+        warnings.warn(f"loop_share: the timelines give {share:.3f}, outside (0, 1) with room "
+                      f"to spare: the synchronous fit's loop work and these runs' windows "
+                      f"disagree; kept within [0.05, 0.95]", stacklevel=2)
+    return float(min(0.95, max(0.05, share)))

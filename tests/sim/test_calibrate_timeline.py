@@ -1,0 +1,73 @@
+"""The cost-model terms read off a run's timeline (`reroll.sim.calibrate_timeline`) against
+numbers computed by hand: each update's loop window and the decoding beside it, the loop's
+share of a shared core, an update's abort and re-add a request."""
+
+from __future__ import annotations
+
+import pytest
+
+from reroll.sim.calibrate_timeline import loop_share, loop_windows, update_stop
+
+
+def _span(name: str, t: float, end: float, thread: str = "MainThread", **args) -> dict:
+    return {"name": name, "thread": thread, "t": t, "end": end, "args": args}
+
+
+def test_loop_windows_from_a_timeline_by_hand():
+    # step 1 trains 0-1 and waits again at 1.5; decoding 1.2-1.3 and 1.4-1.6 (two calls:
+    # 0.1 + 0.1 inside the window); step 2 trains 2-3, waits at 3.25 with nothing decoding;
+    # step 3 never waits again (the run ended): no window
+    evs = [_span("train", 0.0, 1.0, step=1), _span("decode", 1.2, 1.3, "engine"),
+           _span("decode", 1.4, 1.6, "engine"), _span("wait for batch", 1.5, 2.0, step=2),
+           _span("train", 2.0, 3.0, step=2), _span("wait for batch", 3.25, 4.0, step=3),
+           _span("train", 4.0, 5.0, step=3),
+           _span("train", 0.0, 9.0, "other thread", step=1)]  # not the trainer's
+    w = loop_windows(sorted(evs, key=lambda e: e["t"]))
+    assert [x["step"] for x in w] == [1, 2]
+    assert [x["s"] for x in w] == pytest.approx([0.5, 0.25])
+    assert [x["decoding_s"] for x in w] == pytest.approx([0.2, 0.0])
+
+
+def test_loop_share_by_hand():
+    # fitted work 0.1 + 0.01 a sample: 0.2 s at 10 samples. Window of step 2: 0.3 s, 0.2 of
+    # it beside decoding, so 0.1 alone and 0.1 of work in 0.2 beside (share 0.5); step 3:
+    # 0.25 s, all beside, 0.2 of work (share 0.8); together (0.1 + 0.2) / (0.2 + 0.25).
+    # Step 1 is warm-up (skip 1); step 4 (2.0 s, over twice the median) a stall
+    windows = [{"step": 1, "s": 9.0, "decoding_s": 9.0}, {"step": 2, "s": 0.3, "decoding_s": 0.2},
+               {"step": 3, "s": 0.25, "decoding_s": 0.25}, {"step": 4, "s": 2.0, "decoding_s": 2.0}]
+    samples = {1: 10, 2: 10, 3: 10, 4: 10}
+    assert loop_share([(windows, samples)], loop_s=0.1, loop_row_s=0.01,
+                      skip=1) == pytest.approx(0.3 / 0.45)
+    with pytest.raises(ValueError, match="no loop work beside decoding"):
+        loop_share([([{"step": 2, "s": 0.3, "decoding_s": 0.0}], samples)], loop_s=0.1,
+                   loop_row_s=0.01)
+
+
+def _mark(name: str, t: float, **args) -> dict:
+    return {"name": name, "thread": "reroll-rollout", "t": t, "args": args}
+
+
+def test_update_stop_by_hand():
+    # the update to version 2 is left out (skip 2), then three updates:
+    # 10 aborted in 0.003 s, 30 in 0.005 s, 0 in 0.002 s: the line 0.002 + 0.0001 a request,
+    # so 100 us a request to abort (the second update's counted from the end of the decode
+    # call under way at its publish, which the abort waited for). Re-adds: the first add after an update that aborted
+    # some: 10 in 0.0015 s, 30 in 0.0045 s (a later add of new groups, and the add after
+    # the update that aborted none, do not count): 0.006 / 40 = 150 us a request
+    evs = [_mark("publish begins", 0.0, version=2), _mark("interrupt", 0.5, version=2, aborted=99),
+           _span("add", 0.6, 0.9, "reroll-rollout", requests=99),
+           _mark("publish begins", 1.0, version=3), _mark("interrupt", 1.003, version=3, aborted=10),
+           _span("add", 1.01, 1.0115, "reroll-rollout", requests=10),
+           _span("add", 1.02, 1.05, "reroll-rollout", requests=128),
+           _span("decode", 1.99, 2.002, "reroll-engine_0", pending=30, steps=1),
+           _mark("publish begins", 2.0, version=4), _mark("interrupt", 2.007, version=4, aborted=30),
+           _span("add", 2.01, 2.0145, "reroll-rollout", requests=30),
+           _mark("publish begins", 3.0, version=5), _mark("interrupt", 3.002, version=5, aborted=0),
+           _span("add", 3.01, 3.02, "reroll-rollout", requests=128)]
+    got = update_stop([evs], skip=2)
+    assert got["abort_row_s"] == pytest.approx(1e-4)
+    assert got["readd_row_s"] == pytest.approx(0.006 / 40)
+    with pytest.raises(ValueError, match="the same number of requests"):
+        update_stop([evs[:3]], skip=1)
+    with pytest.raises(ValueError, match="no update that aborted"):
+        update_stop([evs[-3:]], skip=1)
