@@ -306,17 +306,23 @@ def steps(events: list[dict]) -> list[dict]:
         p = pubs.get(a["args"].get("step"))
         if p is None:
             continue
-        lo, hi, busy, reach = a["end"], b["t"], 0.0, a["end"]
-        for t0, t1 in decodes:  # the union of the decode spans inside [lo, hi]
-            t0, t1 = max(t0, reach), min(t1, hi)
-            if t1 > t0:
-                busy += t1 - t0
-                reach = t1
+        lo, hi = a["end"], b["t"]
+        busy = covered(decodes, lo, hi)
         out.append({"step": a["args"].get("step"), "train": a["end"] - a["t"],
                     "loop": p["t"] - a["end"], "take": b["t"] - p["t"],
                     "interval": b["t"] - a["t"],
                     "decode_busy": busy / (hi - lo) if hi > lo else 0.0})
     return out
+
+
+def covered(spans: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """How much of [lo, hi] the union of ``spans`` ((start, end), sorted by start) covers."""
+    busy, reach = 0.0, lo
+    for t0, t1 in spans:
+        t0, t1 = max(t0, reach), min(t1, hi)
+        if t1 > t0:
+            busy, reach = busy + t1 - t0, t1
+    return busy
 
 
 def next_path(run_dir: str | Path) -> Path:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import warnings
 
 from reroll.sim.calibrate import nnls, unstalled
+from reroll.timeline import covered
 
 
 def update_stop(timelines: list[list[dict]], *, skip: int = 1) -> dict[str, float]:
@@ -80,12 +81,8 @@ def loop_windows(events: list[dict]) -> list[dict]:
         hi = next((t for t in waits if t >= lo), None)
         if hi is None:
             continue
-        busy, reach = 0.0, lo
-        for t0, t1 in decodes:  # the union of the decode spans inside [lo, hi]
-            t0, t1 = max(t0, reach), min(t1, hi)
-            if t1 > t0:
-                busy, reach = busy + t1 - t0, t1
-        out.append({"step": tr["args"].get("step"), "s": hi - lo, "decoding_s": busy})
+        out.append({"step": tr["args"].get("step"), "s": hi - lo,
+                    "decoding_s": covered(decodes, lo, hi)})
     return out
 
 
