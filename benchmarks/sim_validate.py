@@ -1,18 +1,21 @@
 """`reroll sim` against measured runs of the main job (configs/arithmetic.toml) on this machine.
 
-1. Calibrate: five short synchronous runs (16 and 4 groups of 8 a step with 6-token
+1. Calibrate: six short synchronous runs (16 and 4 groups of 8 a step with 6-token
    responses, 4 groups with 12-token ones, 16 groups with 24-token ones, and the long-tail
-   task's 16 groups with 16-token responses; rollouts recorded), and
+   task's 16 groups with 16-token responses and 4 groups with its 32-token ones;
+   rollouts recorded), and
    `reroll.sim.calibrate.fit` on their metrics (a fixed cost per update, decode cost per
    step, a fixed cost per sample, per token at the engine's own time a decoded token
    (`calibrate.fit_engine`; ``--token-cost fit``: fitted with the rest), training cost per step and per token, the
    loop's own work per step and per sample, during which generation goes on on the core it
    shares with it, and the stalls' mean cost per step, a stop of both sides at the
-   update); two asynchronous runs with partial rollouts (16 groups, max_staleness 1, 12-
-   and 24-token responses), whose timelines give the loop's share of the core while the
-   engine decodes beside it (`calibrate_timeline.loop_share`), whose recorded rollouts give the
-   update's stop a request in the engine (`readd_row_s`: the driver's re-add), and on
-   which the resume's cost a request is fitted from what the simulator misses of their
+   update); three asynchronous runs with partial rollouts (16 groups, max_staleness 1 with
+   12- and 24-token responses, max_staleness 2 with 12-token ones), whose timelines give
+   the loop's share of the core while the engine decodes beside it
+   (`calibrate_timeline.loop_share`), whose recorded rollouts give the update's stop a
+   request in the engine (`readd_row_s`: the driver's re-add), and on which a resume's
+   cost a request and an update's own cost (the runs resume about 60 and 140 requests a
+   step, which tells the two apart) are fitted from what the simulator misses of their
    wall time (`fit_resume_wall`; the per-token term is the engine's own prefill time, from
    `calibrate.fit_resume` on every step of every run). With ``--resume-terms timeline``
    the update's stop is the timelines' abort and re-add a request
@@ -32,7 +35,7 @@ metrics.jsonl, and predicted over the same steps.
 
     .venv/bin/python benchmarks/sim_validate.py [--quick] [--steps N] [--out DIR]
 
-``--quick``: 20 steps a run (14 runs of about 30 s each on a quiet machine). A run whose
+``--quick``: 20 steps a run (16 runs of about 30 s each on a quiet machine). A run whose
 metrics.jsonl is in ``--out`` is not run again; ``--reuse`` runs nothing, only refits and
 predicts; ``--fit-also 'longtail sync'`` adds that run to the synchronous calibration runs
 (its row is then a fit, marked so, not a prediction); ``--repeats 3`` runs each predicted
@@ -100,9 +103,11 @@ CALIBRATION = {"cal 16x8": [], "cal 4x8": ["rollout.batch_groups=4"],
                "cal 4x8 long": ["rollout.batch_groups=4", "rollout.max_new_tokens=12"],
                "cal 16x8 long24": ["rollout.max_new_tokens=24"],
                "cal longtail 16x8 long16": [*LONGTAIL, "rollout.max_new_tokens=16"],
+               "cal longtail 4x8": [*LONGTAIL, "rollout.batch_groups=4"],
                "cal async 1 long": ["runtime.max_staleness=1", "rollout.max_new_tokens=12"],
-               "cal async 1 long24": ["runtime.max_staleness=1", "rollout.max_new_tokens=24"]}
-SYNC_CAL = 5  # the synchronous ones come first; the rest resume (partial rollouts)
+               "cal async 1 long24": ["runtime.max_staleness=1", "rollout.max_new_tokens=24"],
+               "cal async 2 long": ["runtime.max_staleness=2", "rollout.max_new_tokens=12"]}
+SYNC_CAL = 6  # the synchronous ones come first; the rest resume (partial rollouts)
 
 
 def train(out: Path, name: str, overrides: list[str], steps: int,
@@ -159,20 +164,24 @@ def wall_resume_terms(resuming: dict[str, Path], cost: dict, engine: dict, steps
                       skip: int) -> dict[str, float]:
     """The resume terms of runs recorded without a timeline: ``update_row_s`` from the
     recorded rollouts' re-add times (`readd_row_s`), ``resume_row_s`` fitted on what the
-    simulator misses of the resuming runs' wall time (`fit_resume_wall`), the per-token
-    term at the engine's own prefill time."""
+    simulator misses of the resuming runs' wall time (`fit_resume_wall`), with ``update_s``
+    (an update's own cost) where the runs' resumes a step differ by half or more, the
+    per-token term at the engine's own prefill time."""
     per = [x for d in resuming.values() for x in readd_row_s(d, counts(d, skip)["updates"])]
     out = {"update_row_s": statistics.median(per) if per else 0.0}
     walls = []
     for k, d in resuming.items():
         c = counts(d, skip)
         p = predicted(CALIBRATION[k], {**cost, **out, "resume_row_s": 0.0,
-                                       "resume_token_s": 0.0}, d, steps, skip)
+                                       "resume_token_s": 0.0, "update_s": 0.0}, d, steps, skip)
         batch = SimRun.from_config(load_checked(str(CONFIG), [*BASE, *CALIBRATION[k]])).batch
         walls.append({"measured_s": batch / measured(d, skip),
                       "simulated_s": batch / p["samples_per_s"], "resumed": c["resumed_per_step"],
                       "resumed_tokens": c["resumed_tokens_per_step"]})
-    return {**out, **fit_resume_wall(walls, token_s=engine["engine_resume_token_s"])}
+    # an update's own cost beside a request's where the runs' resumes a step tell them apart
+    per = [w["resumed"] for w in walls]
+    return {**out, **fit_resume_wall(walls, token_s=engine["engine_resume_token_s"],
+                                     update=len(per) > 1 and max(per) >= 1.5 * min(per))}
 
 
 def samples_by_step(run_dir: Path) -> dict[int, float]:

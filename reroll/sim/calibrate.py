@@ -323,8 +323,8 @@ def fit_resume(run_dirs: list[str | Path], *, skip: int = 1) -> dict[str, float]
             "engine_token_s": tok, "engine_sample_s": start}
 
 
-def fit_resume_wall(runs: list[dict[str, float]], *,
-                    token_s: float | None = None) -> dict[str, float]:
+def fit_resume_wall(runs: list[dict[str, float]], *, token_s: float | None = None,
+                    update: bool = False) -> dict[str, float]:
     """``resume_token_s`` and ``resume_row_s`` in wall time, from runs with partial rollouts
     that the generation side holds back: for each, ``measured_s`` (its time a step),
     ``simulated_s`` (the simulator's, on the same cost model with both resume costs 0),
@@ -340,15 +340,35 @@ def fit_resume_wall(runs: list[dict[str, float]], *,
     the engine is the driver's work per request, which does not grow with the prefix.
     Without it both terms are fitted, which two runs only solve (any noise in either run
     moves both terms; see benchmarks/docs/sim.md), and with one prefix length the two
-    columns are proportional and the per-token term takes it all."""
+    columns are proportional and the per-token term takes it all.
+
+    ``update`` (with ``token_s``): ``update_s`` too, a fixed cost of each update (one a
+    step) beside the one a request: ``measured_s - simulated_s - token_s * resumed_tokens =
+    resume_row_s * resumed + update_s``. Runs that resume about as many requests a step
+    cannot tell the two apart (every fit of theirs is a line through both), so the runs'
+    resumes a step must differ by half or more (max_staleness 1 and 2 resume about 60 and
+    140 a step on the main job); else the fit refuses."""
     if not any(r["resumed"] for r in runs):
         raise ValueError("fit_resume_wall: no run resumed a request")
+    if update:
+        if token_s is None:
+            raise ValueError("fit_resume_wall: update=True needs token_s (three terms over "
+                             "a few runs are not determined)")
+        per = sorted(r["resumed"] for r in runs)
+        if len(runs) < 2 or per[-1] < 1.5 * per[0]:
+            raise ValueError(
+                f"fit_resume_wall: the runs resume {', '.join(f'{x:.1f}' for x in per)} "
+                f"requests a step; a request's cost and an update's need runs that differ "
+                f"by half or more (e.g. max_staleness 1 and 2)")
     if token_s is not None:
         if token_s < 0:
             raise ValueError(f"fit_resume_wall: token_s must be >= 0, got {token_s}")
-        (row,) = nnls([[r["resumed"]] for r in runs],
-                      [r["measured_s"] - r["simulated_s"] - token_s * r["resumed_tokens"]
-                       for r in runs])
+        left = [r["measured_s"] - r["simulated_s"] - token_s * r["resumed_tokens"]
+                for r in runs]
+        if update:
+            row, fixed = nnls([[r["resumed"], 1.0] for r in runs], left)
+            return {"resume_token_s": token_s, "resume_row_s": row, "update_s": fixed}
+        (row,) = nnls([[r["resumed"]] for r in runs], left)
         return {"resume_token_s": token_s, "resume_row_s": row}
     tok, row = nnls([[r["resumed_tokens"], r["resumed"]] for r in runs],
                     [r["measured_s"] - r["simulated_s"] for r in runs])

@@ -29,8 +29,8 @@ class SimSettings:
     every sample). After it the loop does its own work for ``loop_s + loop_row_s *
     samples`` (the trainer waits, generation goes on under the old weights); then
     publishing the weights stops the trainer and every generation device for ``sync_s +
-    stall_s`` after the devices' current decode step, with partial rollouts
-    ``update_row_s`` more per request in the engine."""
+    stall_s`` after the devices' current decode step; with partial rollouts and requests in
+    the engine, ``update_s`` more and ``update_row_s`` more per request."""
 
     gen_devices: int = 1
     """Generation devices (engine replicas); a group runs on the least loaded one."""
@@ -61,6 +61,12 @@ class SimSettings:
     batch (`reroll.engine.service.EngineService.update_weights`,
     `reroll.runtime.ray.RayEnginePool.add`); `reroll.sim.calibrate.readd_row_s` measures
     it from the resuming runs' timings."""
+    update_s: float = 0.0
+    """With partial rollouts, a weight update's fixed stop beside ``sync_s`` when requests
+    are in the engine, whatever their number: the interrupt itself (the abort of everything in the engine, a
+    call to it, and the hand-back of what it returns), which a synchronous run never makes.
+    `reroll.sim.calibrate.fit_resume_wall` fits it with ``resume_row_s`` on resuming runs
+    whose resumes a step differ."""
     resume_token_s: float = 0.0
     """Cost of a resumed row per token of its prompt and prefix, beside ``prefill_token_s``:
     a resumed row re-enters the engine with its own prefix, prefilled on its own (an

@@ -8,8 +8,9 @@ there. Time comes from the cost model: generation devices (`reroll.sim.gen_devic
 training step of ``train_step_s + train_token_s * tokens / train_devices``, the loop's own
 work after it (``loop_s``: the trainer waits, generation goes on, as in `reroll.loop.run`,
 which records and logs while the rollout pipeline keeps generating), and a weight update
-that stops trainer and generation for ``sync_s`` (``update_row_s`` more a request in the
-engine with partial rollouts, which it aborts and adds back in the engine's order).
+that stops trainer and generation for ``sync_s`` (with partial rollouts ``update_s`` more and
+``update_row_s`` more a request in the engine, which it aborts and adds back in the
+engine's order).
 
 Early stops are the real rules too, on the simulated lengths. DUET (``run.duet_horizon``):
 the run's `reroll.methods.duet.MarkerGate` gives each sample its stop rule and keep draw
@@ -346,10 +347,11 @@ class Simulation:
             self._push(self.now + self._stop(), "synced")
 
     def _stop(self) -> float:
-        """``sync_s`` and ``stall_s``, with partial rollouts ``update_row_s`` more a request
-        in the engine."""
+        """``sync_s`` and ``stall_s``; with partial rollouts and requests in the engine,
+        ``update_s`` more and ``update_row_s`` more a request."""
         n = sum(d.load for d in self.devices) if self.run.partial_rollouts else 0
-        self.stop_s = self.s.sync_s + self.s.stall_s + self.s.update_row_s * n
+        self.stop_s = (self.s.sync_s + self.s.stall_s + self.s.update_row_s * n
+                       + (self.s.update_s if n else 0.0))
         return self.stop_s
 
     def _synced(self) -> None:

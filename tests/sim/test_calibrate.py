@@ -232,6 +232,32 @@ def test_fit_resume_wall_with_the_engines_per_token_cost_fits_one_term_by_hand()
         fit_resume_wall(runs, token_s=-1e-5)
 
 
+def test_fit_resume_wall_with_an_updates_own_cost_by_hand():
+    # missed a step = 1e-4 s a resumed token + 2e-4 s a request + 0.01 s an update: runs of
+    # 60 and 140 requests a step (600 and 1400 tokens) miss 0.06 + 0.012 + 0.01 = 0.082 and
+    # 0.14 + 0.028 + 0.01 = 0.178 s
+    runs = [{"measured_s": 0.182, "simulated_s": 0.10, "resumed": 60, "resumed_tokens": 600},
+            {"measured_s": 0.278, "simulated_s": 0.10, "resumed": 140, "resumed_tokens": 1400}]
+    assert fit_resume_wall(runs, token_s=1e-4, update=True) == pytest.approx(
+        {"resume_token_s": 1e-4, "resume_row_s": 2e-4, "update_s": 0.01})
+    # without the update's term the request takes it: left 0.022 and 0.038 s, (60 x 0.022 +
+    # 140 x 0.038) / (60^2 + 140^2) = 6.64 / 23200
+    assert fit_resume_wall(runs, token_s=1e-4) == pytest.approx(
+        {"resume_token_s": 1e-4, "resume_row_s": 6.64 / 23200})
+    # a third run of 100 requests 0.005 s over the line: least squares on three points
+    # (a line through (60, 0.022), (140, 0.038) and (100, 0.035)): slope = sum((x - 100)(y -
+    # 0.031667)) / sum((x - 100)^2) = (-40 x -0.009667 + 40 x 0.006333) / 3200 = 2e-4,
+    # intercept 0.031667 - 2e-4 x 100 = 0.011667
+    third = {"measured_s": 0.235, "simulated_s": 0.10, "resumed": 100, "resumed_tokens": 1000}
+    f = fit_resume_wall([*runs, third], token_s=1e-4, update=True)
+    assert (f["resume_row_s"], f["update_s"]) == pytest.approx((2e-4, 0.035 / 3))
+    # runs that resume about as many a step do not separate the two; three terms need token_s
+    with pytest.raises(ValueError, match="differ by half or more"):
+        fit_resume_wall([runs[0], {**runs[0], "resumed": 80}], token_s=1e-4, update=True)
+    with pytest.raises(ValueError, match="needs token_s"):
+        fit_resume_wall(runs, update=True)
+
+
 def test_fit_resume_refuses_runs_that_resumed_nothing(tmp_path):
     write(tmp_path / "s", [{"step": i, "time/generate_s": 0.1, "pipeline/tokens_generated": i,
                             "engine/requests_resumed": 0, "pipeline/started": i,

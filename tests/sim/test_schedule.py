@@ -293,3 +293,14 @@ def test_an_updates_stop_grows_with_the_requests_in_the_engine():
     off = run(1, steps=3, train_step_s=9.0, sync_s=2.0, update_row_s=0.5,
               partial_rollouts=False)
     assert off["step_ends_s"] == [19.0, 30.0, 42.0]
+
+
+def test_an_updates_own_stop_only_where_it_aborts_something():
+    # update_s = 1 s in place of 0.5 s a request: the update to 1 finds the engine empty (2
+    # s, no interrupt), the update to 2 the pair (2 + 1 = 3 s): the same schedule as above
+    r = run(1, steps=3, train_step_s=9.0, sync_s=2.0, update_s=1.0)
+    assert r["step_ends_s"] == [19.0, 30.0, 43.0]
+    off = run(1, steps=3, train_step_s=9.0, sync_s=2.0, update_s=1.0, partial_rollouts=False)
+    assert off["step_ends_s"] == [19.0, 30.0, 42.0]
+    # a synchronous run's updates find nothing in the engine: 10 + 5 + 2 a step, as without
+    assert run(0, steps=3, sync_s=2.0, update_s=1.0)["step_ends_s"] == [15.0, 32.0, 49.0]
