@@ -1,23 +1,22 @@
 """`reroll sim` against measured runs of the main job (configs/arithmetic.toml) on this machine.
 
-1. Calibrate: six short synchronous runs (16 and 4 groups of 8 a step with 6-token
+1. Calibrate: five short synchronous runs (16 and 4 groups of 8 a step with 6-token
    responses, 4 groups with 12-token ones, 16 groups with 24-token ones, and the long-tail
-   task's 16 groups with 16-token responses and 4 groups with its 32-token ones;
-   rollouts recorded), and
+   task's 16 groups with 16-token responses; rollouts recorded), and
    `reroll.sim.calibrate.fit` on their metrics (a fixed cost per update, decode cost per
    step, a fixed cost per sample, per token at the engine's own time a decoded token
    (`calibrate.fit_engine`; ``--token-cost fit``: fitted with the rest), training cost per step and per token, the
    loop's own work per step and per sample, during which generation goes on on the core it
    shares with it, and the stalls' mean cost per step, a stop of both sides at the
-   update); three asynchronous runs with partial rollouts (16 groups, max_staleness 1 with
-   12- and 24-token responses, max_staleness 2 with 12-token ones), whose timelines give
-   the loop's share of the core while the engine decodes beside it
-   (`calibrate_timeline.loop_share`), whose recorded rollouts give the update's stop a
-   request in the engine (`readd_row_s`: the driver's re-add), and on which a resume's
-   cost a request and an update's own cost (the runs resume about 60 and 140 requests a
-   step, which tells the two apart) are fitted from what the simulator misses of their
-   wall time (`fit_resume_wall`; the per-token term is the engine's own prefill time, from
-   `calibrate.fit_resume` on every step of every run). With ``--resume-terms timeline``
+   update); two asynchronous runs with partial rollouts (16 groups, max_staleness 1, 12-
+   and 24-token responses), whose timelines give the loop's share of the core while the
+   engine decodes beside it (`calibrate_timeline.loop_share`), whose recorded rollouts
+   give the update's stop a request in the engine (`readd_row_s`: the driver's re-add),
+   and on which a resume's cost a request is fitted from what the simulator misses of
+   their wall time (`fit_resume_wall`; the per-token term is the engine's own prefill
+   time, from `calibrate.fit_resume` on every step of every run). ``--update-cost fit``
+   adds a third (max_staleness 2, 12-token responses: about 180 requests resumed a step
+   against 60-85) and fits an update's own cost (``update_s``) beside a request's. With ``--resume-terms timeline``
    the update's stop is the timelines' abort and re-add a request
    (`calibrate_timeline.update_stop`) and a resume's cost the engine's own time alone.
 2. Predict, with that cost model and the response lengths recorded by the 16-group run (by
@@ -35,7 +34,7 @@ metrics.jsonl, and predicted over the same steps.
 
     .venv/bin/python benchmarks/sim_validate.py [--quick] [--steps N] [--out DIR]
 
-``--quick``: 20 steps a run (16 runs of about 30 s each on a quiet machine). A run whose
+``--quick``: 20 steps a run (14 runs of about 25 s each on a quiet machine). A run whose
 metrics.jsonl is in ``--out`` is not run again; ``--reuse`` runs nothing, only refits and
 predicts; ``--fit-also 'longtail sync'`` adds that run to the synchronous calibration runs
 (its row is then a fit, marked so, not a prediction); ``--repeats 3`` runs each predicted
@@ -103,11 +102,13 @@ CALIBRATION = {"cal 16x8": [], "cal 4x8": ["rollout.batch_groups=4"],
                "cal 4x8 long": ["rollout.batch_groups=4", "rollout.max_new_tokens=12"],
                "cal 16x8 long24": ["rollout.max_new_tokens=24"],
                "cal longtail 16x8 long16": [*LONGTAIL, "rollout.max_new_tokens=16"],
-               "cal longtail 4x8": [*LONGTAIL, "rollout.batch_groups=4"],
                "cal async 1 long": ["runtime.max_staleness=1", "rollout.max_new_tokens=12"],
-               "cal async 1 long24": ["runtime.max_staleness=1", "rollout.max_new_tokens=24"],
-               "cal async 2 long": ["runtime.max_staleness=2", "rollout.max_new_tokens=12"]}
-SYNC_CAL = 6  # the synchronous ones come first; the rest resume (partial rollouts)
+               "cal async 1 long24": ["runtime.max_staleness=1", "rollout.max_new_tokens=24"]}
+# with --update-cost fit: a run that resumes about twice as many requests a step as the two
+# above, which tells an update's own cost (``update_s``) from a request's
+UPDATE_CAL = {"cal async 2 long": ["runtime.max_staleness=2", "rollout.max_new_tokens=12"]}
+ALL_CAL = {**CALIBRATION, **UPDATE_CAL}
+SYNC_CAL = 5  # the synchronous ones come first; the rest resume (partial rollouts)
 
 
 def train(out: Path, name: str, overrides: list[str], steps: int,
@@ -161,27 +162,25 @@ def predicted(overrides: list[str], cost: dict, lengths: Path, steps: int, skip:
 
 
 def wall_resume_terms(resuming: dict[str, Path], cost: dict, engine: dict, steps: int,
-                      skip: int) -> dict[str, float]:
+                      skip: int, update: bool = False) -> dict[str, float]:
     """The resume terms of runs recorded without a timeline: ``update_row_s`` from the
     recorded rollouts' re-add times (`readd_row_s`), ``resume_row_s`` fitted on what the
-    simulator misses of the resuming runs' wall time (`fit_resume_wall`), with ``update_s``
-    (an update's own cost) where the runs' resumes a step differ by half or more, the
-    per-token term at the engine's own prefill time."""
+    simulator misses of the resuming runs' wall time (`fit_resume_wall`), with ``update``
+    an update's own cost (``update_s``) beside it, the per-token term at the engine's own
+    prefill time."""
     per = [x for d in resuming.values() for x in readd_row_s(d, counts(d, skip)["updates"])]
     out = {"update_row_s": statistics.median(per) if per else 0.0}
     walls = []
     for k, d in resuming.items():
         c = counts(d, skip)
-        p = predicted(CALIBRATION[k], {**cost, **out, "resume_row_s": 0.0,
+        p = predicted(ALL_CAL[k], {**cost, **out, "resume_row_s": 0.0,
                                        "resume_token_s": 0.0, "update_s": 0.0}, d, steps, skip)
-        batch = SimRun.from_config(load_checked(str(CONFIG), [*BASE, *CALIBRATION[k]])).batch
+        batch = SimRun.from_config(load_checked(str(CONFIG), [*BASE, *ALL_CAL[k]])).batch
         walls.append({"measured_s": batch / measured(d, skip),
                       "simulated_s": batch / p["samples_per_s"], "resumed": c["resumed_per_step"],
                       "resumed_tokens": c["resumed_tokens_per_step"]})
-    # an update's own cost beside a request's where the runs' resumes a step tell them apart
-    per = [w["resumed"] for w in walls]
     return {**out, **fit_resume_wall(walls, token_s=engine["engine_resume_token_s"],
-                                     update=len(per) > 1 and max(per) >= 1.5 * min(per))}
+                                     update=update)}
 
 
 def samples_by_step(run_dir: Path) -> dict[int, float]:
@@ -267,6 +266,12 @@ def main() -> None:
                          "off their timelines (an update's abort and re-add a request, a "
                          "resume's prefill the engine's own time: what the wall fit leaves "
                          "out, the asynchronous runs' slower decoding, then goes unmodelled)")
+    ap.add_argument("--update-cost", choices=("none", "fit"), default="none",
+                    help="an update's own cost beside a request's (update_s): none (the "
+                         "default), or fitted on the resuming runs' wall times with a "
+                         "max_staleness 2 calibration run added (it resumes about twice as "
+                         "many requests a step as the max_staleness 1 ones, which tells the "
+                         "two apart); the wall-time resume terms only")
     ap.add_argument("--fit-also", action="append", default=[], metavar="VARIANT",
                     help="a synchronous variant's run (e.g. 'longtail sync') joins the "
                          "calibration runs; its row is then marked as fitted, not predicted")
@@ -277,7 +282,8 @@ def main() -> None:
     steps = a.steps or (20 if a.quick else 100)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    cal = {k: train(out, k, v, steps, a.reuse) for k, v in CALIBRATION.items()}
+    runs = {**CALIBRATION, **(UPDATE_CAL if a.update_cost == "fit" else {})}
+    cal = {k: train(out, k, v, steps, a.reuse) for k, v in runs.items()}
     cal = {k: d for k, d in cal.items() if d is not None}
     if "cal 16x8" not in cal:
         raise SystemExit(f"sim_validate --reuse: no cal_16x8 run (metrics.jsonl) in {out}: "
@@ -331,9 +337,10 @@ def main() -> None:
                 [(loop_windows(timeline.read(d / "timeline.json")), samples_by_step(d))
                  for d in resuming.values()],
                 loop_s=cost["loop_s"], loop_row_s=cost["loop_row_s"], skip=a.skip)
-        cost.update(wall_resume_terms(resuming, cost, engine, steps, a.skip))
+        cost.update(wall_resume_terms(resuming, cost, engine, steps, a.skip,
+                                      update=a.update_cost == "fit"))
     for k, d in resuming.items():  # the calibration runs that resume, simulated whole
-        c, p = counts(d, a.skip), predicted(CALIBRATION[k], cost, d, steps, a.skip)
+        c, p = counts(d, a.skip), predicted(ALL_CAL[k], cost, d, steps, a.skip)
         print(f"{k}: {measured(d, a.skip):.1f} samples/s measured, {p['samples_per_s']:.1f} "
               f"simulated; {c['resumed_per_step']:.1f} requests and "
               f"{c['resumed_tokens_per_step']:.0f} tokens resumed a step")
