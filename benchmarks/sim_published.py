@@ -13,8 +13,12 @@ from reroll.sim.simulate import simulate
 # token; KV of 28 layers x 4 KV heads x 128 x K,V in bf16 = 57 KB a token read per step:
 # ~20 ns per context token; training 6 x 7e9 FLOP a token at ~40% of ~1 PFLOP/s: 1e-4 s a
 # token on one GPU; a weight update 5 s). Lengths: a lognormal long tail cut at the cap.
+# A GPU server engine (vLLM, SGLang) places a waiting request into any free slot at every
+# step and prefills in large chunks: no placement budget, no batch to wait for (reroll's
+# own engine's rule, `prefill_budget` and `admit_batch`, is the CPU one).
 GPU_8B = dict(decode_base_s=8e-3, decode_row_s=4e-5, decode_ctx_s=2e-8, prefill_token_s=3e-5,
-              train_token_s=1e-4, sync_s=5.0, prompt_tokens=300, max_rows=256)
+              train_token_s=1e-4, sync_s=5.0, prompt_tokens=300, max_rows=256,
+              prefill_budget=0, admit_batch=1)
 PUBLISHED = {
     # AReaL: synchronous colocated (every GPU generates, then every GPU trains) against
     # asynchronous with 3/4 of the GPUs generating and 1/4 training, max_staleness 4

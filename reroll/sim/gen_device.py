@@ -31,6 +31,9 @@ class GenDevice:
     def __init__(self, s: SimSettings, slots: int = 256):
         self.s = s
         self.slots = s.max_rows or slots
+        # the engine places waiting requests only once this many slots are free (or all of
+        # them fit), as `reroll.engine.core.DecodeCore` sizes it by default
+        self.admit_batch = s.admit_batch or max(1, self.slots // 8)
         self.rows: list[Row] = []
         self.queue: list[Row] = []
         self.t = 0.0  # time up to which the device's state is accounted
@@ -101,16 +104,42 @@ class GenDevice:
         return lo
 
     # ---- chunks --------------------------------------------------------------------------
-    def plan(self, horizon: float | None) -> float | None:
-        """Admit queued rows into free slots and start a chunk: decode until the first row
-        finishes, or until the step under way at ``horizon`` has finished.
-        Returns when the chunk ends (None: nothing to run)."""
+    def place(self) -> bool:
+        """Place queued rows into free slots, in order, as the engine admits before a decode
+        step (`reroll.engine.torch_engine.TorchEngine._admit`): nothing unless
+        ``admit_batch`` slots are free or every queued row fits; then until the slots are
+        full or the next row's prefill would take the step's packed prefill past
+        ``prefill_budget`` tokens (the first always goes). A group's rows not yet resumed
+        share one prefill of their prompt (the engine prefills each distinct sequence once);
+        a resumed row's prompt and prefix are its own. Returns whether rows are left that
+        the next step may place (the budget stopped it: the engine tries again after one
+        step)."""
+        if not self.queue or self.slots - len(self.rows) < min(self.admit_batch,
+                                                               len(self.queue)):
+            return False
+        seen: set = set()
+        tokens, budget = 0, self.s.prefill_budget
         while self.queue and len(self.rows) < self.slots:
+            r = self.queue[0]
+            key = ("prompt", r.group) if r.group is not None and not r.resumed else id(r)
+            if key not in seen:
+                if seen and budget and tokens + r.prefill > budget:
+                    return True
+                seen.add(key)
+                tokens += r.prefill
             self.rows.append(self.queue.pop(0))
+        return False
+
+    def plan(self, horizon: float | None) -> float | None:
+        """Place queued rows (`place`) and start a chunk: decode until the first row
+        finishes, or until the step under way at ``horizon`` has finished, or for one step
+        where the prefill budget left rows for the next. Returns when the chunk ends (None:
+        nothing to run)."""
+        more = self.place()
         if not self.rows:
             self.chunk = None
             return None
-        k = min(min(r.left, r.check or r.left) for r in self.rows)
+        k = 1 if more else min(min(r.left, r.check or r.left) for r in self.rows)
         if horizon is not None and self.end(k) > horizon:
             k = self.steps_to(horizon, k)
         self.chunk, self._since, self._done = (self.t, k), self.t, 0.0

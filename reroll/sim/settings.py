@@ -40,6 +40,14 @@ class SimSettings:
     """Continuous-batching slots of one generation device (rows decoded together); 0: as
     the run's engine sizes them (`reroll.build.engine_slots`: engine.max_batch, else
     enough for the samples in flight)."""
+    prefill_budget: int = 1024
+    """Prompt and prefix tokens one decode step may prefill to place waiting rows (distinct
+    sequences, packed: the engine's ``max_prefill_tokens``); 0: no limit. Rows left over
+    wait for the next step: after an update that aborts 250 requests with 12-token prompts
+    and prefixes, placing them takes three steps."""
+    admit_batch: int = 0
+    """Free slots the device waits for before placing rows (unless every waiting row fits);
+    0: an eighth of its slots, as the engine's ``admit_batch`` by default."""
     decode_base_s: float = 2e-3
     """Fixed cost of one decode step (kernel launches, sampling, Python)."""
     decode_row_s: float = 2e-5
@@ -139,9 +147,10 @@ class SimSettings:
         if bad:
             raise ConfigError(f"unknown sim settings {bad}; known: {sorted(known)}")
         s = cls(**{k: _as(type(getattr(cls(), k)), v) for k, v in d.items()})
-        if s.gen_devices < 1 or s.train_devices < 1 or s.max_rows < 0 or s.steps < 1:
+        if (s.gen_devices < 1 or s.train_devices < 1 or s.max_rows < 0 or s.steps < 1
+                or s.prefill_budget < 0 or s.admit_batch < 0):
             raise ConfigError("sim: gen_devices, train_devices and steps must be >= 1, "
-                              "max_rows >= 0")
+                              "max_rows, prefill_budget and admit_batch >= 0")
         if s.success_a <= 0 or s.success_b <= 0:
             raise ConfigError(f"sim: success_a and success_b must be > 0, got "
                               f"{s.success_a}, {s.success_b}")

@@ -304,3 +304,63 @@ def test_an_updates_own_stop_only_where_it_aborts_something():
     assert off["step_ends_s"] == [19.0, 30.0, 42.0]
     # a synchronous run's updates find nothing in the engine: 10 + 5 + 2 a step, as without
     assert run(0, steps=3, sync_s=2.0, update_s=1.0)["step_ends_s"] == [15.0, 32.0, 49.0]
+
+
+def test_placing_rows_keeps_to_the_prefill_budget_and_shares_a_groups_prompt():
+    # budget 20 tokens a step: resumed rows (12-token prompt and prefix each, their own)
+    # go one a step; a group's 4 fresh rows share one 7-token prompt, so they and one
+    # resumed row (7 + 12 = 19) go together, and the next resumed row (31) waits
+    s = SimSettings(decode_base_s=1.0, decode_row_s=0.0, prefill_token_s=0.0,
+                    prefill_budget=20, max_rows=16)
+    d = GenDevice(s)
+    d.add([Row(k, ctx=12, left=5, prefill=12, resumed=True) for k in ("a", "b")])
+    assert d.plan(None) == pytest.approx(1.0)  # a placed; b left, so one step, not five
+    assert [r.key for r in d.rows] == ["a"] and [r.key for r in d.queue] == ["b"]
+    d.finish_chunk()
+    d.add([Row(f"g{i}", ctx=7, left=5, prefill=7, group="g") for i in range(4)])
+    d.add([Row(k, ctx=12, left=5, prefill=12, resumed=True) for k in ("c", "e")])
+    # b (12 tokens), the group's rows on their one shared prompt (19), then c would make 31
+    d.plan(None)
+    assert [r.key for r in d.rows] == ["a", "b", "g0", "g1", "g2", "g3"]
+    assert [r.key for r in d.queue] == ["c", "e"]
+    d.finish_chunk()
+    d.plan(None)  # c (12), then e would make 24
+    assert [r.key for r in d.queue] == ["e"]
+    # no budget (0): everything placed at once, and the chunk runs to the first finish
+    free = GenDevice(SimSettings(decode_base_s=1.0, decode_row_s=0.0, prefill_token_s=0.0,
+                                 prefill_budget=0, max_rows=16))
+    free.add([Row(k, ctx=12, left=5, prefill=12, resumed=True) for k in "abc"])
+    assert free.plan(None) == pytest.approx(5.0) and free.queue == []
+
+
+def test_placing_waits_for_admit_batch_free_slots_unless_every_row_fits():
+    s = SimSettings(decode_base_s=1.0, decode_row_s=0.0, prefill_token_s=0.0, max_rows=8,
+                    admit_batch=4)
+    d = GenDevice(s)
+    d.add([Row(f"r{i}", ctx=2, left=9, prefill=0) for i in range(6)])
+    d.plan(None)
+    d.cut(0.5)
+    d.finish_chunk()  # 6 running, 2 slots free
+    d.add([Row(k, ctx=2, left=9, prefill=0) for k in "xyz"])
+    d.plan(None)  # 3 waiting, min(4, 3) = 3 > 2 free: none placed
+    assert len(d.rows) == 6 and len(d.queue) == 3
+    d.cut(d.t + 0.5)
+    d.finish_chunk()
+    d.drop(lambda k: k == "z")  # 2 waiting fit the 2 free slots: placed
+    d.plan(None)
+    assert len(d.rows) == 8 and d.queue == []
+    # the default: an eighth of the slots (256 slots: 32), as the engine's
+    assert GenDevice(SimSettings()).admit_batch == 32
+
+
+def test_the_placement_rule_is_the_engines(tiny):
+    # the simulator's defaults are the engine's own: its packed prefill a step and the
+    # free slots it waits for (an eighth of its slots)
+    from reroll.engine.torch_engine import TorchEngine
+
+    model, tok = tiny
+    for slots in (8, 64, 256):
+        eng = TorchEngine(model, tok, max_batch=slots)
+        dev = GenDevice(SimSettings(max_rows=slots))
+        assert (eng.max_prefill_tokens, eng.admit_batch) == (SimSettings().prefill_budget,
+                                                             dev.admit_batch)
