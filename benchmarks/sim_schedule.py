@@ -1,7 +1,8 @@
 """How a run's schedule compares with the simulated one, beyond throughput
 (benchmarks/sim_validate.py prints these): the time between updates (mean, spread, and
-whether long and short ones alternate) and each update's marks from the runs' timelines
-(`reroll.timeline.steps`)."""
+whether long and short ones alternate), each update's marks from the runs' timelines
+(`reroll.timeline.steps`), and a measured run's counts (requests resumed a step, by age,
+quiet steps, lags, re-adds) read as the simulator's are."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import statistics
 from pathlib import Path
 
 from reroll import timeline
+from reroll.runlog import read_metrics, read_rollouts
+from reroll.sim.calibrate import readds, resumed_tokens, resumes_by_age
 
 
 def intervals(ends: list[float]) -> tuple[float, float, float | None]:
@@ -47,3 +50,72 @@ def marks_text(marks: list[dict]) -> str:
     return (f"{1e3 * med['interval']:.0f} = train {1e3 * med['train']:.0f} + loop "
             f"{1e3 * med['loop']:.0f} + take {1e3 * med['take']:.0f} ms, decoding "
             f"{100 * med['decode_busy']:.0f}%")
+
+
+def counts(run_dir: Path, skip: int) -> dict:
+    """The measured schedule after the first ``skip`` steps: requests resumed per step
+    (engine/requests_resumed is cumulative), the quiet steps among them (`quiet_steps`)
+    and the mean lag of a trained group (trainer version - start version, from the recorded
+    rollouts)."""
+    rows = [r for r in read_metrics(run_dir) if "pipeline/samples_in_batch" in r]
+    res = [r.get("engine/requests_resumed", 0.0) for r in rows]
+    toks = resumed_tokens(run_dir)
+    lags: dict[int, dict[int, int]] = {}
+    for step, g in read_rollouts(run_dir):
+        if step > skip:
+            lag = step - 1 - g["start_version"]
+            lags.setdefault(step, {}).setdefault(lag, 0)
+            lags[step][lag] += 1
+    # an update's resumes are all recorded once the groups it caught are trained: the
+    # updates after the warm-up up to the last step less the largest lag
+    last = len(rows) - max((k for h in lags.values() for k in h), default=0)
+    return {"resumed_per_step": (res[-1] - res[skip - 1]) / (len(res) - skip),
+            "quiet_steps": quiet_steps([b - a for a, b in zip(res[skip - 1:], res[skip:])]),
+            "resumed_tokens_per_step": (toks[-1] - toks[skip - 1]) / (len(toks) - skip),
+            "lag": mean_lag(list(lags.values())),
+            # spans split where new weights came: resumes only where the run resumed any
+            "by_age": resumes_by_age(run_dir) if res and res[-1] > 0 else {},
+            "updates": (skip + 1, last),
+            "ends": [r["time"] for r in (rows[skip - 1:] if skip else rows)]}
+
+
+def by_age(hists: dict[int, dict[int, int]], updates: tuple[int, int]) -> str:
+    """Mean requests resumed at an update, by age (1, 2, ...), over ``updates`` (first and
+    last, inclusive), e.g. "117+100"; "-" where none resumed."""
+    vs = range(updates[0], updates[1] + 1)
+    ages = sorted({a for v in vs for a in hists.get(v, {})})
+    if not ages or not vs:
+        return "-"
+    return "+".join(f"{sum(hists.get(v, {}).get(a, 0) for v in vs) / len(vs):.0f}"
+                    for a in range(1, ages[-1] + 1))
+
+
+def quiet_steps(resumed: list[float]) -> int:
+    """Steps (after the first of ``resumed``, the requests resumed a step) that neither
+    they nor the step before resumed anything: generation kept ahead of the trainer, each
+    step's new groups done before the next update. A lone step without resumes is not
+    quiet: its batch was the last update's resumed requests, drained before the next."""
+    return sum(a == 0 and b == 0 for a, b in zip(resumed, resumed[1:]))
+
+
+def mean_lag(hists: list[dict[int, int]]) -> float:
+    """The mean lag over histograms ``{lag: groups}``."""
+    n = sum(c for h in hists for c in h.values())
+    return sum(k * c for h in hists for k, c in h.items()) / max(1, n)
+
+
+def readd_line(run_dir: Path, skip: int) -> str:
+    """Groups re-added an update, the driver's time a group, and the last re-add to the
+    first placement (least and most), over the updates after ``skip`` ("" if the run
+    resumed nothing: without partial rollouts a span also begins at a weight load)."""
+    rows = read_metrics(run_dir)
+    if not rows or not rows[-1].get("engine/requests_resumed"):
+        return ""
+    u = [x for v, x in readds(run_dir).items() if v > skip]
+    per = sorted(x["add_span_s"] / (x["groups"] - 1) for x in u if x["groups"] > 1)
+    if not per:
+        return ""
+    after = [x["place_after_s"] for x in u]
+    return (f"{sum(x['groups'] for x in u) / len(u):.1f} groups, "
+            f"{1e3 * per[len(per) // 2]:.2f} ms a group (median), first placement "
+            f"{1e3 * min(after):.0f}-{1e3 * max(after):.0f} ms after the last re-add")

@@ -57,20 +57,27 @@ import sys
 from pathlib import Path
 
 from sim_published import published  # benchmarks/sim_published.py
-from sim_schedule import intervals, intervals_text, marks_text, step_marks  # noqa: F401
+from sim_schedule import (  # noqa: F401
+    by_age,
+    counts,
+    intervals,
+    intervals_text,
+    marks_text,
+    mean_lag,
+    quiet_steps,
+    readd_line,
+    step_marks,
+)
 
 from reroll import timeline
 from reroll.config_checks import load_checked
-from reroll.runlog import read_metrics, read_rollouts
+from reroll.runlog import read_metrics
 from reroll.sim.calibrate import (
     fit_engine,
     fit_resume,
     fit_resume_wall,
     fit_tasks,
     readd_row_s,
-    readds,
-    resumed_tokens,
-    resumes_by_age,
 )
 from reroll.sim.calibrate_timeline import loop_share, loop_windows, update_stop
 from reroll.sim.settings import SimRun, SimSettings
@@ -155,7 +162,7 @@ def predicted(overrides: list[str], cost: dict, lengths: Path, steps: int, skip:
             "resumed_per_step": sum(p["resumed"] for p in per) / len(per),
             "resumed_tokens_per_step": sum(p["resumed_tokens"] for p in per) / len(per),
             "quiet_steps": quiet_steps([p["resumed"] for p in per]),
-            "lag": _mean_lag([p["lags"] for p in per]),
+            "lag": mean_lag([p["lags"] for p in per]),
             "by_age": {i: p.get("resumed_by_age", {}) for i, p in enumerate(r["per_step"], 1)},
             "ends": ends[skip - 1:] if skip else ends,
             "marks": [m for m in timeline.steps(sim.spans_read()) if m["step"] > skip]}
@@ -187,57 +194,6 @@ def samples_by_step(run_dir: Path) -> dict[int, float]:
     """Each logged step's trained samples."""
     return {r["step"]: r["pipeline/samples_in_batch"] for r in read_metrics(run_dir)
             if "pipeline/samples_in_batch" in r}
-
-
-def counts(run_dir: Path, skip: int) -> dict:
-    """The measured schedule after the first ``skip`` steps: requests resumed per step
-    (engine/requests_resumed is cumulative), the quiet steps among them (`quiet_steps`)
-    and the mean lag of a trained group (trainer version - start version, from the recorded
-    rollouts)."""
-    rows = [r for r in read_metrics(run_dir) if "pipeline/samples_in_batch" in r]
-    res = [r.get("engine/requests_resumed", 0.0) for r in rows]
-    toks = resumed_tokens(run_dir)
-    lags: dict[int, dict[int, int]] = {}
-    for step, g in read_rollouts(run_dir):
-        if step > skip:
-            lag = step - 1 - g["start_version"]
-            lags.setdefault(step, {}).setdefault(lag, 0)
-            lags[step][lag] += 1
-    # an update's resumes are all recorded once the groups it caught are trained: the
-    # updates after the warm-up up to the last step less the largest lag
-    last = len(rows) - max((k for h in lags.values() for k in h), default=0)
-    return {"resumed_per_step": (res[-1] - res[skip - 1]) / (len(res) - skip),
-            "quiet_steps": quiet_steps([b - a for a, b in zip(res[skip - 1:], res[skip:])]),
-            "resumed_tokens_per_step": (toks[-1] - toks[skip - 1]) / (len(toks) - skip),
-            "lag": _mean_lag(list(lags.values())),
-            # spans split where new weights came: resumes only where the run resumed any
-            "by_age": resumes_by_age(run_dir) if res and res[-1] > 0 else {},
-            "updates": (skip + 1, last),
-            "ends": [r["time"] for r in (rows[skip - 1:] if skip else rows)]}
-
-
-def by_age(hists: dict[int, dict[int, int]], updates: tuple[int, int]) -> str:
-    """Mean requests resumed at an update, by age (1, 2, ...), over ``updates`` (first and
-    last, inclusive), e.g. "117+100"; "-" where none resumed."""
-    vs = range(updates[0], updates[1] + 1)
-    ages = sorted({a for v in vs for a in hists.get(v, {})})
-    if not ages or not vs:
-        return "-"
-    return "+".join(f"{sum(hists.get(v, {}).get(a, 0) for v in vs) / len(vs):.0f}"
-                    for a in range(1, ages[-1] + 1))
-
-
-def quiet_steps(resumed: list[float]) -> int:
-    """Steps (after the first of ``resumed``, the requests resumed a step) that neither
-    they nor the step before resumed anything: generation kept ahead of the trainer, each
-    step's new groups done before the next update. A lone step without resumes is not
-    quiet: its batch was the last update's resumed requests, drained before the next."""
-    return sum(a == 0 and b == 0 for a, b in zip(resumed, resumed[1:]))
-
-
-def _mean_lag(hists: list[dict[int, int]]) -> float:
-    n = sum(c for h in hists for c in h.values())
-    return sum(k * c for h in hists for k, c in h.items()) / max(1, n)
 
 
 def main() -> None:
@@ -404,23 +360,6 @@ def main() -> None:
           "timelines), measured / simulated:")
     for name, _, p, _ in rows:
         print(f"  {name}: {marks_text(marks[name])} / {marks_text(p['marks'])}")
-
-
-def readd_line(run_dir: Path, skip: int) -> str:
-    """Groups re-added an update, the driver's time a group, and the last re-add to the
-    first placement (least and most), over the updates after ``skip`` ("" if the run
-    resumed nothing: without partial rollouts a span also begins at a weight load)."""
-    rows = read_metrics(run_dir)
-    if not rows or not rows[-1].get("engine/requests_resumed"):
-        return ""
-    u = [x for v, x in readds(run_dir).items() if v > skip]
-    per = sorted(x["add_span_s"] / (x["groups"] - 1) for x in u if x["groups"] > 1)
-    if not per:
-        return ""
-    after = [x["place_after_s"] for x in u]
-    return (f"{sum(x['groups'] for x in u) / len(u):.1f} groups, "
-            f"{1e3 * per[len(per) // 2]:.2f} ms a group (median), first placement "
-            f"{1e3 * min(after):.0f}-{1e3 * max(after):.0f} ms after the last re-add")
 
 
 def _prompt_tokens(run_dir: Path) -> int:
