@@ -147,17 +147,25 @@ def measured(run_dir: Path, skip: int) -> float:
     return n / (rows[-1]["time"] - rows[0]["time"])
 
 
-def predicted(overrides: list[str], cost: dict, lengths: Path, steps: int, skip: int) -> dict:
+def predicted(overrides: list[str], cost: dict, lengths: Path, steps: int, skip: int,
+              seeds: int = 1) -> dict:
+    """The simulator's run of a variant, averaged over its own seeds 0 .. ``seeds`` - 1
+    (each draws other recorded groups' lengths and success rates): throughput, idle
+    fractions and resume counts are their means, the schedule (ends, ages, marks) seed 0's
+    (the marks every seed's)."""
     cfg = load_checked(str(CONFIG), [*BASE, *overrides])
     run = SimRun.from_config(cfg)
-    # runtime.pin_cores puts the driver (the loop's own work) on the engine's core
-    sim = TracedSimulation(run, SimSettings(**cost, lengths=str(lengths), steps=steps,
-                                            loop_on_gen=True))
-    r = sim.run_all()
-    ends = r["step_ends_s"]
-    t0 = ends[skip - 1] if skip else 0.0
-    per = r["per_step"][skip:]
-    return {"samples_per_s": run.batch * (len(ends) - skip) / (ends[-1] - t0),
+    each = []
+    for seed in range(seeds):
+        # runtime.pin_cores puts the driver (the loop's own work) on the engine's core
+        sim = TracedSimulation(run, SimSettings(**{**cost, "seed": seed}, lengths=str(lengths),
+                                                steps=steps, loop_on_gen=True))
+        r = sim.run_all()
+        ends = r["step_ends_s"]
+        t0 = ends[skip - 1] if skip else 0.0
+        per = r["per_step"][skip:]
+        each.append({
+            "samples_per_s": run.batch * (len(ends) - skip) / (ends[-1] - t0),
             "gen_idle": r["gen_idle"], "train_idle": r["train_idle"],
             "resumed_per_step": sum(p["resumed"] for p in per) / len(per),
             "resumed_tokens_per_step": sum(p["resumed_tokens"] for p in per) / len(per),
@@ -165,11 +173,16 @@ def predicted(overrides: list[str], cost: dict, lengths: Path, steps: int, skip:
             "lag": mean_lag([p["lags"] for p in per]),
             "by_age": {i: p.get("resumed_by_age", {}) for i, p in enumerate(r["per_step"], 1)},
             "ends": ends[skip - 1:] if skip else ends,
-            "marks": [m for m in timeline.steps(sim.spans_read()) if m["step"] > skip]}
+            "marks": [m for m in timeline.steps(sim.spans_read()) if m["step"] > skip]})
+    mean = {k: statistics.fmean(e[k] for e in each)
+            for k in ("samples_per_s", "gen_idle", "train_idle", "resumed_per_step",
+                      "resumed_tokens_per_step", "lag")}
+    return {**each[0], **mean, "marks": [m for e in each for m in e["marks"]],
+            "samples_per_s_by_seed": [e["samples_per_s"] for e in each]}
 
 
 def wall_resume_terms(resuming: dict[str, Path], cost: dict, engine: dict, steps: int,
-                      skip: int, update: bool = False) -> dict[str, float]:
+                      skip: int, update: bool = False, seeds: int = 1) -> dict[str, float]:
     """The resume terms of runs recorded without a timeline: ``update_row_s`` from the
     recorded rollouts' re-add times (`readd_row_s`), ``resume_row_s`` fitted on what the
     simulator misses of the resuming runs' wall time (`fit_resume_wall`), with ``update``
@@ -181,7 +194,8 @@ def wall_resume_terms(resuming: dict[str, Path], cost: dict, engine: dict, steps
     for k, d in resuming.items():
         c = counts(d, skip)
         p = predicted(ALL_CAL[k], {**cost, **out, "resume_row_s": 0.0,
-                                       "resume_token_s": 0.0, "update_s": 0.0}, d, steps, skip)
+                                       "resume_token_s": 0.0, "update_s": 0.0}, d, steps, skip,
+                      seeds)
         batch = SimRun.from_config(load_checked(str(CONFIG), [*BASE, *ALL_CAL[k]])).batch
         walls.append({"measured_s": batch / measured(d, skip),
                       "simulated_s": batch / p["samples_per_s"], "resumed": c["resumed_per_step"],
@@ -210,6 +224,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs of each predicted variant (train.seed 0, 1, ...): each row is "
                          "compared with their mean (one 20-step run moves 6-11%% between seeds)")
+    ap.add_argument("--sim-seeds", type=int, default=1,
+                    help="the simulator's own seeds a prediction averages (each draws other "
+                         "recorded groups' lengths: one seed's throughput moves up to 7%% on "
+                         "the asynchronous rows, as one measured run's does)")
     ap.add_argument("--token-cost", choices=("engine", "fit"), default="engine",
                     help="a decoded token's cost: the engine's own time (`calibrate.fit_engine` "
                          "on the synchronous calibration runs' time/generate_s; the default), "
@@ -294,9 +312,9 @@ def main() -> None:
                  for d in resuming.values()],
                 loop_s=cost["loop_s"], loop_row_s=cost["loop_row_s"], skip=a.skip)
         cost.update(wall_resume_terms(resuming, cost, engine, steps, a.skip,
-                                      update=a.update_cost == "fit"))
+                                      update=a.update_cost == "fit", seeds=a.sim_seeds))
     for k, d in resuming.items():  # the calibration runs that resume, simulated whole
-        c, p = counts(d, a.skip), predicted(ALL_CAL[k], cost, d, steps, a.skip)
+        c, p = counts(d, a.skip), predicted(ALL_CAL[k], cost, d, steps, a.skip, a.sim_seeds)
         print(f"{k}: {measured(d, a.skip):.1f} samples/s measured, {p['samples_per_s']:.1f} "
               f"simulated; {c['resumed_per_step']:.1f} requests and "
               f"{c['resumed_tokens_per_step']:.0f} tokens resumed a step")
@@ -319,7 +337,7 @@ def main() -> None:
         seeds = [d] + [train(out, f"{name} seed{k}", [*ov, f"train.seed={k}"], steps, a.reuse)
                        for k in range(1, a.repeats)]
         each = [measured(x, a.skip) for x in seeds if x is not None]
-        p = predicted(ov, costs[task_of(ov)], lengths, steps, a.skip)
+        p = predicted(ov, costs[task_of(ov)], lengths, steps, a.skip, a.sim_seeds)
         rows.append((name, statistics.fmean(each), p, d))
         marks[name] = step_marks([x for x in seeds if x is not None], a.skip)
         if len(each) > 1:

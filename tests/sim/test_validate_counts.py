@@ -111,3 +111,28 @@ def test_the_drivers_re_add_time_per_request_in_the_engine_by_hand(tmp_path):
     (tmp_path / "rollouts.jsonl").write_text("".join(lines))
     assert readd_row_s(tmp_path, (4, 8)) == [pytest.approx(0.0015, rel=1e-9)]
     assert readd_row_s(tmp_path, (7, 8)) == []  # update 6 is not among them
+
+
+def test_a_prediction_over_the_simulators_seeds_is_their_mean(sv):
+    # each simulator seed draws other lengths (lognormal here), so the asynchronous run's
+    # throughput differs by seed; the prediction is the plain mean of the seeds' own, and
+    # seed 0's is what a one-seed prediction gives, to the bit (the simulation is exact)
+    from pathlib import Path
+    from statistics import fmean
+
+    from reroll.sim.settings import SimRun, SimSettings
+    from reroll.sim.timeline import TracedSimulation
+
+    cost = {"decode_base_s": 0.003, "decode_row_s": 1e-5, "train_step_s": 0.01,
+            "loop_s": 0.01, "sync_s": 0.005, "loop_share": 0.5}
+    ov = ["runtime.max_staleness=1"]
+    two = sv.predicted(ov, cost, Path("lognormal"), 8, 2, seeds=2)
+    one = sv.predicted(ov, cost, Path("lognormal"), 8, 2)
+    assert one["samples_per_s_by_seed"] == [one["samples_per_s"]]
+    assert two["samples_per_s_by_seed"][0] == one["samples_per_s"]
+    run = SimRun.from_config(sv.load_checked(str(sv.CONFIG), [*sv.BASE, *ov]))
+    ends = TracedSimulation(run, SimSettings(**cost, seed=1, lengths="lognormal", steps=8,
+                                             loop_on_gen=True)).run_all()["step_ends_s"]
+    assert two["samples_per_s_by_seed"][1] == run.batch * (len(ends) - 2) / (ends[-1] - ends[1])
+    assert two["samples_per_s_by_seed"][0] != two["samples_per_s_by_seed"][1]
+    assert two["samples_per_s"] == fmean(two["samples_per_s_by_seed"])
