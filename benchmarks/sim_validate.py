@@ -14,10 +14,12 @@
    give the update's stop a request in the engine (`readd_row_s`: the driver's re-add),
    and on which a resume's cost a request is fitted from what the simulator misses of
    their wall time (`fit_resume_wall`; the per-token term is the engine's own prefill
-   time, from `calibrate.fit_resume` on every step of every run). ``--update-cost fit``
-   adds a third (max_staleness 2, 12-token responses: about 180 requests resumed a step
-   against 60-85) and fits an update's own cost (``update_s``) beside a request's. With ``--resume-terms timeline``
-   the update's stop is the timelines' abort and re-add a request
+   time, from `calibrate.fit_resume` on every step of these resuming runs: with the
+   synchronous runs beside them, which resume nothing but pull the shared per-token and
+   per-sample terms, it moved 17.5-26.7 us between run sets, on these alone 26.4-30.1 on
+   six sets of seven). ``--update-cost fit`` adds a third (max_staleness 2, 12-token
+   responses: about 180 requests resumed a step against 60-85) and fits an update's own
+   cost (``update_s``) beside a request's. With ``--resume-terms timeline`` the update's stop is the timelines' abort and re-add a request
    (`calibrate_timeline.update_stop`) and a resume's cost the engine's own time alone.
 2. Predict, with that cost model and the response lengths recorded by the 16-group run (by
    the task's own synchronous run for the long-tail task), the throughput of the variants
@@ -224,10 +226,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs of each predicted variant (train.seed 0, 1, ...): each row is "
                          "compared with their mean (one 20-step run moves 6-11%% between seeds)")
-    ap.add_argument("--sim-seeds", type=int, default=1,
+    ap.add_argument("--sim-seeds", type=int, default=3,
                     help="the simulator's own seeds a prediction averages (each draws other "
-                         "recorded groups' lengths: one seed's throughput moves up to 7%% on "
-                         "the asynchronous rows, as one measured run's does)")
+                         "recorded groups' lengths: one seed's throughput moves up to 16%% "
+                         "on the asynchronous rows, as a measured run's moves between "
+                         "training seeds)")
     ap.add_argument("--token-cost", choices=("engine", "fit"), default="engine",
                     help="a decoded token's cost: the engine's own time (`calibrate.fit_engine` "
                          "on the synchronous calibration runs' time/generate_s; the default), "
@@ -287,13 +290,15 @@ def main() -> None:
     # the loop's share of the core it shares with the engine, off the timelines of the
     # calibration runs that generate while it works (the asynchronous ones)
     resuming = {k: d for k, d in cal.items() if k not in list(CALIBRATION)[:SYNC_CAL]}
-    engine = fit_resume(list(cal.values()), skip=a.skip)
+    # the engine's own time a resumed token, on the runs that resume (the synchronous ones
+    # resume nothing and only tilt the terms shared with it)
+    engine = fit_resume(list(resuming.values()), skip=a.skip)
     print("engine's own time:", json.dumps({k: float(f"{v:.4g}") for k, v in engine.items()}))
     if a.resume_terms == "timeline" and all((d / "timeline.json").exists()
                                             for d in resuming.values()):
         # read off the asynchronous calibration runs' timelines: the loop's share of the
         # core it shares with the engine, and an update's abort and re-add a request; a
-        # resume's prefill is the engine's own time (fitted on every step of every run)
+        # resume's prefill is the engine's own time (fitted on every step of the resuming runs)
         events = {k: timeline.read(d / "timeline.json") for k, d in resuming.items()}
         cost["loop_share"] = loop_share(
             [(loop_windows(events[k]), samples_by_step(d)) for k, d in resuming.items()],
