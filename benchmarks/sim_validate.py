@@ -8,8 +8,9 @@
    (`calibrate.fit_engine`; ``--token-cost fit``: fitted with the rest), training cost per step and per token, the
    loop's own work per step and per sample, during which generation goes on on the core it
    shares with it, and the stalls' mean cost per step, a stop of both sides at the
-   update); two asynchronous runs with partial rollouts (16 groups, max_staleness 1, 12-
-   and 24-token responses), whose timelines give the loop's share of the core while the
+   update); three asynchronous runs with partial rollouts (16 groups, max_staleness 1, 12-
+   and 24-token responses, and the long-tail task's, whose requests are resumed with
+   prefixes twice as long), whose timelines give the loop's share of the core while the
    engine decodes beside it (`calibrate_timeline.loop_share`), whose recorded rollouts
    give the update's stop a request in the engine (`readd_row_s`: the driver's re-add),
    and on which a resume's cost a request is fitted from what the simulator misses of
@@ -36,7 +37,7 @@ metrics.jsonl, and predicted over the same steps.
 
     .venv/bin/python benchmarks/sim_validate.py [--quick] [--steps N] [--out DIR]
 
-``--quick``: 20 steps a run (14 runs of about 25 s each on a quiet machine). A run whose
+``--quick``: 20 steps a run (15 runs of about 25 s each on a quiet machine). A run whose
 metrics.jsonl is in ``--out`` is not run again; ``--reuse`` runs nothing, only refits and
 predicts; ``--fit-also 'longtail sync'`` adds that run to the synchronous calibration runs
 (its row is then a fit, marked so, not a prediction); ``--repeats 3`` runs each predicted
@@ -112,7 +113,11 @@ CALIBRATION = {"cal 16x8": [], "cal 4x8": ["rollout.batch_groups=4"],
                "cal 16x8 long24": ["rollout.max_new_tokens=24"],
                "cal longtail 16x8 long16": [*LONGTAIL, "rollout.max_new_tokens=16"],
                "cal async 1 long": ["runtime.max_staleness=1", "rollout.max_new_tokens=12"],
-               "cal async 1 long24": ["runtime.max_staleness=1", "rollout.max_new_tokens=24"]}
+               "cal async 1 long24": ["runtime.max_staleness=1", "rollout.max_new_tokens=24"],
+               # the long-tail task's requests are resumed with prefixes about twice the main
+               # job's (23 tokens against 10.5, which both runs above resume with): without
+               # it, a resumed token's cost and a request's are not told apart
+               "cal longtail async 1": [*LONGTAIL, "runtime.max_staleness=1"]}
 # with --update-cost fit: a run that resumes about twice as many requests a step as the two
 # above, which tells an update's own cost (``update_s``) from a request's
 UPDATE_CAL = {"cal async 2 long": ["runtime.max_staleness=2", "rollout.max_new_tokens=12"]}
@@ -184,18 +189,20 @@ def predicted(overrides: list[str], cost: dict, lengths: Path, steps: int, skip:
 
 
 def wall_resume_terms(resuming: dict[str, Path], cost: dict, engine: dict, steps: int,
-                      skip: int, update: bool = False, seeds: int = 1) -> dict[str, float]:
+                      skip: int, update: bool = False, seeds: int = 1,
+                      own: dict[str, dict] | None = None) -> dict[str, float]:
     """The resume terms of runs recorded without a timeline: ``update_row_s`` from the
     recorded rollouts' re-add times (`readd_row_s`), ``resume_row_s`` fitted on what the
     simulator misses of the resuming runs' wall time (`fit_resume_wall`), with ``update``
     an update's own cost (``update_s``) beside it, the per-token term at the engine's own
-    prefill time."""
+    prefill time. ``own``: a run's own terms over ``cost`` (its task's decoded token)."""
+    own = own or {}
     per = [x for d in resuming.values() for x in readd_row_s(d, counts(d, skip)["updates"])]
     out = {"update_row_s": statistics.median(per) if per else 0.0}
     walls = []
     for k, d in resuming.items():
         c = counts(d, skip)
-        p = predicted(ALL_CAL[k], {**cost, **out, "resume_row_s": 0.0,
+        p = predicted(ALL_CAL[k], {**cost, **own.get(k, {}), **out, "resume_row_s": 0.0,
                                        "resume_token_s": 0.0, "update_s": 0.0}, d, steps, skip,
                       seeds)
         batch = SimRun.from_config(load_checked(str(CONFIG), [*BASE, *ALL_CAL[k]])).batch
@@ -204,6 +211,28 @@ def wall_resume_terms(resuming: dict[str, Path], cost: dict, engine: dict, steps
                       "resumed_tokens": c["resumed_tokens_per_step"]})
     return {**out, **fit_resume_wall(walls, token_s=engine["engine_resume_token_s"],
                                      update=update)}
+
+
+def prefill_probe(run_dir: Path) -> dict[str, float]:
+    """The engine's own prefill cost (`reroll.sim.engine_probe.probe_prefill`) on ``run_dir``'s
+    starting model, one torch thread as the runs' engine has (``runtime.threads = 1``)."""
+    import torch
+
+    from reroll.build import build_engine, load_model
+    from reroll.sim.engine_probe import probe_prefill
+
+    cfg = load_checked(str(run_dir / "config.toml"), [])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model, tok = load_model(run_dir / "init", cfg)
+        f = probe_prefill(build_engine(model, tok, cfg))
+    finally:
+        torch.set_num_threads(threads)
+    print(f"the engine's own prefill (timed here): {1e6 * f['prefill_token_s']:.1f} us a "
+          f"token, {1e6 * f['prefill_row_s']:.1f} us a request, "
+          f"{1e3 * f['prefill_forward_s']:.2f} ms a forward")
+    return f
 
 
 def samples_by_step(run_dir: Path) -> dict[int, float]:
@@ -236,6 +265,12 @@ def main() -> None:
                          "on the synchronous calibration runs' time/generate_s; the default), "
                          "or fitted with the other generation terms on the waits (which the "
                          "runs hardly tell apart from a decode step's and an update's)")
+    ap.add_argument("--resume-token-cost", default="probe", metavar="probe|engine|SECONDS",
+                    help="a resumed token's prefill: timed on the engine itself, in this "
+                         "process, on the main job's model (`engine_probe.probe_prefill`; "
+                         "the default), fitted on the resuming runs' steps "
+                         "(`calibrate.fit_resume`: their prefixes hardly differ in length, "
+                         "and it moved 0-27 us between run sets), or given in seconds")
     ap.add_argument("--resume-terms", choices=("wall", "timeline"), default="wall",
                     help="how the calibration runs that resume give an update's and a "
                          "resume's costs: fitted on what the simulator misses of their wall "
@@ -290,9 +325,15 @@ def main() -> None:
     # the loop's share of the core it shares with the engine, off the timelines of the
     # calibration runs that generate while it works (the asynchronous ones)
     resuming = {k: d for k, d in cal.items() if k not in list(CALIBRATION)[:SYNC_CAL]}
+    # each resuming run simulated with its own task's cost a decoded token
+    own = {k: {"decode_row_s": costs[task_of(ALL_CAL[k])]["decode_row_s"]} for k in resuming}
     # the engine's own time a resumed token, on the runs that resume (the synchronous ones
     # resume nothing and only tilt the terms shared with it)
     engine = fit_resume(list(resuming.values()), skip=a.skip)
+    if a.resume_token_cost != "engine":  # a resumed token at the engine's own prefill time
+        engine["engine_resume_token_s"] = (prefill_probe(cal["cal 16x8"])["prefill_token_s"]
+                                           if a.resume_token_cost == "probe"
+                                           else float(a.resume_token_cost))
     print("engine's own time:", json.dumps({k: float(f"{v:.4g}") for k, v in engine.items()}))
     if a.resume_terms == "timeline" and all((d / "timeline.json").exists()
                                             for d in resuming.values()):
@@ -317,9 +358,11 @@ def main() -> None:
                  for d in resuming.values()],
                 loop_s=cost["loop_s"], loop_row_s=cost["loop_row_s"], skip=a.skip)
         cost.update(wall_resume_terms(resuming, cost, engine, steps, a.skip,
-                                      update=a.update_cost == "fit", seeds=a.sim_seeds))
+                                      update=a.update_cost == "fit", seeds=a.sim_seeds,
+                                      own=own))
     for k, d in resuming.items():  # the calibration runs that resume, simulated whole
-        c, p = counts(d, a.skip), predicted(ALL_CAL[k], cost, d, steps, a.skip, a.sim_seeds)
+        c = counts(d, a.skip)
+        p = predicted(ALL_CAL[k], {**cost, **own[k]}, d, steps, a.skip, a.sim_seeds)
         print(f"{k}: {measured(d, a.skip):.1f} samples/s measured, {p['samples_per_s']:.1f} "
               f"simulated; {c['resumed_per_step']:.1f} requests and "
               f"{c['resumed_tokens_per_step']:.0f} tokens resumed a step")
