@@ -82,7 +82,7 @@ from reroll.sim.calibrate import (
     fit_tasks,
     readd_row_s,
 )
-from reroll.sim.calibrate_timeline import loop_share, loop_windows, update_stop
+from reroll.sim.calibrate_timeline import first_loop, loop_share, loop_windows, update_stop
 from reroll.sim.settings import SimRun, SimSettings
 from reroll.sim.timeline import TracedSimulation
 
@@ -265,6 +265,9 @@ def main() -> None:
                          "on the synchronous calibration runs' time/generate_s; the default), "
                          "or fitted with the other generation terms on the waits (which the "
                          "runs hardly tell apart from a decode step's and an update's)")
+    ap.add_argument("--no-first-loop", dest="first_loop", action="store_false",
+                    help="leave out the first step's extra loop work (first_loop_s; by "
+                         "default read off the synchronous calibration runs' timelines)")
     ap.add_argument("--resume-token-cost", default="probe", metavar="probe|engine|SECONDS",
                     help="a resumed token's prefill: timed on the engine itself, in this "
                          "process, on the main job's model (`engine_probe.probe_prefill`; "
@@ -322,6 +325,13 @@ def main() -> None:
         print(f"a decoded token, the engine's own time: {1e6 * token_s:.2f} us")
     costs = fit_tasks(sync_cal, tasks, prompt_tokens=prompt, skip=a.skip, token_s=token_s)
     cost = costs[tasks[0]]  # the main job's: the resume terms are fitted on its runs
+    if a.first_loop and all((d / "timeline.json").exists() for d in sync_cal):
+        # the first step's loop (its recording and logging set up), off the synchronous
+        # runs' timelines: nothing decodes beside it there
+        cost["first_loop_s"] = first_loop(
+            [(loop_windows(timeline.read(d / "timeline.json")), samples_by_step(d))
+             for d in sync_cal], loop_s=cost["loop_s"], loop_row_s=cost["loop_row_s"])
+        print(f"the first step's loop, beyond the usual: {1e3 * cost['first_loop_s']:.0f} ms")
     # the loop's share of the core it shares with the engine, off the timelines of the
     # calibration runs that generate while it works (the asynchronous ones)
     resuming = {k: d for k, d in cal.items() if k not in list(CALIBRATION)[:SYNC_CAL]}

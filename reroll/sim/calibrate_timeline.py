@@ -1,6 +1,6 @@
 """The cost model's terms that a run's timeline (``log.timeline``, `reroll.timeline.read`)
 gives and its metrics do not: how the loop's work shares the engine's core
-(`loop_windows`, `loop_share`) and what a weight update with partial rollouts costs a
+(`loop_windows`, `loop_share`), the first step's extra loop work (`first_loop`), and what a weight update with partial rollouts costs a
 request in the engine (`update_stop`). The rest of the calibration is `reroll.sim.calibrate`.
 
 Knows timeline events (by their span and mark names) and the cost model's fields, nothing
@@ -9,6 +9,7 @@ else.
 
 from __future__ import annotations
 
+import statistics
 import warnings
 
 from reroll.sim.calibrate import nnls, unstalled
@@ -113,3 +114,23 @@ def loop_share(runs: list[tuple[list[dict], dict[int, float]]], *, loop_s: float
                       f"to spare: the synchronous fit's loop work and these runs' windows "
                       f"disagree; kept within [0.05, 0.95]", stacklevel=2)
     return float(min(0.95, max(0.05, share)))
+
+
+def first_loop(runs: list[tuple[list[dict], dict[int, float]]], *, loop_s: float,
+               loop_row_s: float) -> float:
+    """The loop's work after a run's first step beyond its usual ``loop_s + loop_row_s *
+    samples`` (`SimSettings.first_loop_s`: the first recording and logging set themselves
+    up), from runs whose loop has its core to itself (synchronous: nothing decodes while it
+    works): each is its timeline's `loop_windows` and its samples by step. The median over
+    the runs of the first window's time not beside decoding, less the usual work; 0 where
+    that is negative."""
+    extra = []
+    for windows, samples in runs:
+        w = min((w for w in windows if w["step"] in samples), key=lambda w: w["step"],
+                default=None)
+        if w is not None:
+            extra.append(w["s"] - w["decoding_s"] - loop_s - loop_row_s * samples[w["step"]])
+    if not extra:
+        raise ValueError("first_loop: no run's timeline has a loop window of a logged step "
+                         "(log.timeline = true)")
+    return max(0.0, float(statistics.median(extra)))

@@ -100,6 +100,12 @@ class SimSettings:
     ``runtime.gc_freeze`` off), in the rollout thread's admission right after the weights
     were swapped, when the process stops as a whole (no admission, no engine step, no next
     training call)."""
+    first_loop_s: float = 0.0
+    """The loop's work after the first step beyond ``loop_s``: a run's first recording
+    and logging set themselves up (210-265 ms on every calibration run of the main job on
+    the Xeon, against 15-35 ms after). It shifts how far generation runs ahead of
+    training from the start, which an asynchronous run's first steps keep
+    (`reroll.sim.calibrate_timeline.first_loop` reads it off synchronous runs' timelines)."""
     loop_on_gen: bool = False
     """The loop's own work (``loop_s``) runs on the first generation device's processor
     (the driver pinned beside engine 0: `runtime.pin_cores` on a CPU machine): while both
@@ -148,9 +154,9 @@ class SimSettings:
             raise ConfigError(f"unknown sim settings {bad}; known: {sorted(known)}")
         s = cls(**{k: _as(type(getattr(cls(), k)), v) for k, v in d.items()})
         if (s.gen_devices < 1 or s.train_devices < 1 or s.max_rows < 0 or s.steps < 1
-                or s.prefill_budget < 0 or s.admit_batch < 0):
+                or s.prefill_budget < 0 or s.admit_batch < 0 or s.first_loop_s < 0):
             raise ConfigError("sim: gen_devices, train_devices and steps must be >= 1, "
-                              "max_rows, prefill_budget and admit_batch >= 0")
+                              "max_rows, prefill_budget, admit_batch and first_loop_s >= 0")
         if s.success_a <= 0 or s.success_b <= 0:
             raise ConfigError(f"sim: success_a and success_b must be > 0, got "
                               f"{s.success_a}, {s.success_b}")

@@ -279,10 +279,13 @@ class Simulation:
     # ---- the loop's own work after a step ---------------------------------------------
     def _trained(self) -> None:
         """The step is trained: the loop's own work (``loop_s``, ``loop_row_s`` a sample
-        of the step) comes before the update; generation goes on meanwhile, sharing its
-        processor with it if ``loop_on_gen`` (the loop gets ``loop_share`` of it)."""
+        of the step, ``first_loop_s`` more after the first) comes before the update;
+        generation goes on meanwhile, sharing its processor with it if ``loop_on_gen``
+        (the loop gets ``loop_share`` of it)."""
         s = self.s
         work = s.loop_s + s.loop_row_s * self.per_step[-1]["samples"]
+        if len(self.per_step) == 1:
+            work += s.first_loop_s
         if work <= 0:
             self._publish()
             return

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from reroll.sim.calibrate_timeline import loop_share, loop_windows, update_stop
+from reroll.sim.calibrate_timeline import first_loop, loop_share, loop_windows, update_stop
 
 
 def _span(name: str, t: float, end: float, thread: str = "MainThread", **args) -> dict:
@@ -71,3 +71,19 @@ def test_update_stop_by_hand():
         update_stop([evs[:3]], skip=1)
     with pytest.raises(ValueError, match="no update that aborted"):
         update_stop([evs[-3:]], skip=1)
+
+
+def test_first_loop_by_hand():
+    # usual work 0.1 + 0.01 a sample; run a's first window (step 1, 16 samples) took 0.5 s,
+    # 0.05 of it beside decoding: 0.45 - 0.26 = 0.19 extra; run b's first logged step is 2
+    # (8 samples, 0.38 s, none beside decoding): 0.38 - 0.18 = 0.20; run c's is below the
+    # usual (0.2 - 0.26 = -0.06). Median 0.19; alone, c gives 0 (never negative)
+    a = ([{"step": 1, "s": 0.5, "decoding_s": 0.05}, {"step": 2, "s": 0.3, "decoding_s": 0.0}],
+         {1: 16, 2: 16})
+    b = ([{"step": 1, "s": 9.0, "decoding_s": 0.0}, {"step": 2, "s": 0.38, "decoding_s": 0.0}],
+         {2: 8})
+    c = ([{"step": 1, "s": 0.2, "decoding_s": 0.0}], {1: 16})
+    assert first_loop([a, b, c], loop_s=0.1, loop_row_s=0.01) == pytest.approx(0.19)
+    assert first_loop([c], loop_s=0.1, loop_row_s=0.01) == 0.0
+    with pytest.raises(ValueError, match="no run's timeline"):
+        first_loop([([], {1: 16})], loop_s=0.1, loop_row_s=0.01)

@@ -7,6 +7,7 @@ import pytest
 
 import reroll.control.scheduler as scheduler_module
 from reroll.control import staleness
+from reroll.errors import ConfigError
 from reroll.sim.gen_device import GenDevice, Row
 from reroll.sim.settings import SimRun, SimSettings
 from reroll.sim.simulate import Simulation, simulate
@@ -167,6 +168,17 @@ def test_generation_goes_on_during_the_loops_own_work():
     # the next pair is taken at 33, trained 33-42
     assert stop["step_ends_s"] == [19.0, 30.0, 42.0]
     assert [p["resumed"] for p in stop["per_step"]] == [0, 2, 0]
+
+
+def test_the_first_steps_loop_does_its_extra_work_once():
+    # the case above with 3 s more loop work after the first step only: loop 19-24, swap at
+    # 24 admits the pair (decoding 24-34); train 24-33, loop 33-35 (the usual 2 s), so the
+    # pair is done before the swap at 35 and nothing is resumed; every step after is 11 s
+    r = run(1, steps=3, train_step_s=9.0, loop_s=2.0, first_loop_s=3.0)
+    assert r["step_ends_s"] == [24.0, 35.0, 46.0]
+    assert [p["resumed"] for p in r["per_step"]] == [0, 0, 0]
+    with pytest.raises(ConfigError, match="first_loop_s"):
+        SimSettings.load(None, {"first_loop_s": -1.0})
 
 
 def test_an_updates_resumes_are_counted_by_age():
