@@ -83,6 +83,7 @@ from reroll.sim.calibrate import (
     readd_row_s,
 )
 from reroll.sim.calibrate_timeline import first_loop, loop_share, loop_windows, update_stop
+from reroll.sim.engine_probe import probe_run
 from reroll.sim.settings import SimRun, SimSettings
 from reroll.sim.timeline import TracedSimulation
 
@@ -213,26 +214,16 @@ def wall_resume_terms(resuming: dict[str, Path], cost: dict, engine: dict, steps
                                      update=update)}
 
 
-def prefill_probe(run_dir: Path) -> dict[str, float]:
-    """The engine's own prefill cost (`reroll.sim.engine_probe.probe_prefill`) on ``run_dir``'s
-    starting model, one torch thread as the runs' engine has (``runtime.threads = 1``)."""
-    import torch
-
-    from reroll.build import build_engine, load_model
-    from reroll.sim.engine_probe import probe_prefill
-
-    cfg = load_checked(str(run_dir / "config.toml"), [])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def token_cost(value: str) -> str:
+    """``--resume-token-cost``: probe, engine, or seconds (>= 0)."""
+    if value in ("probe", "engine"):
+        return value
     try:
-        model, tok = load_model(run_dir / "init", cfg)
-        f = probe_prefill(build_engine(model, tok, cfg))
-    finally:
-        torch.set_num_threads(threads)
-    print(f"the engine's own prefill (timed here): {1e6 * f['prefill_token_s']:.1f} us a "
-          f"token, {1e6 * f['prefill_row_s']:.1f} us a request, "
-          f"{1e3 * f['prefill_forward_s']:.2f} ms a forward")
-    return f
+        if float(value) >= 0:
+            return value
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"probe, engine or a time in seconds >= 0, got {value!r}")
 
 
 def samples_by_step(run_dir: Path) -> dict[int, float]:
@@ -268,7 +259,8 @@ def main() -> None:
     ap.add_argument("--no-first-loop", dest="first_loop", action="store_false",
                     help="leave out the first step's extra loop work (first_loop_s; by "
                          "default read off the synchronous calibration runs' timelines)")
-    ap.add_argument("--resume-token-cost", default="probe", metavar="probe|engine|SECONDS",
+    ap.add_argument("--resume-token-cost", default="probe", type=token_cost,
+                    metavar="probe|engine|SECONDS",
                     help="a resumed token's prefill: timed on the engine itself, in this "
                          "process, on the main job's model (`engine_probe.probe_prefill`; "
                          "the default), fitted on the resuming runs' steps "
@@ -341,9 +333,14 @@ def main() -> None:
     # resume nothing and only tilt the terms shared with it)
     engine = fit_resume(list(resuming.values()), skip=a.skip)
     if a.resume_token_cost != "engine":  # a resumed token at the engine's own prefill time
-        engine["engine_resume_token_s"] = (prefill_probe(cal["cal 16x8"])["prefill_token_s"]
-                                           if a.resume_token_cost == "probe"
-                                           else float(a.resume_token_cost))
+        if a.resume_token_cost == "probe":
+            f = probe_run(cal["cal 16x8"])
+            print(f"the engine's own prefill (timed here): {1e6 * f['prefill_token_s']:.1f} "
+                  f"us a token, {1e6 * f['prefill_row_s']:.1f} us a request, "
+                  f"{1e3 * f['prefill_forward_s']:.2f} ms a forward")
+            engine["engine_resume_token_s"] = f["prefill_token_s"]
+        else:
+            engine["engine_resume_token_s"] = float(a.resume_token_cost)
     print("engine's own time:", json.dumps({k: float(f"{v:.4g}") for k, v in engine.items()}))
     if a.resume_terms == "timeline" and all((d / "timeline.json").exists()
                                             for d in resuming.values()):

@@ -9,7 +9,8 @@ prefills batches of requests whose lengths and counts vary independently, alone,
 process, and the three terms come from the timings by non-negative least squares
 (`fit_prefill`).
 
-Knows a `TorchEngine` and the clock; the fit is a pure function.
+Knows a `TorchEngine` and the clock (`probe_run`: a run directory's starting model and
+config too); the fit is a pure function.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -81,3 +83,23 @@ def probe_prefill(engine, *, design=DESIGN, repeats: int = 5, warmup: int = 3,
             times[d].append(batch(*d))
     trials = [(k, n, statistics.median(times[(k, n)])) for k, n in design]
     return {**fit_prefill(trials), "trials": trials}
+
+
+def probe_run(run_dir: str | Path, threads: int = 1) -> dict[str, float]:
+    """`probe_prefill` on the engine a run builds (its ``config.toml``, its starting model
+    in ``RUN/init``), with ``threads`` torch threads (a pinned engine actor has one: the
+    runs' ``runtime.threads = 1``); the process's thread count is restored after."""
+    import torch
+
+    from reroll.build import build_engine, load_model
+    from reroll.config_checks import load_checked
+
+    run_dir = Path(run_dir)
+    cfg = load_checked(str(run_dir / "config.toml"), [])
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        model, tok = load_model(run_dir / "init", cfg)
+        return probe_prefill(build_engine(model, tok, cfg))
+    finally:
+        torch.set_num_threads(before)

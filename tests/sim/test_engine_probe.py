@@ -54,3 +54,28 @@ def test_the_probe_refuses_a_busy_engine(tiny):
     eng.add([Rollout(prompt_id="p", group_id="g", tokens=[3, 4], prompt_len=2)])
     with pytest.raises(ValueError, match="must be empty"):
         probe_prefill(eng)
+
+
+def test_a_runs_engine_is_probed_on_its_own_model_with_its_threads(tmp_path, tiny_dir,
+                                                                   small_run):
+    # a run directory as a run leaves it: its config.toml and its starting model in init/;
+    # the probe builds that engine and gives back the process's thread count after. The
+    # timings are wall time, so only their form is checked: one median a design point,
+    # and non-negative terms
+    import shutil
+
+    import torch
+
+    from reroll.config.load import dump_toml
+    from reroll.sim.engine_probe import probe_run
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text(dump_toml(small_run(run)))
+    shutil.copytree(tiny_dir, run / "init")
+    before = torch.get_num_threads()
+    f = probe_run(run, threads=1)
+    assert torch.get_num_threads() == before
+    assert [t[:2] for t in f["trials"]] == list(DESIGN)
+    assert all(t[2] > 0 for t in f["trials"])
+    assert min(f["prefill_forward_s"], f["prefill_token_s"], f["prefill_row_s"]) >= 0

@@ -136,3 +136,13 @@ def test_a_prediction_over_the_simulators_seeds_is_their_mean(sv):
     assert two["samples_per_s_by_seed"][1] == run.batch * (len(ends) - 2) / (ends[-1] - ends[1])
     assert two["samples_per_s_by_seed"][0] != two["samples_per_s_by_seed"][1]
     assert two["samples_per_s"] == fmean(two["samples_per_s_by_seed"])
+
+
+def test_the_resume_token_cost_option_takes_probe_engine_or_seconds(sv):
+    import argparse
+
+    assert [sv.token_cost(v) for v in ("probe", "engine", "2.3e-5", "0")] == [
+        "probe", "engine", "2.3e-5", "0"]
+    for bad in ("probes", "-1e-5", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match="probe, engine or a time"):
+            sv.token_cost(bad)
