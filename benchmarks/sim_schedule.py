@@ -1,5 +1,6 @@
-"""How a run's schedule compares with the simulated one, beyond throughput
-(benchmarks/sim_validate.py prints these): the time between updates (mean, spread, and
+"""How a measured run compares with the simulated one (benchmarks/sim_validate.py prints
+these, `report`): its throughput and trained samples by step (`measured`,
+`samples_by_step`), the time between updates (mean, spread, and
 whether long and short ones alternate), each update's marks from the runs' timelines
 (`reroll.timeline.steps`), and a measured run's counts (requests resumed a step, by age,
 quiet steps, lags, re-adds) read as the simulator's are."""
@@ -12,6 +13,20 @@ from pathlib import Path
 from reroll import timeline
 from reroll.runlog import read_metrics, read_rollouts
 from reroll.sim.calibrate import readds, resumed_tokens, resumes_by_age
+
+
+def measured(run_dir: Path, skip: int) -> float:
+    """Samples per second over the steps after ``skip``, from the rows' wall times."""
+    rows = [r for r in read_metrics(run_dir) if "pipeline/samples_in_batch" in r]
+    rows = rows[skip - 1:] if skip else rows
+    n = sum(r["pipeline/samples_in_batch"] for r in rows[1:])
+    return n / (rows[-1]["time"] - rows[0]["time"])
+
+
+def samples_by_step(run_dir: Path) -> dict[int, float]:
+    """Each logged step's trained samples."""
+    return {r["step"]: r["pipeline/samples_in_batch"] for r in read_metrics(run_dir)
+            if "pipeline/samples_in_batch" in r}
 
 
 def intervals(ends: list[float]) -> tuple[float, float, float | None]:
@@ -119,3 +134,46 @@ def readd_line(run_dir: Path, skip: int) -> str:
     return (f"{sum(x['groups'] for x in u) / len(u):.1f} groups, "
             f"{1e3 * per[len(per) // 2]:.2f} ms a group (median), first placement "
             f"{1e3 * min(after):.0f}-{1e3 * max(after):.0f} ms after the last re-add")
+
+
+def report(rows: list[tuple[str, float, dict, Path]], marks: dict[str, list[dict]],
+           resuming: list[tuple[str, Path]], skip: int, fitted: set[str]) -> None:
+    """Print each variant measured against simulated (``rows``: name, measured samples/s
+    (its seeds' mean), `sim_validate.predicted`'s result and its run directory, the first
+    the synchronous reference; ``fitted`` the ones the cost model was fitted on): the
+    table, the speed-ups over the first, the largest miss, then the schedule after ``skip``
+    warm-up steps (the resuming calibration runs' and the variants' re-adds, the time
+    between updates, and each update's marks from ``marks``, the runs' `step_marks`)."""
+    print("\n| variant | measured samples/s | predicted | predicted/measured | "
+          "sim gen idle | sim train idle | resumed a step, measured / sim | "
+          "resumed tokens a step, measured / sim | resumed at an update by age, measured / sim | "
+          "quiet steps, measured / sim | "
+          "mean lag, measured / sim |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, m, p, d in rows:
+        c = counts(d, skip)
+        print(f"| {name}{' (fitted on)' if name in fitted else ''} | {m:.1f} | {p['samples_per_s']:.1f} | "
+              f"{p['samples_per_s'] / m:.3f} | {p['gen_idle']:.2f} | {p['train_idle']:.2f} | "
+              f"{c['resumed_per_step']:.1f} / {p['resumed_per_step']:.1f} | "
+              f"{c['resumed_tokens_per_step']:.0f} / {p['resumed_tokens_per_step']:.0f} | "
+              f"{by_age(c['by_age'], c['updates'])} / {by_age(p['by_age'], c['updates'])} | "
+              f"{c['quiet_steps']} / {p['quiet_steps']} | "
+              f"{c['lag']:.2f} / {p['lag']:.2f} |")
+    sync_m, sync_p = rows[0][1], rows[0][2]["samples_per_s"]
+    print("\nspeed-up over sync, measured / predicted: " + ", ".join(
+        f"{n} {m / sync_m:.2f} / {p['samples_per_s'] / sync_p:.2f}" for n, m, p, _ in rows[1:]))
+    worst = max(abs(p["samples_per_s"] / m - 1) for _, m, p, _ in rows)
+    print(f"max |predicted/measured - 1| = {100 * worst:.1f}%")
+    print("\nresumed requests' way back into the engine (`calibrate.readds`, updates after "
+          "the warm-up):")
+    for name, d in [*resuming, *[(n, d) for n, _, _, d in rows]]:
+        if line := readd_line(d, skip):
+            print(f"  {name}: {line}")
+    print("\ntime between updates after the warm-up (`intervals`: mean, sd, lag-1 "
+          "autocorrelation r), measured / simulated:")
+    for name, _, p, d in rows[1:]:
+        print(f"  {name}: {intervals_text(counts(d, skip)['ends'])} / "
+              f"{intervals_text(p['ends'])}")
+    print("\nan update after the warm-up (`reroll.timeline.steps`, medians; the runs' "
+          "timelines), measured / simulated:")
+    for name, _, p, _ in rows:
+        print(f"  {name}: {marks_text(marks[name])} / {marks_text(p['marks'])}")

@@ -67,14 +67,16 @@ from sim_schedule import (  # noqa: F401
     intervals_text,
     marks_text,
     mean_lag,
+    measured,
     quiet_steps,
     readd_line,
+    report,
+    samples_by_step,
     step_marks,
 )
 
 from reroll import timeline
 from reroll.config_checks import load_checked
-from reroll.runlog import read_metrics
 from reroll.sim.calibrate import (
     fit_engine,
     fit_resume,
@@ -147,14 +149,6 @@ def task_of(overrides: list[str]) -> str:
     return load_checked(str(CONFIG), [*BASE, *overrides]).task.name
 
 
-def measured(run_dir: Path, skip: int) -> float:
-    """Samples per second over the steps after ``skip``, from the rows' wall times."""
-    rows = [r for r in read_metrics(run_dir) if "pipeline/samples_in_batch" in r]
-    rows = rows[skip - 1:] if skip else rows
-    n = sum(r["pipeline/samples_in_batch"] for r in rows[1:])
-    return n / (rows[-1]["time"] - rows[0]["time"])
-
-
 def predicted(overrides: list[str], cost: dict, lengths: Path, steps: int, skip: int,
               seeds: int = 1) -> dict:
     """The simulator's run of a variant, averaged over its own seeds 0 .. ``seeds`` - 1
@@ -224,12 +218,6 @@ def token_cost(value: str) -> str:
     except ValueError:
         pass
     raise argparse.ArgumentTypeError(f"probe, engine or a time in seconds >= 0, got {value!r}")
-
-
-def samples_by_step(run_dir: Path) -> dict[int, float]:
-    """Each logged step's trained samples."""
-    return {r["step"]: r["pipeline/samples_in_batch"] for r in read_metrics(run_dir)
-            if "pipeline/samples_in_batch" in r}
 
 
 def main() -> None:
@@ -398,41 +386,9 @@ def main() -> None:
         if len(each) > 1:
             print(f"{name}: measured samples/s by seed {', '.join(f'{x:.1f}' for x in each)}, "
                   f"mean {rows[-1][1]:.1f} (sd {statistics.stdev(each):.1f})")
-    print("\n| variant | measured samples/s | predicted | predicted/measured | "
-          "sim gen idle | sim train idle | resumed a step, measured / sim | "
-          "resumed tokens a step, measured / sim | resumed at an update by age, measured / sim | "
-          "quiet steps, measured / sim | "
-          "mean lag, measured / sim |\n|---|---|---|---|---|---|---|---|---|---|---|")
-    fitted = {"sync", *a.fit_also}  # sync is the run "cal 16x8" itself
-    for name, m, p, d in rows:
-        c = counts(d, a.skip)
-        print(f"| {name}{' (fitted on)' if name in fitted else ''} | {m:.1f} | {p['samples_per_s']:.1f} | "
-              f"{p['samples_per_s'] / m:.3f} | {p['gen_idle']:.2f} | {p['train_idle']:.2f} | "
-              f"{c['resumed_per_step']:.1f} / {p['resumed_per_step']:.1f} | "
-              f"{c['resumed_tokens_per_step']:.0f} / {p['resumed_tokens_per_step']:.0f} | "
-              f"{by_age(c['by_age'], c['updates'])} / {by_age(p['by_age'], c['updates'])} | "
-              f"{c['quiet_steps']} / {p['quiet_steps']} | "
-              f"{c['lag']:.2f} / {p['lag']:.2f} |")
-    sync_m, sync_p = rows[0][1], rows[0][2]["samples_per_s"]
-    print("\nspeed-up over sync, measured / predicted: " + ", ".join(
-        f"{n} {m / sync_m:.2f} / {p['samples_per_s'] / sync_p:.2f}" for n, m, p, _ in rows[1:]))
-    worst = max(abs(p["samples_per_s"] / m - 1) for _, m, p, _ in rows)
-    print(f"max |predicted/measured - 1| = {100 * worst:.1f}%")
-    print("\nresumed requests' way back into the engine (`calibrate.readds`, updates after "
-          "the warm-up):")
-    for name, d in [*[(k, d) for k, d in cal.items() if k not in list(CALIBRATION)[:SYNC_CAL]],
-                    *[(n, d) for n, _, _, d in rows]]:
-        if line := readd_line(d, a.skip):
-            print(f"  {name}: {line}")
-    print("\ntime between updates after the warm-up (`intervals`: mean, sd, lag-1 "
-          "autocorrelation r), measured / simulated:")
-    for name, _, p, d in rows[1:]:
-        print(f"  {name}: {intervals_text(counts(d, a.skip)['ends'])} / "
-              f"{intervals_text(p['ends'])}")
-    print("\nan update after the warm-up (`reroll.timeline.steps`, medians; the runs' "
-          "timelines), measured / simulated:")
-    for name, _, p, _ in rows:
-        print(f"  {name}: {marks_text(marks[name])} / {marks_text(p['marks'])}")
+    report(rows, marks, [(k, d) for k, d in cal.items()
+                         if k not in list(CALIBRATION)[:SYNC_CAL]], a.skip,
+           fitted={"sync", *a.fit_also})  # sync is the run "cal 16x8" itself
 
 
 def _prompt_tokens(run_dir: Path) -> int:

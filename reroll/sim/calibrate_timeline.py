@@ -1,7 +1,8 @@
 """The cost model's terms that a run's timeline (``log.timeline``, `reroll.timeline.read`)
 gives and its metrics do not: how the loop's work shares the engine's core
-(`loop_windows`, `loop_share`), the first step's extra loop work (`first_loop`), and what a weight update with partial rollouts costs a
-request in the engine (`update_stop`). The rest of the calibration is `reroll.sim.calibrate`.
+(`loop_windows`, `loop_share`), the first step's extra loop work (`first_loop`), and what
+a weight update with partial rollouts costs a request in the engine (`update_stop`). The
+rest of the calibration is `reroll.sim.calibrate`.
 
 Knows timeline events (by their span and mark names) and the cost model's fields, nothing
 else.

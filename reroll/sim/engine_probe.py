@@ -15,12 +15,15 @@ config too); the fit is a pure function.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+from reroll.sim.calibrate import nnls
 
 # (requests, prompt tokens each): counts and lengths that vary apart, every batch within
 # one packed prefill (at most 1,024 tokens) and one engine's slots
@@ -38,8 +41,6 @@ def fit_prefill(trials: list[tuple[int, int, float]]) -> dict[str, float]:
         raise ValueError(f"fit_prefill: the trials {[(k, n) for k, n, _ in trials]} do not "
                          f"vary the requests and their length apart: three terms need three "
                          f"(requests, length) points not on one line")
-    from reroll.sim.calibrate import nnls
-
     forward, token, row = nnls(x.tolist(), [s for _, _, s in trials])
     return {"prefill_forward_s": forward, "prefill_token_s": token, "prefill_row_s": row}
 
@@ -60,7 +61,7 @@ def probe_prefill(engine, *, design=DESIGN, repeats: int = 5, warmup: int = 3,
                          f"it must be empty")
     vocab = engine.vocab
     rng = random.Random(0)
-    serial = iter(range(1 << 62))
+    serial = itertools.count()
 
     def batch(k: int, n: int) -> float:
         rs = []
