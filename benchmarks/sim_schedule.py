@@ -149,8 +149,9 @@ def report(rows: list[tuple[str, float, dict, Path]], marks: dict[str, list[dict
           "resumed tokens a step, measured / sim | resumed at an update by age, measured / sim | "
           "quiet steps, measured / sim | "
           "mean lag, measured / sim |\n|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, m, p, d in rows:
-        c = counts(d, skip)
+    cs = {name: counts(d, skip) for name, _, _, d in rows}  # each run's read once
+    for name, m, p, _ in rows:
+        c = cs[name]
         print(f"| {name}{' (fitted on)' if name in fitted else ''} | {m:.1f} | {p['samples_per_s']:.1f} | "
               f"{p['samples_per_s'] / m:.3f} | {p['gen_idle']:.2f} | {p['train_idle']:.2f} | "
               f"{c['resumed_per_step']:.1f} / {p['resumed_per_step']:.1f} | "
@@ -170,8 +171,8 @@ def report(rows: list[tuple[str, float, dict, Path]], marks: dict[str, list[dict
             print(f"  {name}: {line}")
     print("\ntime between updates after the warm-up (`intervals`: mean, sd, lag-1 "
           "autocorrelation r), measured / simulated:")
-    for name, _, p, d in rows[1:]:
-        print(f"  {name}: {intervals_text(counts(d, skip)['ends'])} / "
+    for name, _, p, _ in rows[1:]:
+        print(f"  {name}: {intervals_text(cs[name]['ends'])} / "
               f"{intervals_text(p['ends'])}")
     print("\nan update after the warm-up (`reroll.timeline.steps`, medians; the runs' "
           "timelines), measured / simulated:")

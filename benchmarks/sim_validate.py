@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -209,11 +210,11 @@ def wall_resume_terms(resuming: dict[str, Path], cost: dict, engine: dict, steps
 
 
 def token_cost(value: str) -> str:
-    """``--resume-token-cost``: probe, engine, or seconds (>= 0)."""
+    """``--resume-token-cost``: probe, engine, or seconds (finite, >= 0)."""
     if value in ("probe", "engine"):
         return value
     try:
-        if float(value) >= 0:
+        if math.isfinite(float(value)) and float(value) >= 0:
             return value
     except ValueError:
         pass

@@ -143,6 +143,6 @@ def test_the_resume_token_cost_option_takes_probe_engine_or_seconds(sv):
 
     assert [sv.token_cost(v) for v in ("probe", "engine", "2.3e-5", "0")] == [
         "probe", "engine", "2.3e-5", "0"]
-    for bad in ("probes", "-1e-5", ""):
+    for bad in ("probes", "-1e-5", "", "inf", "nan"):
         with pytest.raises(argparse.ArgumentTypeError, match="probe, engine or a time"):
             sv.token_cost(bad)
