@@ -42,7 +42,8 @@ metrics.jsonl is in ``--out`` is not run again; ``--reuse`` runs nothing, only r
 predicts; ``--fit-also 'longtail sync'`` adds that run to the synchronous calibration runs
 (its row is then a fit, marked so, not a prediction); ``--repeats 3`` runs each predicted
 variant with train.seed 0, 1 and 2 and compares the prediction with their mean (a 20-step
-run's throughput moves 6-11% between seeds).
+run's throughput moves 6-11% between seeds); ``--cal-seeds 0,1,2`` runs every calibration
+run at those train seeds and pools them in the fits (the runs are in benchmarks/sim_runs.py).
 Ends with ``max |predicted/measured - 1| = P%``, then how the schedules compare: the time
 between updates, requests re-added, and each update's marks (`reroll.timeline.steps`:
 training, the loop's work, publish to the next take, the share of it decoding) from the
@@ -54,13 +55,24 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 from sim_published import published  # benchmarks/sim_published.py
+from sim_runs import (  # noqa: F401  (benchmarks/sim_runs.py: what is run)
+    ALL_CAL,
+    BASE,
+    CALIBRATION,
+    CONFIG,
+    LONGTAIL,
+    SYNC_CAL,
+    UPDATE_CAL,
+    VARIANTS,
+    cal_name,
+    seeded,
+    task_of,
+    train,
+)
 from sim_schedule import (  # noqa: F401
     by_age,
     counts,
@@ -89,65 +101,6 @@ from reroll.sim.calibrate_timeline import first_loop, loop_share, loop_windows, 
 from reroll.sim.engine_probe import probe_run
 from reroll.sim.settings import SimRun, SimSettings
 from reroll.sim.timeline import TracedSimulation
-
-ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "configs" / "arithmetic.toml"
-BASE = ["log_every=1", "eval.every=0", "ckpt_every=100000", "record_every=1",
-        "runtime.threads=1", "reward.workers=0", "runtime.kind=ray", "runtime.pin_cores=true",
-        "log.timeline=true"]  # RUN/timeline.json: each update's marks (`step_marks`)
-# the long-tail task (`reroll.tasks.longtail`): responses of 1 to 32 tokens
-LONGTAIL = ["task.name=longtail", "task.args={n_train=4000, n_test=100, max_count=31}",
-            "model.max_position=64", "rollout.max_new_tokens=32"]
-VARIANTS = {
-    "sync": [],
-    "async 1": ["runtime.max_staleness=1"],
-    "async 2": ["runtime.max_staleness=2"],
-    "async 4": ["runtime.max_staleness=4"],
-    "async 2 no partial": ["runtime.max_staleness=2", "runtime.partial_rollouts=false"],
-    "async 1 overprovision 2": ["runtime.max_staleness=1", "runtime.overprovision=2.0"],
-    "longtail sync": LONGTAIL,
-    "longtail async 2": [*LONGTAIL, "runtime.max_staleness=2"],
-}
-# synchronous runs of two batch sizes and two response lengths (the untrained policy
-# writes to max_new_tokens; the full batch with long responses is what separates the cost
-# of a decoded token from a sample's fixed cost), then ones that resume many requests
-# (partial rollouts, with 12- and 24-token responses: none of the predicted variants)
-CALIBRATION = {"cal 16x8": [], "cal 4x8": ["rollout.batch_groups=4"],
-               "cal 4x8 long": ["rollout.batch_groups=4", "rollout.max_new_tokens=12"],
-               "cal 16x8 long24": ["rollout.max_new_tokens=24"],
-               "cal longtail 16x8 long16": [*LONGTAIL, "rollout.max_new_tokens=16"],
-               "cal async 1 long": ["runtime.max_staleness=1", "rollout.max_new_tokens=12"],
-               "cal async 1 long24": ["runtime.max_staleness=1", "rollout.max_new_tokens=24"],
-               # the long-tail task's requests are resumed with prefixes about twice the main
-               # job's (23 tokens against 10.5, which both runs above resume with): without
-               # it, a resumed token's cost and a request's are not told apart
-               "cal longtail async 1": [*LONGTAIL, "runtime.max_staleness=1"]}
-# with --update-cost fit: a run that resumes about twice as many requests a step as the two
-# above, which tells an update's own cost (``update_s``) from a request's
-UPDATE_CAL = {"cal async 2 long": ["runtime.max_staleness=2", "rollout.max_new_tokens=12"]}
-ALL_CAL = {**CALIBRATION, **UPDATE_CAL}
-SYNC_CAL = 5  # the synchronous ones come first; the rest resume (partial rollouts)
-
-
-def train(out: Path, name: str, overrides: list[str], steps: int,
-          reuse: bool = False) -> Path | None:
-    """One real run of the main job through `reroll train`, in its own process; a run
-    whose metrics.jsonl is already in ``out`` is not run again. ``reuse``: none is run (None
-    where it is missing)."""
-    d = out / name.replace(" ", "_")
-    args = [str(CONFIG), *BASE, *overrides, f"train.steps={steps}", f"out_dir={d}"]
-    if reuse and not (d / "metrics.jsonl").exists():
-        return None
-    if not (d / "metrics.jsonl").exists():
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        subprocess.run([sys.executable, "-m", "reroll.cli", "train", *args, "--no-progress"],
-                       check=True, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
-    return d
-
-
-def task_of(overrides: list[str]) -> str:
-    """The task a variant's or calibration run's overrides train on."""
-    return load_checked(str(CONFIG), [*BASE, *overrides]).task.name
 
 
 def predicted(overrides: list[str], cost: dict, lengths: Path, steps: int, skip: int,
@@ -194,19 +147,31 @@ def wall_resume_terms(resuming: dict[str, Path], cost: dict, engine: dict, steps
     prefill time. ``own``: a run's own terms over ``cost`` (its task's decoded token)."""
     own = own or {}
     per = [x for d in resuming.values() for x in readd_row_s(d, counts(d, skip)["updates"])]
+    # a calibration run's seeds ("cal async 1 long seed1") share its overrides
     out = {"update_row_s": statistics.median(per) if per else 0.0}
     walls = []
     for k, d in resuming.items():
         c = counts(d, skip)
-        p = predicted(ALL_CAL[k], {**cost, **own.get(k, {}), **out, "resume_row_s": 0.0,
+        p = predicted(ALL_CAL[cal_name(k)], {**cost, **own.get(k, {}), **out, "resume_row_s": 0.0,
                                        "resume_token_s": 0.0, "update_s": 0.0}, d, steps, skip,
                       seeds)
-        batch = SimRun.from_config(load_checked(str(CONFIG), [*BASE, *ALL_CAL[k]])).batch
+        batch = SimRun.from_config(load_checked(str(CONFIG), [*BASE, *ALL_CAL[cal_name(k)]])).batch
         walls.append({"measured_s": batch / measured(d, skip),
                       "simulated_s": batch / p["samples_per_s"], "resumed": c["resumed_per_step"],
                       "resumed_tokens": c["resumed_tokens_per_step"]})
     return {**out, **fit_resume_wall(walls, token_s=engine["engine_resume_token_s"],
                                      update=update)}
+
+
+def cal_seeds(value: str) -> list[int]:
+    """``--cal-seeds``: distinct train seeds >= 0, comma-separated ("0,1,2")."""
+    try:
+        seeds = [int(x) for x in value.split(",")]
+    except ValueError:
+        seeds = []
+    if not seeds or min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"distinct train seeds >= 0 such as 0,1,2, got {value!r}")
+    return seeds
 
 
 def token_cost(value: str) -> str:
@@ -268,6 +233,12 @@ def main() -> None:
                          "max_staleness 2 calibration run added (it resumes about twice as "
                          "many requests a step as the max_staleness 1 ones, which tells the "
                          "two apart); the wall-time resume terms only")
+    ap.add_argument("--cal-seeds", type=cal_seeds, default=[0], metavar="0,1,2",
+                    help="train seeds of each calibration run (default 0): every seed's run "
+                         "joins the fits (seed k's run is named 'cal 4x8 seedk'; the sync row is "
+                         "then measured on the 16-group run's seeds). One run of each moves the "
+                         "fitted terms between run sets; with --reuse, one seed alone refits on "
+                         "that seed's calibration runs")
     ap.add_argument("--fit-also", action="append", default=[], metavar="VARIANT",
                     help="a synchronous variant's run (e.g. 'longtail sync') joins the "
                          "calibration runs; its row is then marked as fitted, not predicted")
@@ -279,14 +250,18 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     runs = {**CALIBRATION, **(UPDATE_CAL if a.update_cost == "fit" else {})}
-    cal = {k: train(out, k, v, steps, a.reuse) for k, v in runs.items()}
+    cal = {seeded(k, s): train(out, seeded(k, s), [*v, *([f"train.seed={s}"] if s else [])],
+                               steps, a.reuse)
+           for k, v in runs.items() for s in a.cal_seeds}  # a run's seeds next to each other
     cal = {k: d for k, d in cal.items() if d is not None}
-    if "cal 16x8" not in cal:
-        raise SystemExit(f"sim_validate --reuse: no cal_16x8 run (metrics.jsonl) in {out}: "
-                         f"nothing to calibrate on")
-    prompt = _prompt_tokens(cal["cal 16x8"])
-    sync_cal = [d for k, d in cal.items() if k in list(CALIBRATION)[:SYNC_CAL]]
-    tasks = [task_of(CALIBRATION[k]) for k in cal if k in list(CALIBRATION)[:SYNC_CAL]]
+    ref = seeded("cal 16x8", a.cal_seeds[0])  # the prompts, the recorded lengths, the probe
+    if ref not in cal:
+        raise SystemExit(f"sim_validate --reuse: no {ref.replace(' ', '_')} run "
+                         f"(metrics.jsonl) in {out}: nothing to calibrate on")
+    prompt = _prompt_tokens(cal[ref])
+    is_sync = {k: cal_name(k) in list(CALIBRATION)[:SYNC_CAL] for k in cal}
+    sync_cal = [d for k, d in cal.items() if is_sync[k]]
+    tasks = [task_of(CALIBRATION[cal_name(k)]) for k in cal if is_sync[k]]
     synchronous = [k for k, v in VARIANTS.items() if k != "sync"
                    and not any(o.startswith("runtime.max_staleness") for o in v)]
     for name in a.fit_also:
@@ -315,15 +290,16 @@ def main() -> None:
         print(f"the first step's loop, beyond the usual: {1e3 * cost['first_loop_s']:.0f} ms")
     # the loop's share of the core it shares with the engine, off the timelines of the
     # calibration runs that generate while it works (the asynchronous ones)
-    resuming = {k: d for k, d in cal.items() if k not in list(CALIBRATION)[:SYNC_CAL]}
+    resuming = {k: d for k, d in cal.items() if not is_sync[k]}
     # each resuming run simulated with its own task's cost a decoded token
-    own = {k: {"decode_row_s": costs[task_of(ALL_CAL[k])]["decode_row_s"]} for k in resuming}
+    own = {k: {"decode_row_s": costs[task_of(ALL_CAL[cal_name(k)])]["decode_row_s"]}
+           for k in resuming}
     # the engine's own time a resumed token, on the runs that resume (the synchronous ones
     # resume nothing and only tilt the terms shared with it)
     engine = fit_resume(list(resuming.values()), skip=a.skip)
     if a.resume_token_cost != "engine":  # a resumed token at the engine's own prefill time
         if a.resume_token_cost == "probe":
-            f = probe_run(cal["cal 16x8"])
+            f = probe_run(cal[ref])
             print(f"the engine's own prefill (timed here): {1e6 * f['prefill_token_s']:.1f} "
                   f"us a token, {1e6 * f['prefill_row_s']:.1f} us a request, "
                   f"{1e3 * f['prefill_forward_s']:.2f} ms a forward")
@@ -358,7 +334,7 @@ def main() -> None:
                                       own=own))
     for k, d in resuming.items():  # the calibration runs that resume, simulated whole
         c = counts(d, a.skip)
-        p = predicted(ALL_CAL[k], {**cost, **own[k]}, d, steps, a.skip, a.sim_seeds)
+        p = predicted(ALL_CAL[cal_name(k)], {**cost, **own[k]}, d, steps, a.skip, a.sim_seeds)
         print(f"{k}: {measured(d, a.skip):.1f} samples/s measured, {p['samples_per_s']:.1f} "
               f"simulated; {c['resumed_per_step']:.1f} requests and "
               f"{c['resumed_tokens_per_step']:.0f} tokens resumed a step")
@@ -369,9 +345,9 @@ def main() -> None:
                                                 for t, c in costs.items()))
     rows, marks = [], {}
     for name, ov in VARIANTS.items():
-        d = cal["cal 16x8"] if name == "sync" else train(out, name, ov, steps, a.reuse)
+        d = cal[ref] if name == "sync" else train(out, name, ov, steps, a.reuse)
         lengths = (train(out, "longtail sync", LONGTAIL, steps, a.reuse) if "longtail" in name
-                   else cal["cal 16x8"])
+                   else cal[ref])
         if d is None or lengths is None:
             print(f"{name}: no run in {out}, left out")
             continue
@@ -379,7 +355,9 @@ def main() -> None:
             print(f"{name}: no calibration run of task {task_of(ov)!r} in {out}, left out")
             continue
         seeds = [d] + [train(out, f"{name} seed{k}", [*ov, f"train.seed={k}"], steps, a.reuse)
-                       for k in range(1, a.repeats)]
+                       for k in range(1, a.repeats) if name != "sync" or k not in a.cal_seeds]
+        if name == "sync":  # the 16-group calibration run's other seeds are sync's own
+            seeds += [cal[k] for k in cal if k != ref and cal_name(k) == "cal 16x8"]
         each = [measured(x, a.skip) for x in seeds if x is not None]
         p = predicted(ov, costs[task_of(ov)], lengths, steps, a.skip, a.sim_seeds)
         rows.append((name, statistics.fmean(each), p, d))
@@ -387,8 +365,7 @@ def main() -> None:
         if len(each) > 1:
             print(f"{name}: measured samples/s by seed {', '.join(f'{x:.1f}' for x in each)}, "
                   f"mean {rows[-1][1]:.1f} (sd {statistics.stdev(each):.1f})")
-    report(rows, marks, [(k, d) for k, d in cal.items()
-                         if k not in list(CALIBRATION)[:SYNC_CAL]], a.skip,
+    report(rows, marks, list(resuming.items()), a.skip,
            fitted={"sync", *a.fit_also})  # sync is the run "cal 16x8" itself
 
 

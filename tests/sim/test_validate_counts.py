@@ -146,3 +146,16 @@ def test_the_resume_token_cost_option_takes_probe_engine_or_seconds(sv):
     for bad in ("probes", "-1e-5", "", "inf", "nan"):
         with pytest.raises(argparse.ArgumentTypeError, match="probe, engine or a time"):
             sv.token_cost(bad)
+
+
+def test_calibration_seeds_name_their_runs_and_map_back_to_the_calibration_run(sv):
+    import argparse
+
+    assert [sv.seeded("cal 4x8", s) for s in (0, 2)] == ["cal 4x8", "cal 4x8 seed2"]
+    assert [sv.cal_name(n) for n in ("cal 4x8", "cal 4x8 seed2", "cal async 1 long24",
+                                     "cal longtail async 1 seed11")] == [
+        "cal 4x8", "cal 4x8", "cal async 1 long24", "cal longtail async 1"]
+    assert sv.cal_seeds("0,1,2") == [0, 1, 2] and sv.cal_seeds("2") == [2]
+    for bad in ("", "0,0", "-1", "a", "1,,2"):
+        with pytest.raises(argparse.ArgumentTypeError, match="distinct train seeds"):
+            sv.cal_seeds(bad)
