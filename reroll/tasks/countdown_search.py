@@ -68,13 +68,28 @@ def state_text(state: list[int]) -> str:
     return "[" + " ".join(map(str, state)) + "]"
 
 
+class _OverBudget(Exception):
+    """The trace outgrew ``search``'s ``max_chars``."""
+
+
 def search(numbers: list[int], target: int, rng: random.Random | None = None,
-           max_value: int = 0, compare: bool = False) -> tuple[list[str], list[str] | None]:
+           max_value: int = 0, compare: bool = False,
+           max_chars: int = 0) -> tuple[list[str], list[str] | None]:
     """The depth-first search from ``numbers``: (trace lines, the steps that reach ``target``
     using every number, or None when no such path exists). ``rng`` shuffles the tries at
     every node; None keeps the solver's fixed order. ``max_value`` > 0 skips the tries whose
-    result exceeds it. ``compare``: each leaf line ends with `` vs <target>``."""
+    result exceeds it. ``compare``: each leaf line ends with `` vs <target>``. ``max_chars``
+    > 0: the search stops as soon as its trace (lines joined by newlines) is longer, and
+    returns the lines so far and None, as a demo written from it would be longer still."""
     lines: list[str] = []
+    chars = -1  # the trace's length joined by newlines: each line's length and one newline
+
+    def add(line: str) -> None:
+        nonlocal chars
+        lines.append(line)
+        chars += len(line) + 1
+        if max_chars and chars > max_chars:
+            raise _OverBudget
 
     def visit(state: list[int], path: list[str]) -> list[str] | None:
         tries = list(moves(state, max_value))
@@ -82,18 +97,21 @@ def search(numbers: list[int], target: int, rng: random.Random | None = None,
             rng.shuffle(tries)
         for step, after in tries:
             if len(after) == 1:
-                lines.append(f"{step} vs {target}" if compare else step)
+                add(f"{step} vs {target}" if compare else step)
                 if after[0] == target:
                     return path + [step]
             else:
-                lines.append(f"{step} {state_text(after)}")
+                add(f"{step} {state_text(after)}")
                 found = visit(after, path + [step])
                 if found is not None:
                     return found
-                lines.append(f"{BACK} {state_text(state)}")
+                add(f"{BACK} {state_text(state)}")
         return None
 
-    return lines, visit(list(numbers), [])
+    try:
+        return lines, visit(list(numbers), [])
+    except _OverBudget:
+        return lines, None
 
 
 def write_demo(lines: list[str], path: list[str]) -> str:
@@ -113,9 +131,10 @@ def make_instance(rng: random.Random, count: int, max_number: int, order: str,
         return None
     target = int(value)
     search_rng = random.Random(rng.random()) if order == "random" else None
-    lines, path = search(numbers, target, search_rng, max_value, compare)
-    if path is None:  # reachable only through a fraction, a negative or too large a value
-        return None
+    # a trace longer than max_demo makes a longer demo: the search stops there
+    lines, path = search(numbers, target, search_rng, max_value, compare, max_chars=max_demo)
+    if path is None:  # reachable only through a fraction, a negative or too large a value,
+        return None   # or not within max_demo characters
     demo = write_demo(lines, path)
     if len(demo) > max_demo:
         return None

@@ -47,6 +47,16 @@ def test_dead_end_then_backtrack():
         "5*3=15 [2 15]\n15+2=17\n15*2=30\n15-2=13\n#### 5*3=15,15-2=13")
 
 
+def test_a_search_stops_once_its_trace_is_longer_than_max_chars():
+    # the dead-end search above: ten lines, 76 characters and 9 newlines = 85
+    full, path = search([3, 5, 2], 13)
+    assert len("\n".join(full)) == 85 and path == ["5*3=15", "15-2=13"]
+    assert search([3, 5, 2], 13, max_chars=85) == (full, path)  # exactly at the budget
+    assert search([3, 5, 2], 13, max_chars=84) == (full, None)  # its last line is one over
+    # 11, then 11 + 1 + 6 = 18, then 25 > 20: stopped after the third line
+    assert search([3, 5, 2], 13, max_chars=20) == (full[:3], None)
+
+
 def test_division_only_when_exact_and_subtraction_only_when_positive():
     assert demo_of([2, 2], 1) == "2+2=4\n2*2=4\n2/2=1\n#### 2/2=1"
     lines, path = search([3, 3], 7)  # 6, 9, (no 0), 1: never 7
