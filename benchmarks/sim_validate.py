@@ -152,15 +152,23 @@ def wall_resume_terms(resuming: dict[str, Path], cost: dict, engine: dict, steps
     walls = []
     for k, d in resuming.items():
         c = counts(d, skip)
-        p = predicted(ALL_CAL[cal_name(k)], {**cost, **own.get(k, {}), **out, "resume_row_s": 0.0,
-                                       "resume_token_s": 0.0, "update_s": 0.0}, d, steps, skip,
-                      seeds)
+        p = predicted(ALL_CAL[cal_name(k)], {**cost, **own.get(k, {}), **out,
+                                             "resume_row_s": 0.0, "resume_token_s": 0.0,
+                                             "update_s": 0.0}, d, steps, skip, seeds)
         batch = SimRun.from_config(load_checked(str(CONFIG), [*BASE, *ALL_CAL[cal_name(k)]])).batch
         walls.append({"measured_s": batch / measured(d, skip),
                       "simulated_s": batch / p["samples_per_s"], "resumed": c["resumed_per_step"],
                       "resumed_tokens": c["resumed_tokens_per_step"]})
     return {**out, **fit_resume_wall(walls, token_s=engine["engine_resume_token_s"],
                                      update=update)}
+
+
+def sync_run(out: Path, seed: int, steps: int, reuse: bool) -> Path | None:
+    """The sync row's run at a train seed: the 16-group calibration run's where it is in
+    ``out`` (the same configuration), else "sync seedk" (seed 0's is the calibration run)."""
+    ov = [f"train.seed={seed}"] if seed else []
+    return (train(out, seeded("cal 16x8", seed), ov, steps, reuse=True)
+            or train(out, seeded("sync", seed) if seed else "cal 16x8", ov, steps, reuse))
 
 
 def cal_seeds(value: str) -> list[int]:
@@ -199,7 +207,9 @@ def main() -> None:
                          "(calibration runs missing there are left out, variants skipped)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs of each predicted variant (train.seed 0, 1, ...): each row is "
-                         "compared with their mean (one 20-step run moves 6-11%% between seeds)")
+                         "compared with their mean (one 20-step run moves 6-11%% between "
+                         "seeds); the sync row's are its calibration run's, at these seeds "
+                         "and every --cal-seeds one")
     ap.add_argument("--sim-seeds", type=int, default=3,
                     help="the simulator's own seeds a prediction averages (each draws other "
                          "recorded groups' lengths: one seed's throughput moves up to 16%% "
@@ -354,10 +364,13 @@ def main() -> None:
         if task_of(ov) not in costs:
             print(f"{name}: no calibration run of task {task_of(ov)!r} in {out}, left out")
             continue
-        seeds = [d] + [train(out, f"{name} seed{k}", [*ov, f"train.seed={k}"], steps, a.reuse)
-                       for k in range(1, a.repeats) if name != "sync" or k not in a.cal_seeds]
-        if name == "sync":  # the 16-group calibration run's other seeds are sync's own
-            seeds += [cal[k] for k in cal if k != ref and cal_name(k) == "cal 16x8"]
+        if name == "sync":  # train seeds 0 .. repeats - 1 and every calibration seed
+            seeds = [d] + [sync_run(out, k, steps, a.reuse)
+                           for k in sorted({*range(a.repeats), *a.cal_seeds})
+                           if seeded("cal 16x8", k) != ref]
+        else:
+            seeds = [d] + [train(out, f"{name} seed{k}", [*ov, f"train.seed={k}"], steps,
+                                 a.reuse) for k in range(1, a.repeats)]
         each = [measured(x, a.skip) for x in seeds if x is not None]
         p = predicted(ov, costs[task_of(ov)], lengths, steps, a.skip, a.sim_seeds)
         rows.append((name, statistics.fmean(each), p, d))

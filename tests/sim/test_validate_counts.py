@@ -159,3 +159,12 @@ def test_calibration_seeds_name_their_runs_and_map_back_to_the_calibration_run(s
     for bad in ("", "0,0", "-1", "a", "1,,2"):
         with pytest.raises(argparse.ArgumentTypeError, match="distinct train seeds"):
             sv.cal_seeds(bad)
+
+
+def test_the_sync_rows_run_at_a_seed_is_the_calibration_runs_where_there_is_one(sv, tmp_path):
+    for name in ("cal_16x8", "cal_16x8_seed1", "sync_seed1", "sync_seed2"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("")
+    got = [sv.sync_run(tmp_path, k, 20, reuse=True) for k in range(4)]
+    assert got == [tmp_path / "cal_16x8", tmp_path / "cal_16x8_seed1", tmp_path / "sync_seed2",
+                   None]  # seed 1: the calibration run, not the sync run beside it
