@@ -97,7 +97,14 @@ from reroll.sim.calibrate import (
     fit_tasks,
     readd_row_s,
 )
-from reroll.sim.calibrate_timeline import first_loop, loop_share, loop_windows, update_stop
+from reroll.sim.calibrate_timeline import (
+    first_loop,
+    handle_share,
+    loop_share,
+    loop_windows,
+    row_costs,
+    update_stop,
+)
 from reroll.sim.engine_probe import probe_run
 from reroll.sim.settings import SimRun, SimSettings
 from reroll.sim.timeline import TracedSimulation
@@ -243,6 +250,15 @@ def main() -> None:
                          "max_staleness 2 calibration run added (it resumes about twice as "
                          "many requests a step as the max_staleness 1 ones, which tells the "
                          "two apart); the wall-time resume terms only")
+    ap.add_argument("--row-costs", choices=("admit", "timeline"), default="admit",
+                    help="where a sample's fixed cost (row_s, fitted on the synchronous "
+                         "waits) falls: all of it at admission (the default), or split as "
+                         "the synchronous runs' timelines show it (the driver's add before "
+                         "the next decode step, the driver's handling of a finished sample "
+                         "before it is taken, the rest at admission; "
+                         "`calibrate_timeline.row_costs`): "
+                         "on set L no closer (max 22.6 against 24.6%, mean 10.7 against "
+                         "10.8%; worse on two of three single-seed refits)")
     ap.add_argument("--cal-seeds", type=cal_seeds, default=[0], metavar="0,1,2",
                     help="train seeds of each calibration run (default 0): every seed's run "
                          "joins the fits (seed k's run is named 'cal 4x8 seedk'; the sync row is "
@@ -298,9 +314,24 @@ def main() -> None:
             [(loop_windows(timeline.read(d / "timeline.json")), samples_by_step(d))
              for d in sync_cal], loop_s=cost["loop_s"], loop_row_s=cost["loop_row_s"])
         print(f"the first step's loop, beyond the usual: {1e3 * cost['first_loop_s']:.0f} ms")
+    if a.row_costs == "timeline" and all((d / "timeline.json").exists() for d in sync_cal):
+        # a sample's cost where the run pays it: the add and the handling out of row_s
+        split = row_costs([timeline.read(d / "timeline.json") for d in sync_cal], skip=a.skip)
+        paid = cost["row_s"]
+        cost.update(add_row_s=split["add_row_s"], handle_row_s=split["handle_row_s"],
+                    row_s=max(0.0, paid - split["add_row_s"] - split["handle_row_s"]))
+        print(f"a sample's {1e6 * paid:.0f} us: add {1e6 * split['add_row_s']:.0f}, handling "
+              f"{1e6 * split['handle_row_s']:.0f}, at admission {1e6 * cost['row_s']:.0f}")
     # the loop's share of the core it shares with the engine, off the timelines of the
     # calibration runs that generate while it works (the asynchronous ones)
     resuming = {k: d for k, d in cal.items() if not is_sync[k]}
+    if "handle_row_s" in cost and all((d / "timeline.json").exists()
+                                      for d in resuming.values()):
+        # the handling's share of the core beside decoding, off the asynchronous runs
+        cost["handle_share"] = handle_share(
+            [timeline.read(d / "timeline.json") for d in resuming.values()],
+            handle_row_s=cost["handle_row_s"], skip=a.skip)
+        print(f"the handling's share of the core beside decoding: {cost['handle_share']:.3f}")
     # each resuming run simulated with its own task's cost a decoded token
     own = {k: {"decode_row_s": costs[task_of(ALL_CAL[cal_name(k)])]["decode_row_s"]}
            for k in resuming}

@@ -135,3 +135,68 @@ def first_loop(runs: list[tuple[list[dict], dict[int, float]]], *, loop_s: float
         raise ValueError("first_loop: no run's timeline has a loop window of a logged step "
                          "(log.timeline = true)")
     return max(0.0, float(statistics.median(extra)))
+
+
+def handout_gaps(events: list[dict], *, skip: int = 1) -> list[float]:
+    """Each ``batch handed out`` mark after the publish of version ``skip`` + 1: the time
+    from the end of the latest ``decode`` call that finished requests and ended before it
+    (since the previous mark) to the mark, over the requests that call finished: the
+    driver's handling of the batch's last samples."""
+    start = next((e["t"] for e in events if e["name"] == "publish done"
+                  and e["args"].get("version", 0) > skip), None)
+    out, calls = [], []  # decode calls that finished requests, since the last mark
+    for e in events:
+        if start is None or e["t"] < start:
+            continue
+        if e["name"] == "decode" and "end" in e and e["args"].get("finished"):
+            calls.append(e)
+        elif e["name"] == "batch handed out":
+            ended = [c for c in calls if c["end"] <= e["t"]]
+            if ended:
+                last = max(ended, key=lambda c: c["end"])
+                out.append((e["t"] - last["end"]) / last["args"]["finished"])
+            calls = [c for c in calls if c["end"] > e["t"]]
+    return out
+
+
+def row_costs(timelines: list[list[dict]], *, skip: int = 1) -> dict[str, float]:
+    """Where a sample's fixed cost falls, off synchronous runs' timelines, the updates to
+    versions after ``skip``. The metrics' fit sees one cost a sample in the wait
+    (``row_s``); the run pays it in three places, which an asynchronous run overlaps with
+    training differently:
+
+    - ``add_row_s``: the ``add`` spans' time over the requests they added (the engine
+      thread adds what the driver submitted, between decode steps), spans over three
+      times the median time a request left out (stalls: a garbage collection);
+    - ``handle_row_s``: the median of `handout_gaps`: the driver's handling of a finished
+      sample (in a synchronous run nothing else runs then);
+    - the rest at admission."""
+    adds, handled = [], []
+    for events in timelines:
+        handled += handout_gaps(events, skip=skip)
+        start = next((e["t"] for e in events if e["name"] == "publish done"
+                      and e["args"].get("version", 0) > skip), None)
+        adds += [(e["end"] - e["t"], e["args"]["requests"]) for e in events
+                 if start is not None and e["t"] >= start and e["name"] == "add"
+                 and "end" in e and e["args"]["requests"]]
+    if not adds or not handled:
+        raise ValueError("row_costs: the timelines hold no add span or no batch handed out "
+                         "after a decode call that finished requests, after the warm-up: "
+                         "runs with log.timeline = true")
+    cap = 3 * statistics.median(s / n for s, n in adds)
+    kept = [(s, n) for s, n in adds if s <= cap * n]
+    return {"add_row_s": sum(s for s, _ in kept) / sum(n for _, n in kept),
+            "handle_row_s": statistics.median(handled)}
+
+
+def handle_share(timelines: list[list[dict]], *, handle_row_s: float,
+                 skip: int = 1) -> float:
+    """The share of the engine's core the driver's handling of finished samples gets
+    while the engine decodes beside it, off asynchronous runs' timelines (the engine goes
+    on decoding after a batch's last samples finish): ``handle_row_s`` (their handling
+    alone, `row_costs`) over the median of their `handout_gaps`, at most 0.95."""
+    gaps = [g for events in timelines for g in handout_gaps(events, skip=skip)]
+    if not gaps:
+        raise ValueError("handle_share: the timelines hold no batch handed out after a "
+                         "decode call that finished requests, after the warm-up")
+    return min(0.95, handle_row_s / max(statistics.median(gaps), 1e-12))

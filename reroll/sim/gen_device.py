@@ -49,13 +49,18 @@ class GenDevice:
         self.share = 1.0
         self._since = 0.0  # when the running chunk last changed speed (its start, else)
         self._done = 0.0  # the chunk's work (at full speed) done before ``_since``
+        self.add_work = 0.0  # the driver's adds since the chunk under way began: the next's
+        self._chunk_add = 0.0  # the adds done before the chunk under way
 
     @property
     def load(self) -> int:
         return len(self.rows) + len(self.queue)
 
     def add(self, rows: list[Row]) -> None:
+        """Submit rows: they wait for slots (`place`); the driver's add of each
+        (``add_row_s``) holds the device before its next decode step, placed or not."""
         self.queue += rows
+        self.add_work += self.s.add_row_s * len(rows)
 
     def set_share(self, share: float, now: float) -> float | None:
         """Wall time per unit of work from ``now`` on: a processor's share changes at once,
@@ -76,11 +81,11 @@ class GenDevice:
                 + self.s.row_s * sum(r.fresh for r in self.rows))
 
     def elapsed(self, j: int) -> float:
-        """Work of the current batch's first ``j`` decode steps (with its pending prefill),
-        at full speed."""
+        """Work of the current batch's first ``j`` decode steps (with its pending prefill
+        and the adds before it), at full speed."""
         s, n = self.s, len(self.rows)
         ctx = sum(r.ctx for r in self.rows)
-        return (self._prefill_s() + j * (s.decode_base_s + s.decode_row_s * n)
+        return (self._chunk_add + self._prefill_s() + j * (s.decode_base_s + s.decode_row_s * n)
                 + s.decode_ctx_s * (j * ctx + n * j * (j - 1) / 2))
 
     def end(self, j: int) -> float:
@@ -139,6 +144,7 @@ class GenDevice:
         if not self.rows:
             self.chunk = None
             return None
+        self._chunk_add, self.add_work = self.add_work, 0.0
         k = 1 if more else min(min(r.left, r.check or r.left) for r in self.rows)
         if horizon is not None and self.end(k) > horizon:
             k = self.steps_to(horizon, k)
@@ -171,7 +177,7 @@ class GenDevice:
                     self.arrived.append(r)
         done = [r for r in self.rows if r.left <= 0]
         self.rows = [r for r in self.rows if r.left > 0]
-        self.chunk = None
+        self.chunk, self._chunk_add = None, 0.0
         return done
 
     def drop(self, which) -> list[Row]:

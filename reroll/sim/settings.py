@@ -24,9 +24,11 @@ class SimSettings:
     rows' context lengths)``; a row admitted (or resumed after a weight update with partial
     rollouts) first pays ``prefill_token_s`` per token of its prompt and prefix (a resumed one
     ``resume_row_s`` and ``resume_token_s`` per such token more, an admitted one ``row_s``
-    more), added to the step that admits it. Training a batch takes ``train_step_s +
-    train_token_s * tokens / train_devices`` (data parallel: tokens are prompt + response of
-    every sample). After it the loop does its own work for ``loop_s + loop_row_s *
+    more), added to the step that admits it; the driver's add of a request holds the
+    device ``add_row_s`` before its next step, and its handling of a finished one
+    (``handle_row_s``) comes before the trainer can take it. Training a batch takes
+    ``train_step_s + train_token_s * tokens / train_devices`` (data parallel: tokens are
+    prompt + response of every sample). After it the loop does its own work for ``loop_s + loop_row_s *
     samples`` (the trainer waits, generation goes on under the old weights); then
     publishing the weights stops the trainer and every generation device for ``sync_s +
     stall_s`` after the devices' current decode step; with partial rollouts and requests in
@@ -59,6 +61,18 @@ class SimSettings:
     row_s: float = 0.0
     """Fixed cost of each sample the device admits, whatever its length (submitting it,
     scheduling it, handing it to scoring), added to the step that admits it."""
+    add_row_s: float = 0.0
+    """The driver's add of a request it submits (a new group's member; not an update's
+    re-add, which is ``update_row_s``): it holds the device before its next decode step,
+    whether the request finds a slot then or waits (`reroll.engine.service.EngineService`
+    adds the submitted requests in the engine's thread between steps)."""
+    handle_row_s: float = 0.0
+    """The driver's handling of a finished sample (scoring it, completing its group, the
+    scheduler's bookkeeping) before the scheduler sees it finished and the trainer can
+    take it: the driver's work, one piece at a time after the loop's work queued before
+    it, and with ``loop_on_gen`` on the first device's processor, shared as the loop's
+    work is. Where ``row_s`` (paid at admission) lets an asynchronous run overlap it with
+    training, this puts it between a batch's last decode step and its take."""
     resume_row_s: float = 0.0
     """Fixed cost of interrupting and resuming one running row at a weight update with
     partial rollouts (aborting, requeueing, scheduling it again), beside its prefill."""
@@ -114,6 +128,12 @@ class SimSettings:
     """With ``loop_on_gen``, the share of the shared processor the loop's work gets while the
     device decodes (the driver runs several threads beside the engine's one:
     `reroll.sim.calibrate_timeline.loop_share` reads it off the runs' timelines)."""
+    handle_share: float = 0.5
+    """With ``loop_on_gen``, the share of the shared processor the driver's handling of
+    finished samples (``handle_row_s``) gets while the device decodes
+    (`reroll.sim.calibrate_timeline.handle_share` reads it off asynchronous runs'
+    timelines: the rollout thread, which waits on its event loop between pieces of work,
+    gets far less of it than the loop's work)."""
     sync_s: float = 0.0
     """Weight publication: trainer and generation devices stop this long per update
     (`reroll.sim.calibrate.fit` takes it from the synchronous waits' fixed part)."""

@@ -7,7 +7,9 @@ group finishes and after each weight update, take ready groups until a step's sa
 there. Time comes from the cost model: generation devices (`reroll.sim.gen_device`), a
 training step of ``train_step_s + train_token_s * tokens / train_devices``, the loop's own
 work after it (``loop_s``: the trainer waits, generation goes on, as in `reroll.loop.run`,
-which records and logs while the rollout pipeline keeps generating), and a weight update
+which records and logs while the rollout pipeline keeps generating), the driver's handling
+of finished rows before they reach the scheduler (``handle_row_s``; the driver's work runs
+one piece at a time, on the first device's processor with ``loop_on_gen``), and a weight update
 that stops trainer and generation for ``sync_s`` (with partial rollouts ``update_s`` more and
 ``update_row_s`` more a request in the engine, which it aborts and adds back in the
 engine's order).
@@ -85,9 +87,9 @@ class Simulation:
         self.plans: dict[int, tuple | None] = {}  # device -> (device, chunk end, token)
         self.updating = False  # weights being published: no new chunk starts
         self.stop_s = 0.0  # the update under way stops trainer and devices this long
-        self.loop_left: float | None = None  # the loop's work still to do after a step
-        self.loop_since = 0.0  # when loop_left was last brought up to date
-        self.loop_end: tuple | None = None  # its valid "looped" event
+        self.driver: list[list] = []  # the driver's work in order: [kind, seconds, rows]
+        self.driver_since = 0.0  # when the first piece's seconds were last brought up to date
+        self.driver_end: tuple | None = None  # its valid "driven" event
         self.step_ends: list[float] = []
         self.lags: Counter[int] = Counter()
         self.per_step: list[dict] = []  # the schedule's counts of each step (`result`)
@@ -146,19 +148,19 @@ class Simulation:
             t, _, kind, what = heapq.heappop(self.events)
             if kind == "gen" and self.plans.get(what[0]) != what:
                 continue  # a chunk that was cut or replanned
-            if kind == "looped" and what != self.loop_end:
-                continue  # the loop's end moved
-            self._loop_account(t)
+            if kind == "driven" and what != self.driver_end:
+                continue  # the driver's work's end moved
+            self._driver_account(t)
             self.now = t
             if kind == "gen":
                 self._chunk_done(what[0])
             elif kind == "trained":
                 self._trained()
-            elif kind == "looped":
-                self._looped()
+            elif kind == "driven":
+                self._driven()
             elif kind == "synced":
                 self._synced()
-            self._loop_schedule()
+            self._driver_schedule()
         return self.result()
 
     def _push(self, t: float, kind: str, what: object = None) -> None:
@@ -206,8 +208,11 @@ class Simulation:
             cut = self.gates.pop(gid).decide(False)
             done += dev.drop(lambda key, gid=gid, cut=cut: key[0].group_id == gid
                              and key[1].index_in_group in cut)
-        for row in done:
-            self._complete(row)
+        if self.s.handle_row_s and done:  # the driver hands them on
+            self._drive("handle", self.s.handle_row_s * len(done), done)
+        else:
+            for row in done:
+                self._complete(row)
         self._admit()
         self._take()
         if self.updating and all(d.chunk is None for d in self.devices):
@@ -276,63 +281,97 @@ class Simulation:
         if plan is not None and plan[1] > t:
             self._chunk_event(i, self.devices[i].cut(t))
 
-    # ---- the loop's own work after a step ---------------------------------------------
+    # ---- the driver's own work: the loop's after a step, the handling of finished rows ----
     def _trained(self) -> None:
         """The step is trained: the loop's own work (``loop_s``, ``loop_row_s`` a sample
-        of the step, ``first_loop_s`` more after the first) comes before the update;
-        generation goes on meanwhile, sharing its processor with it if ``loop_on_gen``
-        (the loop gets ``loop_share`` of it)."""
+        of the step, ``first_loop_s`` more after the first) comes before the update, after
+        the driver's work queued before it (`_drive`); generation goes on meanwhile."""
         s = self.s
         work = s.loop_s + s.loop_row_s * self.per_step[-1]["samples"]
         if len(self.per_step) == 1:
             work += s.first_loop_s
-        if work <= 0:
+        if work <= 0 and not self.driver:
             self._publish()
             return
-        self.loop_left, self.loop_since = work, self.now
+        self._drive("loop", work)
+
+    def _drive(self, kind: str, work: float, rows: list[Row] | None = None) -> None:
+        """Queue the driver's work: the loop's (``kind`` "loop") or the handling of
+        finished ``rows`` ("handle"). The driver does one piece at a time, in order (its
+        threads take turns at one interpreter lock); with ``loop_on_gen`` it shares the
+        first device's processor while it has work (the loop's gets ``loop_share`` of it,
+        a handling ``handle_share``)."""
+        self._driver_account(self.now)
+        self.driver.append([kind, work, rows])
+        if len(self.driver) == 1:
+            self.driver_since = self.now
+            self._driver_share()
+
+    def _driver_share(self) -> None:
+        """The first device's speed as the driver's present piece of work leaves it."""
         if self.s.loop_on_gen:
-            self._share(1.0 / (1.0 - self.s.loop_share))
+            self._share(1.0 / (1.0 - self._kind_share(self.driver[0][0])) if self.driver
+                        else 1.0)
+
+    def _kind_share(self, kind: str) -> float:
+        return self.s.loop_share if kind == "loop" else self.s.handle_share
 
     def _share(self, share: float) -> None:
         """The first device's wall time per unit of work from now on: ``share`` = 1 /
-        (1 - loop_share) while the loop's work shares its processor, 1 on its own, the
+        (1 - loop_share) while the driver's work shares its processor, 1 on its own, the
         decode step under way included: its chunk's end moves."""
         end = self.devices[0].set_share(share, self.now)
         if end is not None:
             self._chunk_event(0, end)
 
-    def _loop_rate(self) -> float:
-        """The loop's work done per second: ``loop_share`` while it shares a busy
-        processor."""
-        return self.s.loop_share if self.s.loop_on_gen and self.plans.get(0) is not None else 1.0
+    def _driver_rate(self, kind: str) -> float:
+        """A piece of the driver's work done per second: its kind's share while it shares
+        a busy processor."""
+        busy = self.s.loop_on_gen and self.plans.get(0) is not None
+        return self._kind_share(kind) if busy else 1.0
 
-    def _loop_account(self, t: float) -> None:
-        """The loop's work done up to ``t`` at the rate since the last event."""
-        if self.loop_left is not None:
-            self.loop_left -= (t - self.loop_since) * self._loop_rate()
-            self.loop_since = t
+    def _driver_account(self, t: float) -> None:
+        """The driver's work done up to ``t`` at the rate since the last event."""
+        if self.driver:
+            self.driver[0][1] -= (t - self.driver_since) * self._driver_rate(self.driver[0][0])
+            self.driver_since = t
 
-    def _loop_schedule(self) -> None:
-        """When the loop's work ends at the present rate: the update's time, the horizon
-        no chunk runs past (a device stopped at an earlier horizon plans again)."""
-        if self.loop_left is None:
+    def _driver_schedule(self) -> None:
+        """When the driver's present piece of work ends at the present rate; while the
+        loop's work is queued, when it ends is the update's time: the horizon no chunk
+        runs past (a device stopped at an earlier horizon plans again)."""
+        if not self.driver:
             return
+        kinds = [k for k, _, _ in self.driver]
         for _ in range(2):  # a device that starts a chunk now changes the rate once
-            end = self.now + max(0.0, self.loop_left) / self._loop_rate()
-            self.horizon = end
-            for i in range(len(self.devices)):
-                self._recut(i, end)
-                if self.plans.get(i) is None and not self.updating:
-                    self._plan(i)
-        if self.loop_end is None or abs(self.loop_end[0] - end) > 1e-12:
+            end = self.now + max(0.0, self.driver[0][1]) / self._driver_rate(kinds[0])
+            if "loop" in kinds:
+                ahead = self.driver[:kinds.index("loop") + 1]
+                self.horizon = self.now + sum(max(0.0, w) / self._driver_rate(k)
+                                              for k, w, _ in ahead)
+                for i in range(len(self.devices)):
+                    self._recut(i, self.horizon)
+                    if self.plans.get(i) is None and not self.updating:
+                        self._plan(i)
+        if self.driver_end is None or abs(self.driver_end[0] - end) > 1e-12:
             self._seq += 1
-            self.loop_end = (end, self._seq)
-            self._push(end, "looped", self.loop_end)
+            self.driver_end = (end, self._seq)
+            self._push(end, "driven", self.driver_end)
 
-    def _looped(self) -> None:
-        self.loop_left = self.loop_end = None
-        if self.s.loop_on_gen:
-            self._share(1.0)
+    def _driven(self) -> None:
+        """The driver's present piece of work is done: the loop's (the update follows) or
+        the handling of finished rows (they reach the scheduler)."""
+        kind, _, rows = self.driver.pop(0)
+        self.driver_end = None
+        self.driver_since = self.now
+        if not self.driver or self.driver[0][0] != kind:
+            self._driver_share()
+        if kind == "handle":
+            for row in rows:
+                self._complete(row)
+            self._admit()
+            self._take()
+            return
         self.horizon = self.now
         for i in range(len(self.devices)):
             self._recut(i, self.now)

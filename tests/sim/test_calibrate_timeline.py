@@ -1,12 +1,20 @@
 """The cost-model terms read off a run's timeline (`reroll.sim.calibrate_timeline`) against
 numbers computed by hand: each update's loop window and the decoding beside it, the loop's
-share of a shared core, an update's abort and re-add a request."""
+share of a shared core, an update's abort and re-add a request, where a sample's fixed cost
+falls in the engine."""
 
 from __future__ import annotations
 
 import pytest
 
-from reroll.sim.calibrate_timeline import first_loop, loop_share, loop_windows, update_stop
+from reroll.sim.calibrate_timeline import (
+    first_loop,
+    handle_share,
+    loop_share,
+    loop_windows,
+    row_costs,
+    update_stop,
+)
 
 
 def _span(name: str, t: float, end: float, thread: str = "MainThread", **args) -> dict:
@@ -87,3 +95,39 @@ def test_first_loop_by_hand():
     assert first_loop([c], loop_s=0.1, loop_row_s=0.01) == 0.0
     with pytest.raises(ValueError, match="no run's timeline"):
         first_loop([([], {1: 16})], loop_s=0.1, loop_row_s=0.01)
+
+
+def test_row_costs_and_the_handlings_share_by_hand():
+    # after the publish of version 2 (skip 1: version 1's add is warm-up). Adds: 4 in 20
+    # ms, 2 in 16 ms (a 250 ms-a-request one, a stall, left out): 36 ms / 6 = 6 ms a
+    # request. Hand-outs, each after the latest call that finished requests and ended
+    # before it: 8 ms after one that finished 4 (2 ms a request; a later call that
+    # finished none does not count), 6 ms after one that finished 2 (3 ms; the call still
+    # decoding at the mark does not count), 1 ms after one that finished 1 (1 ms); one
+    # with no such call since the last does not count: the median 2 ms
+    eng, rol = "reroll-engine_0", "reroll-rollout"
+    evs = [_mark("publish done", 0.0, version=1),
+           _span("add", 0.1, 0.2, eng, requests=4),
+           _mark("publish done", 1.0, version=2),
+           _span("add", 1.0, 1.02, eng, requests=4),
+           _span("decode", 1.02, 1.05, eng, finished=4, steps=1),
+           _span("decode", 1.05, 1.06, eng, finished=0, steps=1),
+           _span("batch handed out", 1.058, 1.058, rol),
+           _span("add", 2.0, 2.016, eng, requests=2),
+           _span("decode", 2.016, 2.034, eng, finished=2, steps=3),
+           _span("decode", 2.036, 2.05, eng, finished=1, steps=1),
+           _span("batch handed out", 2.040, 2.040, rol),
+           _span("batch handed out", 2.051, 2.051, rol),
+           _span("decode", 2.07, 2.08, eng, finished=0, steps=1),
+           _span("batch handed out", 2.09, 2.09, rol),
+           _span("add", 3.0, 3.5, eng, requests=2)]
+    got = row_costs([evs], skip=1)
+    assert got["add_row_s"] == pytest.approx(0.036 / 6)
+    assert got["handle_row_s"] == pytest.approx(2e-3)
+    # beside decoding two of the hand-outs take longer (10 and 50 ms a request, the other
+    # 3): the median 10 ms, a share of 2 / 10
+    late = {1.058: 1.09, 2.051: 2.1}
+    slow = [dict(e, t=late.get(e["t"], e["t"])) for e in evs]
+    assert handle_share([slow], handle_row_s=got["handle_row_s"]) == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="no add span"):
+        row_costs([[e for e in evs if e["name"] != "add"]], skip=1)

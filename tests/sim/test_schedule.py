@@ -67,6 +67,42 @@ def test_decode_cost_grows_with_rows_and_context():
     assert d.rows[0].ctx == 9 and d.rows[0].left == 2 and d.rows[0].prefill == 0
 
 
+def test_adds_hold_the_next_decode_step_placed_or_not():
+    # a 1 s decode step; 0.5 s for the driver to add a request
+    d = GenDevice(SimSettings(decode_base_s=1.0, decode_row_s=0.0, prefill_token_s=0.0,
+                              add_row_s=0.5), slots=1)
+    d.add([Row("a", ctx=1, left=2, prefill=1), Row("b", ctx=1, left=3, prefill=1)])
+    assert d.plan(None) == pytest.approx(3.0)  # both adds first, though only "a" is placed
+    d.add([Row("c", ctx=1, left=1, prefill=1)])  # during the chunk: the next one pays it
+    assert d.end(2) == pytest.approx(3.0)
+    assert d.cut(1.5) == pytest.approx(2.0)  # cut to its first step
+    assert d.finish_chunk() == []
+    assert d.plan(None) == pytest.approx(2.0 + 0.5 + 1.0)  # c's add, a's last step
+    assert [r.key for r in d.finish_chunk()] == ["a"]
+    assert d.plan(None) == pytest.approx(3.5 + 3.0)  # b: the adds are paid already
+
+
+def test_a_synchronous_steps_adds_and_handling_are_in_its_wait():
+    # each step: two adds (1 s), 10 decode steps, the two rows handled (1 s), then 5 s of
+    # training
+    r = run(0, steps=3, add_row_s=0.5, handle_row_s=0.5)
+    assert r["step_ends_s"] == [17.0, 34.0, 51.0]
+
+
+@pytest.mark.parametrize("on_gen, ends", [(False, [19.0, 24.0, 36.0]),
+                                          (True, [19.0, 24.0, 38.0])])
+def test_finished_rows_are_taken_once_the_driver_has_handled_them(on_gen, ends):
+    # async 1, a finished row handled in 1 s. The four rows of version 0 finish at 10 and
+    # are handled by 14 (nothing decodes): 14-19 trains, 19-24 the next pair. The pair
+    # started at 19 finishes at 29 beside the pair started at 24 (5 steps left): handled
+    # by 31 on the driver's own processor, or, sharing the device's at half each, by 33
+    # with the device at half speed meanwhile (2 of its 5 steps done, the rest by 36).
+    # 31 (33) - 36 (38) trains; the pair ending at 34 (36) is handled by 36 (38), and the
+    # update after the step waits for it (the driver's work, in order)
+    r = run(1, steps=3, handle_row_s=1.0, handle_share=0.5, loop_on_gen=on_gen)
+    assert r["step_ends_s"] == ends
+
+
 def test_partial_rollouts_prefill_again_after_an_update():
     # async 1 with a prefill cost: the rows running at an update pay their prefix again
     # only with partial rollouts (the engine aborts and resumes them)
