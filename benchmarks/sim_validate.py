@@ -314,7 +314,11 @@ def main() -> None:
             [(loop_windows(timeline.read(d / "timeline.json")), samples_by_step(d))
              for d in sync_cal], loop_s=cost["loop_s"], loop_row_s=cost["loop_row_s"])
         print(f"the first step's loop, beyond the usual: {1e3 * cost['first_loop_s']:.0f} ms")
-    if a.row_costs == "timeline" and all((d / "timeline.json").exists() for d in sync_cal):
+    if a.row_costs == "timeline" and not all((d / "timeline.json").exists()
+                                             for d in sync_cal):
+        print("--row-costs timeline: a synchronous calibration run has no timeline; "
+              "a sample's cost stays at admission")
+    elif a.row_costs == "timeline":
         # a sample's cost where the run pays it: the add and the handling out of row_s
         split = row_costs([timeline.read(d / "timeline.json") for d in sync_cal], skip=a.skip)
         paid = cost["row_s"]
@@ -322,6 +326,9 @@ def main() -> None:
                     row_s=max(0.0, paid - split["add_row_s"] - split["handle_row_s"]))
         print(f"a sample's {1e6 * paid:.0f} us: add {1e6 * split['add_row_s']:.0f}, handling "
               f"{1e6 * split['handle_row_s']:.0f}, at admission {1e6 * cost['row_s']:.0f}")
+        if paid < split["add_row_s"] + split["handle_row_s"]:
+            print("  (the timelines' add and handling exceed the fitted cost a sample: a "
+                  "sample now costs more than the synchronous waits' fit says)")
     # the loop's share of the core it shares with the engine, off the timelines of the
     # calibration runs that generate while it works (the asynchronous ones)
     resuming = {k: d for k, d in cal.items() if not is_sync[k]}

@@ -1,7 +1,9 @@
 """The cost model's terms that a run's timeline (``log.timeline``, `reroll.timeline.read`)
 gives and its metrics do not: how the loop's work shares the engine's core
-(`loop_windows`, `loop_share`), the first step's extra loop work (`first_loop`), and what
-a weight update with partial rollouts costs a request in the engine (`update_stop`). The
+(`loop_windows`, `loop_share`), the first step's extra loop work (`first_loop`), what
+a weight update with partial rollouts costs a request in the engine (`update_stop`), and
+where a sample's fixed cost falls (`row_costs`: the driver's add and its handling of a
+finished sample; `handle_share`: that handling's share of the core beside decoding). The
 rest of the calibration is `reroll.sim.calibrate`.
 
 Knows timeline events (by their span and mark names) and the cost model's fields, nothing
@@ -138,23 +140,29 @@ def first_loop(runs: list[tuple[list[dict], dict[int, float]]], *, loop_s: float
 
 
 def handout_gaps(events: list[dict], *, skip: int = 1) -> list[float]:
-    """Each ``batch handed out`` mark after the publish of version ``skip`` + 1: the time
-    from the end of the latest ``decode`` call that finished requests and ended before it
-    (since the previous mark) to the mark, over the requests that call finished: the
-    driver's handling of the batch's last samples."""
+    """Each ``batch handed out`` mark after the publish of version ``skip`` + 1 that the
+    trainer waited for: the time from the end of the latest ``decode`` call that finished
+    requests and ended before it (since the previous mark) to the mark, over the requests
+    that call finished: the driver's handling of the batch's last samples. A mark whose
+    ``wait for batch`` began after that call ended (the batch was ready before the
+    trainer asked) is left out."""
     start = next((e["t"] for e in events if e["name"] == "publish done"
                   and e["args"].get("version", 0) > skip), None)
     out, calls = [], []  # decode calls that finished requests, since the last mark
+    asked = float("-inf")  # when the trainer last began to wait for a batch
     for e in events:
         if start is None or e["t"] < start:
             continue
-        if e["name"] == "decode" and "end" in e and e["args"].get("finished"):
+        if e["name"] == "wait for batch":
+            asked = e["t"]
+        elif e["name"] == "decode" and "end" in e and e["args"].get("finished"):
             calls.append(e)
         elif e["name"] == "batch handed out":
             ended = [c for c in calls if c["end"] <= e["t"]]
             if ended:
                 last = max(ended, key=lambda c: c["end"])
-                out.append((e["t"] - last["end"]) / last["args"]["finished"])
+                if asked <= last["end"]:
+                    out.append((e["t"] - last["end"]) / last["args"]["finished"])
             calls = [c for c in calls if c["end"] > e["t"]]
     return out
 
@@ -194,9 +202,14 @@ def handle_share(timelines: list[list[dict]], *, handle_row_s: float,
     """The share of the engine's core the driver's handling of finished samples gets
     while the engine decodes beside it, off asynchronous runs' timelines (the engine goes
     on decoding after a batch's last samples finish): ``handle_row_s`` (their handling
-    alone, `row_costs`) over the median of their `handout_gaps`, at most 0.95."""
+    alone, `row_costs`) over the median of their `handout_gaps`, kept within [0.05,
+    0.95] (with a warning)."""
     gaps = [g for events in timelines for g in handout_gaps(events, skip=skip)]
     if not gaps:
         raise ValueError("handle_share: the timelines hold no batch handed out after a "
                          "decode call that finished requests, after the warm-up")
-    return min(0.95, handle_row_s / max(statistics.median(gaps), 1e-12))
+    share = handle_row_s / max(statistics.median(gaps), 1e-12)
+    if not 0.05 <= share <= 0.95:
+        warnings.warn(f"handle_share: the timelines give {share:.3f}; kept within "
+                      f"[0.05, 0.95]", stacklevel=2)
+    return float(min(0.95, max(0.05, share)))

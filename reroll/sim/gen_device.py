@@ -44,8 +44,8 @@ class GenDevice:
         self.resumed = 0  # rows interrupted and resumed by weight updates
         self.resumed_tokens = 0  # their prompt and prefix tokens, prefilled again
         self.arrived: list[Row] = []  # rows the last chunk brought to their checkpoint
-        # wall time per unit of work: 1 on a core of its own, 1 / (1 - loop_share) while the
-        # loop's work takes loop_share of it (2 at half and half)
+        # wall time per unit of work: 1 on a core of its own, 1 / (1 - share) while the
+        # driver's work takes that share of it (2 at half and half)
         self.share = 1.0
         self._since = 0.0  # when the running chunk last changed speed (its start, else)
         self._done = 0.0  # the chunk's work (at full speed) done before ``_since``

@@ -60,7 +60,8 @@ class SimSettings:
     """Prefill cost per prompt (or resumed prefix) token."""
     row_s: float = 0.0
     """Fixed cost of each sample the device admits, whatever its length (submitting it,
-    scheduling it, handing it to scoring), added to the step that admits it."""
+    scheduling it, handing it to scoring, beside what ``add_row_s`` and ``handle_row_s``
+    take of it), added to the step that admits it."""
     add_row_s: float = 0.0
     """The driver's add of a request it submits (a new group's member; not an update's
     re-add, which is ``update_row_s``): it holds the device before its next decode step,
@@ -121,9 +122,11 @@ class SimSettings:
     training from the start, which an asynchronous run's first steps keep
     (`reroll.sim.calibrate_timeline.first_loop` reads it off synchronous runs' timelines)."""
     loop_on_gen: bool = False
-    """The loop's own work (``loop_s``) runs on the first generation device's processor
-    (the driver pinned beside engine 0: `runtime.pin_cores` on a CPU machine): while both
-    have work, the loop goes at ``loop_share`` of its speed and the device at the rest."""
+    """The driver's work (the loop's own, ``loop_s``, and the handling of finished samples,
+    ``handle_row_s``) runs on the first generation device's processor (the driver pinned
+    beside engine 0: `runtime.pin_cores` on a CPU machine): while both have work, the
+    loop's goes at ``loop_share`` of its speed (a handling at ``handle_share``) and the
+    device at the rest."""
     loop_share: float = 0.5
     """With ``loop_on_gen``, the share of the shared processor the loop's work gets while the
     device decodes (the driver runs several threads beside the engine's one:
@@ -180,10 +183,13 @@ class SimSettings:
         if s.success_a <= 0 or s.success_b <= 0:
             raise ConfigError(f"sim: success_a and success_b must be > 0, got "
                               f"{s.success_a}, {s.success_b}")
-        if not 0 < s.loop_share < 1:
-            raise ConfigError(f"sim: loop_share is the loop's share of a processor it shares "
-                              f"with a device, in (0, 1); got {s.loop_share}")
         return s
+
+    def __post_init__(self) -> None:
+        for name in ("loop_share", "handle_share"):
+            if not 0 < getattr(self, name) < 1:
+                raise ConfigError(f"sim: {name} is the driver's share of a processor it "
+                                  f"shares with a device, in (0, 1); got {getattr(self, name)}")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -318,8 +318,8 @@ class Simulation:
 
     def _share(self, share: float) -> None:
         """The first device's wall time per unit of work from now on: ``share`` = 1 /
-        (1 - loop_share) while the driver's work shares its processor, 1 on its own, the
-        decode step under way included: its chunk's end moves."""
+        (1 - the driver's share) while the driver's work shares its processor, 1 on its
+        own, the decode step under way included: its chunk's end moves."""
         end = self.devices[0].set_share(share, self.now)
         if end is not None:
             self._chunk_event(0, end)

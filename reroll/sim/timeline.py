@@ -4,10 +4,12 @@
 
 The trainer's row: ``wait for batch`` (from the end of the weight update, or the start,
 until the batch is taken), ``train``, ``loop work`` (what the loop does after a step before
-it publishes: recording, logging, statistics) and ``publish`` (until the devices have the
+it publishes: recording, logging, statistics; with ``handle_row_s``, after the
+handling of finished rows queued before it) and ``publish`` (until the devices have the
 new weights: the decode step under way, then the update's stop). Each generation device's
 row: ``decode`` (one chunk: ``steps`` decode steps of ``running`` rows, ``finished`` of
-them done at its end) and
+them done at its end; the driver's adds before it, ``add_row_s``, inside it, where a run's
+timeline has ``add`` spans of their own) and
 ``update weights`` (the stop). Times in simulated seconds from 0.
 """
 

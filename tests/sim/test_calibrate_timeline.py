@@ -104,7 +104,8 @@ def test_row_costs_and_the_handlings_share_by_hand():
     # before it: 8 ms after one that finished 4 (2 ms a request; a later call that
     # finished none does not count), 6 ms after one that finished 2 (3 ms; the call still
     # decoding at the mark does not count), 1 ms after one that finished 1 (1 ms); one
-    # with no such call since the last does not count: the median 2 ms
+    # with no such call since the last does not count, nor one the trainer asked for only
+    # after that call ended (the batch was ready before): the median 2 ms
     eng, rol = "reroll-engine_0", "reroll-rollout"
     evs = [_mark("publish done", 0.0, version=1),
            _span("add", 0.1, 0.2, eng, requests=4),
@@ -120,6 +121,9 @@ def test_row_costs_and_the_handlings_share_by_hand():
            _span("batch handed out", 2.051, 2.051, rol),
            _span("decode", 2.07, 2.08, eng, finished=0, steps=1),
            _span("batch handed out", 2.09, 2.09, rol),
+           _span("decode", 2.2, 2.21, eng, finished=3, steps=1),
+           _span("wait for batch", 2.25, 2.26),  # the batch was ready before it was asked
+           _span("batch handed out", 2.26, 2.26, rol),
            _span("add", 3.0, 3.5, eng, requests=2)]
     got = row_costs([evs], skip=1)
     assert got["add_row_s"] == pytest.approx(0.036 / 6)

@@ -103,6 +103,18 @@ def test_finished_rows_are_taken_once_the_driver_has_handled_them(on_gen, ends):
     assert r["step_ends_s"] == ends
 
 
+def test_the_update_waits_for_the_handling_queued_before_the_loops_work():
+    # as above on the driver's own processor, a row handled in 3 s: the four rows of
+    # version 0 handled by 22; 22-27 and 27-32 train. The pair started at 27 ends at 37
+    # and is handled by 43; the pair started at 32 ends at 42, its handling queued
+    # behind, done by 49. 43-48 trains; its update waits for the driver's handling: 49
+    r = run(1, steps=3, handle_row_s=3.0, loop_on_gen=False)
+    assert r["step_ends_s"] == [27.0, 32.0, 49.0]
+    for share in (0.0, 1.0):
+        with pytest.raises(ConfigError, match="handle_share"):
+            SimSettings(handle_share=share)
+
+
 def test_partial_rollouts_prefill_again_after_an_update():
     # async 1 with a prefill cost: the rows running at an update pay their prefix again
     # only with partial rollouts (the engine aborts and resumes them)
