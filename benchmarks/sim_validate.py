@@ -256,9 +256,8 @@ def main() -> None:
                          "the synchronous runs' timelines show it (the driver's add before "
                          "the next decode step, the driver's handling of a finished sample "
                          "before it is taken, the rest at admission; "
-                         "`calibrate_timeline.row_costs`): "
-                         "on set L no closer (max 22.6 against 24.6%, mean 10.7 against "
-                         "10.8%; worse on two of three single-seed refits)")
+                         "`calibrate_timeline.row_costs`, `handle_share`): on sets L and "
+                         "M no closer (max 25.9 against 24.6%, 19.8 against 18.4%)")
     ap.add_argument("--cal-seeds", type=cal_seeds, default=[0], metavar="0,1,2",
                     help="train seeds of each calibration run (default 0): every seed's run "
                          "joins the fits (seed k's run is named 'cal 4x8 seedk'; the sync row is "
