@@ -139,6 +139,12 @@ def first_loop(runs: list[tuple[list[dict], dict[int, float]]], *, loop_s: float
     return max(0.0, float(statistics.median(extra)))
 
 
+def _after_warmup(events: list[dict], skip: int) -> float | None:
+    """When the publish of version ``skip`` + 1 was done (None: never)."""
+    return next((e["t"] for e in events if e["name"] == "publish done"
+                 and e["args"].get("version", 0) > skip), None)
+
+
 def handout_gaps(events: list[dict], *, skip: int = 1) -> list[float]:
     """Each ``batch handed out`` mark after the publish of version ``skip`` + 1 that the
     trainer waited for: the time from the end of the latest ``decode`` call that finished
@@ -146,8 +152,7 @@ def handout_gaps(events: list[dict], *, skip: int = 1) -> list[float]:
     that call finished: the driver's handling of the batch's last samples. A mark whose
     ``wait for batch`` began after that call ended (the batch was ready before the
     trainer asked) is left out."""
-    start = next((e["t"] for e in events if e["name"] == "publish done"
-                  and e["args"].get("version", 0) > skip), None)
+    start = _after_warmup(events, skip)
     out, calls = [], []  # decode calls that finished requests, since the last mark
     asked = float("-inf")  # when the trainer last began to wait for a batch
     for e in events:
@@ -182,8 +187,7 @@ def row_costs(timelines: list[list[dict]], *, skip: int = 1) -> dict[str, float]
     adds, handled = [], []
     for events in timelines:
         handled += handout_gaps(events, skip=skip)
-        start = next((e["t"] for e in events if e["name"] == "publish done"
-                      and e["args"].get("version", 0) > skip), None)
+        start = _after_warmup(events, skip)
         adds += [(e["end"] - e["t"], e["args"]["requests"]) for e in events
                  if start is not None and e["t"] >= start and e["name"] == "add"
                  and "end" in e and e["args"]["requests"]]

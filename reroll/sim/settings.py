@@ -28,8 +28,8 @@ class SimSettings:
     device ``add_row_s`` before its next step, and its handling of a finished one
     (``handle_row_s``) comes before the trainer can take it. Training a batch takes
     ``train_step_s + train_token_s * tokens / train_devices`` (data parallel: tokens are
-    prompt + response of every sample). After it the loop does its own work for ``loop_s + loop_row_s *
-    samples`` (the trainer waits, generation goes on under the old weights); then
+    prompt + response of every sample). After it the loop does its own work for ``loop_s +
+    loop_row_s * samples`` (the trainer waits, generation goes on under the old weights); then
     publishing the weights stops the trainer and every generation device for ``sync_s +
     stall_s`` after the devices' current decode step; with partial rollouts and requests in
     the engine, ``update_s`` more and ``update_row_s`` more per request."""
